@@ -1,0 +1,155 @@
+//! The bridge configuration file read by `tidepool run --config FILE`.
+//!
+//! Everything has a default, so an empty file is a working configuration for a tidepool
+//! running inside the training cluster. Unknown fields are errors: a typo must not silently
+//! fall back to a default.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FieldError, crd::valid_namespace_prefix, is_dns_label, keys};
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct BridgeConfig {
+    /// Name of this training cluster, written on every offload pod
+    /// (`tidepool.io/origin-cluster`) so several training clusters can share a member.
+    pub cluster_name: String,
+    /// Namespace of tidepool itself: default namespace of kubeconfig Secrets.
+    pub namespace: String,
+    /// Kubeconfig of the training cluster. Unset: `$KUBECONFIG`, `~/.kube/config`, or the
+    /// in-cluster service account, in that order.
+    pub training_kubeconfig: Option<PathBuf>,
+    /// Label selector on `MemberCluster` objects: this instance bridges only the matching
+    /// ones. Unset: all of them.
+    pub member_selector: Option<String>,
+    /// Default prefix of offload namespaces in members.
+    pub namespace_prefix: String,
+    pub kubelet: KubeletConfig,
+    /// How often (seconds) the virtual nodes' leases are renewed; their duration is 4×.
+    pub lease_renew_seconds: u64,
+}
+
+/// Where the training cluster's API server reaches tidepool's kubelet API.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct KubeletConfig {
+    /// `InternalIP` address of every virtual node.
+    pub node_address: IpAddr,
+    /// `daemonEndpoints.kubeletEndpoint.Port` of every virtual node.
+    pub port: u16,
+}
+
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        Self {
+            cluster_name: "training".to_owned(),
+            namespace: "tidepool-system".to_owned(),
+            training_kubeconfig: None,
+            member_selector: None,
+            namespace_prefix: keys::DEFAULT_NAMESPACE_PREFIX.to_owned(),
+            kubelet: KubeletConfig::default(),
+            lease_renew_seconds: 10,
+        }
+    }
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self { node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port: 10250 }
+    }
+}
+
+/// Why a configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, #[source] source: std::io::Error },
+    #[error("{path}: not a valid tidepool config: {source}")]
+    Parse { path: PathBuf, #[source] source: serde_yaml::Error },
+    #[error("{path}: {}", crate::describe(.errors))]
+    Invalid { path: PathBuf, errors: Vec<FieldError> },
+}
+
+impl BridgeConfig {
+    /// Reads, parses and validates a config file; every problem is reported with its path.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::parse(&text).map_err(|e| match e {
+            ParseError::Yaml(source) => ConfigError::Parse { path: path.into(), source },
+            ParseError::Invalid(errors) => ConfigError::Invalid { path: path.into(), errors },
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ParseError> {
+        let config: BridgeConfig =
+            if text.trim().is_empty() { Self::default() } else { serde_yaml::from_str(text).map_err(ParseError::Yaml)? };
+        let errors = config.validate();
+        if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
+    }
+
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if !is_dns_label(&self.cluster_name) {
+            errors.push(FieldError::new("clusterName", "must be a DNS-1123 label (it is a label value)"));
+        }
+        if !is_dns_label(&self.namespace) {
+            errors.push(FieldError::new("namespace", "must be a namespace name"));
+        }
+        if !valid_namespace_prefix(&self.namespace_prefix) {
+            errors.push(FieldError::new("namespacePrefix", "must be lower-case letters, digits and '-', at most 20"));
+        }
+        if self.kubelet.port == 0 {
+            errors.push(FieldError::new("kubelet.port", "must not be 0"));
+        }
+        if self.kubelet.node_address.is_unspecified() {
+            errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
+        }
+        if !(1..=60).contains(&self.lease_renew_seconds) {
+            errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));
+        }
+        errors
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error(transparent)]
+    Yaml(serde_yaml::Error),
+    #[error("{}", crate::describe(.0))]
+    Invalid(Vec<FieldError>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_default() {
+        assert_eq!(BridgeConfig::parse("").unwrap(), BridgeConfig::default());
+    }
+
+    #[test]
+    fn a_typo_is_an_error_not_a_default() {
+        let err = BridgeConfig::parse("clustername: x\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `clustername`"), "{err}");
+    }
+
+    #[test]
+    fn every_invalid_field_is_reported_with_its_path() {
+        let err = BridgeConfig::parse("clusterName: Bad\nkubelet: {port: 0}\nleaseRenewSeconds: 0\n").unwrap_err();
+        let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds"]);
+    }
+
+    #[test]
+    fn fields_override_defaults() {
+        let c = BridgeConfig::parse("clusterName: train-1\nkubelet: {nodeAddress: 127.0.0.9}\n").unwrap();
+        assert_eq!(c.cluster_name, "train-1");
+        assert_eq!(c.kubelet.node_address.to_string(), "127.0.0.9");
+        assert_eq!(c.kubelet.port, 10250);
+    }
+}

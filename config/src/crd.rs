@@ -1,0 +1,224 @@
+//! The `MemberCluster` custom resource: how a platform admin lends an online cluster's
+//! surplus to the training cluster.
+//!
+//! `deploy/crds/` holds the YAML generated from these types (`tidepool crds`); a test fails
+//! when the two drift apart.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::names::{DEFAULT_POOL, MemberName, PoolName, VirtualNodeName};
+use crate::{FieldError, is_dns_label, is_dns_subdomain, keys};
+
+/// A member (online) cluster whose surplus capacity tidepool offers as virtual nodes.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "tidepool.io",
+    version = "v1alpha1",
+    kind = "MemberCluster",
+    plural = "memberclusters",
+    shortname = "mc",
+    status = "MemberClusterStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.cpuSurplus"}"#,
+    printcolumn = r#"{"name":"GPU","type":"string","jsonPath":".status.gpuSurplus"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberClusterSpec {
+    /// The Secret holding the member's kubeconfig. Kubeconfigs that run exec or
+    /// auth-provider plugins are refused: credentials must be data, not programs.
+    pub kubeconfig_secret_ref: SecretKeyRef,
+
+    /// Pools of member nodes; each becomes one virtual node `tidepool-<member>-<pool>`.
+    /// Empty: one pool named `default` with every schedulable node, virtual node
+    /// `tidepool-<member>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolSpec>,
+
+    /// Prefix of the member namespaces that hold offload pods (`<prefix><namespace>`).
+    /// Defaults to the bridge's setting (`tp-`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_prefix: Option<String>,
+}
+
+/// Reference to one key of a Secret in the training cluster.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    /// Defaults to tidepool's own namespace (bridge config `namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Defaults to `kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A set of member nodes lent as one virtual node.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSpec {
+    /// DNS label; part of the virtual node's name.
+    pub name: String,
+    /// Member nodes whose labels match all of these belong to the pool. Offload pods get
+    /// the same selector, so the member's scheduler keeps them inside the pool.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// What tidepool last observed of the member.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberClusterStatus {
+    /// `Ready`, `CredentialsValid`, `Reachable`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// One entry per pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    /// Sum of the pools' cpu capacity, for `kubectl get memberclusters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_surplus: Option<String>,
+    /// Sum of the pools' `nvidia.com/gpu` capacity, for `kubectl get memberclusters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_surplus: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Capacity of one pool as last computed by federation.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    pub name: String,
+    /// The virtual node standing for this pool.
+    pub virtual_node: String,
+    /// Ready, schedulable member nodes in the pool.
+    pub nodes: u32,
+    /// What the pool can lend (the virtual node's allocatable).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+}
+
+impl MemberClusterSpec {
+    /// The pools with the default applied.
+    pub fn effective_pools(&self) -> Vec<PoolSpec> {
+        if self.pools.is_empty() {
+            vec![PoolSpec { name: DEFAULT_POOL.to_owned(), node_selector: BTreeMap::new() }]
+        } else {
+            self.pools.clone()
+        }
+    }
+
+    pub fn secret_key(&self) -> &str {
+        self.kubeconfig_secret_ref.key.as_deref().unwrap_or(keys::DEFAULT_KUBECONFIG_KEY)
+    }
+
+    /// Every problem in the spec, each with the path of its field. `name` is the object's
+    /// name, which ends up in virtual node names.
+    pub fn validate(&self, name: &str) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if !is_dns_label(name) {
+            errors.push(FieldError::new("metadata.name", "must be a DNS-1123 label (it names virtual nodes)"));
+        }
+        let r = &self.kubeconfig_secret_ref;
+        if !is_dns_subdomain(&r.name) {
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.name", "must be a Secret name"));
+        }
+        if let Some(ns) = &r.namespace
+            && !is_dns_label(ns)
+        {
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.namespace", "must be a namespace name"));
+        }
+        if let Some(key) = &r.key
+            && (key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)))
+        {
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.key", "must be a Secret data key"));
+        }
+        if let Some(prefix) = &self.namespace_prefix
+            && !valid_namespace_prefix(prefix)
+        {
+            errors.push(FieldError::new(
+                "spec.namespacePrefix",
+                "must be lower-case letters, digits and '-', start with a letter, at most 20 characters",
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            if !is_dns_label(&pool.name) {
+                errors.push(FieldError::new(format!("spec.pools[{i}].name"), "must be a DNS-1123 label"));
+            } else if !seen.insert(pool.name.as_str()) {
+                errors.push(FieldError::new(format!("spec.pools[{i}].name"), format!("duplicate pool {:?}", pool.name)));
+            } else if is_dns_label(name) {
+                let node = VirtualNodeName::for_pool(&MemberName::from(name), &PoolName::from(pool.name.as_str()));
+                if node.as_str().len() > 63 {
+                    errors.push(FieldError::new(
+                        format!("spec.pools[{i}].name"),
+                        format!("virtual node name {node} is longer than 63 characters"),
+                    ));
+                }
+            }
+        }
+        errors
+    }
+}
+
+/// A namespace prefix leaves room for the training namespace after it.
+pub fn valid_namespace_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.len() <= 20
+        && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MemberClusterSpec {
+        MemberClusterSpec {
+            kubeconfig_secret_ref: SecretKeyRef { name: "member-a-kubeconfig".into(), ..Default::default() },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_minimal_spec_is_valid_and_has_one_default_pool() {
+        let s = spec();
+        assert!(s.validate("member-a").is_empty());
+        let pools = s.effective_pools();
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].name, DEFAULT_POOL);
+        assert_eq!(s.secret_key(), "kubeconfig");
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let mut s = spec();
+        s.kubeconfig_secret_ref.name = "Bad_Name".into();
+        s.namespace_prefix = Some("TP".into());
+        s.pools = vec![
+            PoolSpec { name: "gpu".into(), ..Default::default() },
+            PoolSpec { name: "gpu".into(), ..Default::default() },
+            PoolSpec { name: "Not OK".into(), ..Default::default() },
+        ];
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            ["spec.kubeconfigSecretRef.name", "spec.namespacePrefix", "spec.pools[1].name", "spec.pools[2].name"]
+        );
+    }
+
+    #[test]
+    fn the_object_name_must_fit_a_node_name() {
+        assert_eq!(spec().validate("Member.A")[0].path, "metadata.name");
+    }
+}

@@ -1,0 +1,48 @@
+//! Label, annotation, taint and condition keys. One definition each: the other crates
+//! refer to these constants, never to string literals.
+
+/// API group of tidepool's own resources.
+pub const GROUP: &str = "tidepool.io";
+
+/// Label on a virtual node: the member cluster it stands for.
+pub const LABEL_MEMBER: &str = "tidepool.io/member";
+/// Label on a virtual node: the pool inside the member.
+pub const LABEL_POOL: &str = "tidepool.io/pool";
+/// Label every virtual-kubelet implementation puts on its nodes.
+pub const LABEL_NODE_TYPE: &str = "type";
+pub const NODE_TYPE_VIRTUAL: &str = "virtual-kubelet";
+/// Taint on every virtual node: only pods that opt in land there.
+pub const TAINT_VIRTUAL: &str = "tidepool.io/virtual";
+
+/// Label on an offload pod: UID of the training pod it copies. The identity of the copy:
+/// creation is idempotent on it.
+pub const LABEL_ORIGIN_UID: &str = "tidepool.io/origin-uid";
+/// Label on an offload pod: the training cluster it came from (bridge config `clusterName`).
+pub const LABEL_ORIGIN_CLUSTER: &str = "tidepool.io/origin-cluster";
+/// Label on an offload pod and its namespace: the MemberCluster object that created it.
+pub const LABEL_ORIGIN_MEMBER: &str = "tidepool.io/member-cluster";
+/// Label on an offload pod: the gang of its training pod.
+pub const LABEL_GANG: &str = "tidepool.io/gang";
+/// Label on training pods written at bind time: `high`, `medium` or `low`.
+pub const LABEL_BAND: &str = "tidepool.io/band";
+/// Annotations on an offload pod naming its origin.
+pub const ANNOTATION_ORIGIN_NAMESPACE: &str = "tidepool.io/origin-namespace";
+pub const ANNOTATION_ORIGIN_NAME: &str = "tidepool.io/origin-name";
+/// Label on member namespaces tidepool created, so it never touches others.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "tidepool";
+
+/// Field manager for server-side apply and patches, per component.
+pub const MANAGER_FEDERATION: &str = "tidepool-federation";
+pub const MANAGER_VK: &str = "tidepool-vk";
+pub const MANAGER_DISPATCHER: &str = "tidepool-dispatcher";
+
+/// Condition types on `MemberCluster.status`.
+pub const CONDITION_READY: &str = "Ready";
+pub const CONDITION_CREDENTIALS_VALID: &str = "CredentialsValid";
+pub const CONDITION_REACHABLE: &str = "Reachable";
+
+/// Default key of the kubeconfig inside the referenced Secret.
+pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";
+/// Default prefix of offload namespaces in members: `tp-<namespace>`.
+pub const DEFAULT_NAMESPACE_PREFIX: &str = "tp-";

@@ -1,0 +1,73 @@
+//! Tidepool's vocabulary as data: the `MemberCluster` custom resource, the label and
+//! annotation keys every component agrees on, resource arithmetic over Kubernetes
+//! quantities, and the bridge configuration file with its validation.
+//!
+//! This crate does no I/O. Everything here is plain data and pure functions, so the other
+//! crates (and their tests) can share one definition of each fact. Start with [`crd`] for the
+//! API an admin writes, [`bridge`] for the file `tidepool run --config` reads, and
+//! [`resources`] for the capacity arithmetic.
+
+pub mod bridge;
+pub mod crd;
+pub mod keys;
+pub mod names;
+pub mod resources;
+
+pub use bridge::BridgeConfig;
+pub use crd::{MemberCluster, MemberClusterSpec, MemberClusterStatus};
+pub use names::{MemberName, PoolName, VirtualNodeName};
+pub use resources::Resources;
+
+/// One problem found while validating user input, with the path of the offending field
+/// (`spec.pools[1].name`), so the message points where the user has to look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { path: path.into(), message: message.into() }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Joins field errors into one line for a status condition or a CLI message.
+pub fn describe(errors: &[FieldError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Checks a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Checks a DNS-1123 subdomain (labels joined by dots, at most 253 characters).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_names() {
+        assert!(is_dns_label("member-a"));
+        assert!(!is_dns_label("Member"));
+        assert!(!is_dns_label("-a"));
+        assert!(!is_dns_label(&"a".repeat(64)));
+        assert!(is_dns_subdomain("tidepool.io"));
+        assert!(!is_dns_subdomain("a..b"));
+    }
+}

@@ -1,0 +1,302 @@
+//! The capacity model: what a pool of member nodes can lend. Pure functions over plain data;
+//! the watches in [`crate::member`] feed them.
+//!
+//! ```text
+//! capacity(P) = clamp≥0( Σ_n∈P (allocatable(n) − online(n)) )
+//! ```
+//! over the pool's Ready, schedulable nodes, where `online(n)` is the requests of pods on `n`
+//! that tidepool did not create. Offload pods do not reduce the capacity: it is what tidepool
+//! may use in total, and `used(P)` is measured against it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use tidepool_config::{Resources, keys};
+
+/// What the capacity model needs of a member node.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeView {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub ready: bool,
+    pub unschedulable: bool,
+    pub allocatable: Resources,
+}
+
+/// Key of a member pod: namespace and name.
+pub type PodCapacityKey = (String, String);
+
+/// What the capacity model needs of a member pod.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodView {
+    /// `spec.nodeName`; `None` while pending.
+    pub node: Option<String>,
+    pub requests: Resources,
+    /// Succeeded or Failed: holds no resources any more.
+    pub terminated: bool,
+    /// Created by tidepool (carries `tidepool.io/origin-uid`).
+    pub offload: bool,
+}
+
+/// A pool's lendable capacity at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolCapacity {
+    /// What the pool can lend: the virtual node's allocatable.
+    pub capacity: Resources,
+    /// Requests of offload pods running in the pool.
+    pub used: Resources,
+    /// Ready, schedulable nodes in the pool.
+    pub nodes: u32,
+    /// `nvidia.com/gpu.product` when every node of the pool has the same one.
+    pub gpu_product: Option<String>,
+}
+
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+
+impl NodeView {
+    pub fn from_node(node: &Node) -> Self {
+        let status = node.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let allocatable = status
+            .and_then(|s| s.allocatable.as_ref())
+            .map(|a| {
+                // One malformed quantity must not hide the whole node: skip just that entry.
+                let mut r = Resources::new();
+                for (k, v) in a {
+                    if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
+                        r.add_one(k, m);
+                    }
+                }
+                r
+            })
+            .unwrap_or_default();
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            ready,
+            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            allocatable,
+        }
+    }
+
+    pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
+        selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}
+
+impl PodView {
+    pub fn from_pod(pod: &Pod) -> Self {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        Self {
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
+            terminated: matches!(phase, Some("Succeeded" | "Failed")),
+            offload: pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
+        }
+    }
+}
+
+/// Effective requests of a pod as the scheduler counts them: the larger of the sum of its
+/// containers and its largest init container, plus overhead, plus one `pods`. A container
+/// that sets only a limit requests that limit (the API server defaults requests to limits).
+pub fn pod_requests(spec: &PodSpec) -> Resources {
+    let container = |c: &k8s_openapi::api::core::v1::Container| {
+        let mut r = Resources::new();
+        if let Some(res) = &c.resources {
+            let limits = res.limits.clone().unwrap_or_default();
+            let requests = res.requests.clone().unwrap_or_default();
+            for (k, v) in limits.iter().filter(|(k, _)| !requests.contains_key(*k)).chain(requests.iter()) {
+                if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
+                    r.set(k, m);
+                }
+            }
+        }
+        r
+    };
+    let mut total = Resources::new();
+    for c in &spec.containers {
+        total.add(&container(c));
+    }
+    for c in spec.init_containers.iter().flatten() {
+        // Sidecars (restartPolicy: Always) keep running next to the app containers.
+        if c.restart_policy.as_deref() == Some("Always") {
+            total.add(&container(c));
+        } else {
+            total.max_with(&container(c));
+        }
+    }
+    if let Some(overhead) = &spec.overhead
+        && let Ok(o) = Resources::from_quantities(overhead)
+    {
+        total.add(&o);
+    }
+    total.add_one("pods", 1000);
+    total
+}
+
+/// Capacity of the pool selected by `selector` (an empty selector takes every node).
+pub fn pool_capacity<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeView>,
+    pods: impl IntoIterator<Item = &'a PodView>,
+    selector: &BTreeMap<String, String>,
+) -> PoolCapacity {
+    let mut in_pool: BTreeMap<&str, &NodeView> = BTreeMap::new();
+    for n in nodes {
+        if n.ready && !n.unschedulable && n.matches(selector) {
+            in_pool.insert(n.name.as_str(), n);
+        }
+    }
+    let mut capacity = Resources::new();
+    let mut products = std::collections::BTreeSet::new();
+    for n in in_pool.values() {
+        capacity.add(&n.allocatable);
+        products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
+    }
+    let mut used = Resources::new();
+    for p in pods {
+        let Some(node) = p.node.as_deref() else { continue };
+        if p.terminated || !in_pool.contains_key(node) {
+            continue;
+        }
+        if p.offload {
+            used.add(&p.requests);
+        } else {
+            capacity.sub(&p.requests);
+        }
+    }
+    capacity.clamp_non_negative();
+    let gpu_product = match products.len() {
+        1 => products.into_iter().next().flatten(),
+        _ => None,
+    };
+    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn node(name: &str, alloc: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ready: true,
+            allocatable: Resources::from_pairs(alloc.iter().copied()).unwrap(),
+            ..Default::default()
+        }
+    }
+
+    fn pod(node: &str, req: &[(&str, &str)]) -> PodView {
+        PodView { node: Some(node.into()), requests: Resources::from_pairs(req.iter().copied()).unwrap(), ..Default::default() }
+    }
+
+    fn r(pairs: &[(&str, &str)]) -> Resources {
+        Resources::from_pairs(pairs.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn surplus_is_allocatable_minus_online_requests() {
+        let nodes = [node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")]), node("b", &[("cpu", "8")])];
+        let pods = [pod("a", &[("cpu", "3"), ("nvidia.com/gpu", "2")]), pod("b", &[("cpu", "500m")])];
+        let c = pool_capacity(&nodes, &pods, &BTreeMap::new());
+        assert_eq!(c.capacity, r(&[("cpu", "12500m"), ("nvidia.com/gpu", "6")]));
+        assert_eq!(c.nodes, 2);
+    }
+
+    #[test]
+    fn nodes_that_are_not_ready_or_cordoned_lend_nothing() {
+        let mut sick = node("sick", &[("cpu", "8")]);
+        sick.ready = false;
+        let mut cordoned = node("cordoned", &[("cpu", "8")]);
+        cordoned.unschedulable = true;
+        let nodes = [sick, cordoned, node("ok", &[("cpu", "2")])];
+        let pods = [pod("sick", &[("cpu", "1")])];
+        let c = pool_capacity(&nodes, &pods, &BTreeMap::new());
+        assert_eq!(c.capacity, r(&[("cpu", "2")]));
+        assert_eq!(c.nodes, 1);
+    }
+
+    #[test]
+    fn offload_pods_count_as_used_not_as_online() {
+        let nodes = [node("a", &[("cpu", "8")])];
+        let mut offload = pod("a", &[("cpu", "2")]);
+        offload.offload = true;
+        let c = pool_capacity(&nodes, &[offload], &BTreeMap::new());
+        assert_eq!(c.capacity, r(&[("cpu", "8")]));
+        assert_eq!(c.used, r(&[("cpu", "2")]));
+    }
+
+    #[test]
+    fn finished_and_pending_pods_hold_nothing_on_a_node() {
+        let nodes = [node("a", &[("cpu", "8")])];
+        let mut done = pod("a", &[("cpu", "4")]);
+        done.terminated = true;
+        let pending = PodView { node: None, requests: r(&[("cpu", "4")]), ..Default::default() };
+        let c = pool_capacity(&nodes, &[done, pending], &BTreeMap::new());
+        assert_eq!(c.capacity, r(&[("cpu", "8")]));
+    }
+
+    #[test]
+    fn the_selector_picks_the_pool_and_a_homogeneous_gpu_model_is_reported() {
+        let mut g1 = node("g1", &[("nvidia.com/gpu", "8")]);
+        g1.labels.insert("pool".into(), "gpu".into());
+        g1.labels.insert(GPU_PRODUCT_LABEL.into(), "H100".into());
+        let mut g2 = g1.clone();
+        g2.name = "g2".into();
+        let c1 = node("c1", &[("cpu", "32")]);
+        let selector = BTreeMap::from([("pool".to_string(), "gpu".to_string())]);
+        let c = pool_capacity(&[g1, g2, c1], &[], &selector);
+        assert_eq!(c.capacity, r(&[("nvidia.com/gpu", "16")]));
+        assert_eq!(c.gpu_product.as_deref(), Some("H100"));
+    }
+
+    #[test]
+    fn overcommitted_nodes_clamp_at_zero() {
+        let nodes = [node("a", &[("cpu", "1")])];
+        let pods = [pod("a", &[("cpu", "3")])];
+        assert_eq!(pool_capacity(&nodes, &pods, &BTreeMap::new()).capacity.get("cpu"), 0);
+    }
+
+    #[test]
+    fn requests_follow_the_scheduler_rules() {
+        let spec: PodSpec = serde_json::from_value(serde_json::json!({
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "2"}, "requests": {"cpu": "500m"}}}
+            ],
+            "initContainers": [
+                {"name": "big-init", "resources": {"requests": {"cpu": "4"}}},
+                {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"memory": "1Gi"}}}
+            ],
+            "overhead": {"cpu": "100m"}
+        }))
+        .unwrap();
+        // containers: cpu 1.5, gpu 2; init max cpu 4; sidecar memory; overhead 100m; one pod.
+        assert_eq!(pod_requests(&spec), r(&[("cpu", "4100m"), ("nvidia.com/gpu", "2"), ("memory", "1Gi"), ("pods", "1")]));
+    }
+
+    proptest! {
+        #[test]
+        fn capacity_is_never_negative_and_never_above_allocatable(
+            allocs in proptest::collection::vec(0i64..64, 1..6),
+            reqs in proptest::collection::vec((0usize..6, 0i64..80, any::<bool>(), any::<bool>()), 0..20),
+        ) {
+            let nodes: Vec<NodeView> = allocs.iter().enumerate()
+                .map(|(i, a)| { let mut n = node(&format!("n{i}"), &[]); n.allocatable.set("cpu", a * 1000); n })
+                .collect();
+            let pods: Vec<PodView> = reqs.iter().map(|(n, cpu, offload, terminated)| {
+                let mut p = pod(&format!("n{n}"), &[]);
+                p.requests.set("cpu", cpu * 1000);
+                p.offload = *offload;
+                p.terminated = *terminated;
+                p
+            }).collect();
+            let c = pool_capacity(&nodes, &pods, &BTreeMap::new());
+            let total: i64 = allocs.iter().sum::<i64>() * 1000;
+            prop_assert!(c.capacity.get("cpu") >= 0);
+            prop_assert!(c.capacity.get("cpu") <= total);
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Federation: the member clusters as the rest of tidepool sees them.
+//!
+//! Owns: the `MemberCluster` controller (credentials from Secrets, vetting, connection,
+//! status conditions), one [`member::Session`] per connected member with its trimmed
+//! watches, and the capacity model ([`capacity`]) that turns those watches into each
+//! pool's lendable capacity. Does not own: virtual nodes or pods (vk-provider), placement
+//! (dispatcher).
+//!
+//! Start at [`Federation::start`]; consumers subscribe to [`Federation::members`], a
+//! `watch` channel of connected members, each with a `watch` channel of capacity per pool.
+
+pub mod capacity;
+mod controller;
+pub mod kubeconfig;
+pub mod member;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tidepool_config::{BridgeConfig, MemberName};
+use tokio::sync::watch;
+
+pub use capacity::PoolCapacity;
+pub use member::{MemberHandle, PoolHandle};
+
+/// Connected members by name.
+pub type Members = BTreeMap<MemberName, Arc<MemberHandle>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("training cluster: {what}: {source}")]
+    Training {
+        what: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Handle on the running federation.
+#[derive(Debug, Clone)]
+pub struct Federation {
+    members: watch::Receiver<Members>,
+}
+
+impl Federation {
+    /// Starts the `MemberCluster` controller; runs until the runtime stops.
+    pub fn start(training: kube::Client, config: Arc<BridgeConfig>) -> Self {
+        let (tx, rx) = watch::channel(Members::new());
+        let ctx = Arc::new(controller::Context {
+            training,
+            config,
+            sessions: std::sync::Mutex::new(BTreeMap::new()),
+            members: tx,
+        });
+        tokio::spawn(controller::run(ctx));
+        Self { members: rx }
+    }
+
+    /// The connected members; changes when one connects, changes spec or goes away.
+    pub fn members(&self) -> watch::Receiver<Members> {
+        self.members.clone()
+    }
+}
+
+/// True when `error` is an API answer with one of `codes` (404, 409, …).
+pub fn api_code(error: &kube::Error, codes: &[u16]) -> bool {
+    matches!(error, kube::Error::Api(status) if codes.contains(&status.code))
+}

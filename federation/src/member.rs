@@ -1,0 +1,259 @@
+//! One connected member: its client, its watches, and the capacity of its pools.
+//!
+//! A [`Session`] lives as long as the member's credentials and spec stay the same. Its
+//! watches keep only what the capacity model needs ([`NodeView`], [`PodView`]), so a member
+//! with thousands of nodes and pods costs little memory. Dropping the session stops them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tidepool_config::{MemberName, PoolName, VirtualNodeName, crd::PoolSpec};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::capacity::{NodeView, PodCapacityKey, PodView, PoolCapacity, pool_capacity};
+
+/// A connected member as the rest of tidepool sees it.
+pub struct MemberHandle {
+    pub name: MemberName,
+    /// Client for the member's API server, built from the vetted kubeconfig.
+    pub client: Client,
+    /// Prefix of offload namespaces in this member.
+    pub namespace_prefix: String,
+    pub pools: Vec<PoolHandle>,
+    /// Cancelled when the session ends (member deleted, credentials or spec changed).
+    pub cancelled: CancellationToken,
+}
+
+/// One pool of a member: one virtual node.
+#[derive(Debug, Clone)]
+pub struct PoolHandle {
+    pub name: PoolName,
+    pub node: VirtualNodeName,
+    pub node_selector: BTreeMap<String, String>,
+    pub capacity: watch::Receiver<PoolCapacity>,
+}
+
+impl std::fmt::Debug for MemberHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberHandle").field("name", &self.name).field("pools", &self.pools).finish_non_exhaustive()
+    }
+}
+
+impl MemberHandle {
+    pub fn pool_for_node(&self, node: &str) -> Option<&PoolHandle> {
+        self.pools.iter().find(|p| p.node.as_str() == node)
+    }
+}
+
+/// Owns the watch tasks of one member; dropping it stops them.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub handle: Arc<MemberHandle>,
+    pub fingerprint: String,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.handle.cancelled.cancel();
+    }
+}
+
+/// How long to wait before recomputing capacity after a change, so a burst of events
+/// costs one computation.
+const COALESCE: Duration = Duration::from_millis(100);
+
+impl Session {
+    /// Starts the member's watches. The caller has already checked that it answers.
+    pub fn start(
+        name: MemberName,
+        client: Client,
+        pools: &[PoolSpec],
+        namespace_prefix: String,
+        fingerprint: String,
+    ) -> Session {
+        let cancelled = CancellationToken::new();
+        let changed = Arc::new(Notify::new());
+        let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
+        let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
+
+        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+        spawn_cache(
+            node_events,
+            nodes.clone(),
+            |n: &Node| Some((n.name_any(), NodeView::from_node(n))),
+            changed.clone(),
+            cancelled.clone(),
+            info_span!("member_nodes", member = %name),
+        );
+        let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
+        spawn_cache(
+            pod_events,
+            pods.clone(),
+            |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p))),
+            changed.clone(),
+            cancelled.clone(),
+            info_span!("member_pods", member = %name),
+        );
+
+        let mut senders = Vec::new();
+        let mut handles = Vec::new();
+        for pool in pools {
+            let (tx, rx) = watch::channel(PoolCapacity::default());
+            let pool_name = PoolName::new(pool.name.clone());
+            handles.push(PoolHandle {
+                node: VirtualNodeName::for_pool(&name, &pool_name),
+                name: pool_name,
+                node_selector: pool.node_selector.clone(),
+                capacity: rx,
+            });
+            senders.push((pool.node_selector.clone(), tx));
+        }
+
+        let stop = cancelled.clone();
+        tokio::spawn(
+            async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = changed.notified() => {}
+                    }
+                    tokio::time::sleep(COALESCE).await;
+                    let (nodes, pods) = match (nodes.lock(), pods.lock()) {
+                        (Ok(n), Ok(p)) if n.synced && p.synced => (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>()),
+                        _ => continue,
+                    };
+                    for (selector, tx) in &senders {
+                        let next = pool_capacity(&nodes, &pods, selector);
+                        tx.send_if_modified(|cur| {
+                            if *cur == next {
+                                return false;
+                            }
+                            debug!(capacity = %next.capacity, used = %next.used, nodes = next.nodes, "pool capacity changed");
+                            *cur = next;
+                            true
+                        });
+                    }
+                }
+            }
+            .instrument(info_span!("capacity", member = %name)),
+        );
+
+        Session {
+            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled }),
+            fingerprint,
+        }
+    }
+}
+
+/// A map of trimmed views kept in step with a watch, re-listed atomically: the views from a
+/// re-list replace the old ones only once the re-list is complete.
+#[derive(Debug)]
+pub(crate) struct ViewCache<K, V> {
+    live: HashMap<K, V>,
+    relist: Option<HashMap<K, V>>,
+    /// True after the first complete list.
+    pub synced: bool,
+}
+
+impl<K, V> Default for ViewCache<K, V> {
+    fn default() -> Self {
+        Self { live: HashMap::new(), relist: None, synced: false }
+    }
+}
+
+impl<K: Eq + Hash, V> ViewCache<K, V> {
+    pub fn apply(&mut self, event: watcher::Event<(K, V)>) {
+        match event {
+            watcher::Event::Apply((k, v)) => {
+                self.live.insert(k, v);
+            }
+            watcher::Event::Delete((k, _)) => {
+                self.live.remove(&k);
+            }
+            watcher::Event::Init => self.relist = Some(HashMap::new()),
+            watcher::Event::InitApply((k, v)) => {
+                self.relist.get_or_insert_with(HashMap::new).insert(k, v);
+            }
+            watcher::Event::InitDone => {
+                if let Some(fresh) = self.relist.take() {
+                    self.live = fresh;
+                }
+                self.synced = true;
+            }
+        }
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.live.values()
+    }
+}
+
+fn spawn_cache<T, K, V, S>(
+    events: S,
+    cache: Arc<std::sync::Mutex<ViewCache<K, V>>>,
+    view: fn(&T) -> Option<(K, V)>,
+    changed: Arc<Notify>,
+    cancelled: CancellationToken,
+    span: tracing::Span,
+) where
+    S: Stream<Item = Result<watcher::Event<T>, watcher::Error>> + Send + 'static,
+    T: Send + 'static,
+    K: Eq + Hash + Send + 'static,
+    V: Send + 'static,
+{
+    tokio::spawn(
+        async move {
+            let mut events = std::pin::pin!(events.take_until(cancelled.cancelled_owned()));
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        let mapped = match event {
+                            watcher::Event::Apply(o) => view(&o).map(watcher::Event::Apply),
+                            watcher::Event::Delete(o) => view(&o).map(watcher::Event::Delete),
+                            watcher::Event::InitApply(o) => view(&o).map(watcher::Event::InitApply),
+                            watcher::Event::Init => Some(watcher::Event::Init),
+                            watcher::Event::InitDone => Some(watcher::Event::InitDone),
+                        };
+                        if let (Some(e), Ok(mut c)) = (mapped, cache.lock()) {
+                            c.apply(e);
+                        }
+                        changed.notify_one();
+                    }
+                    Err(e) => warn!(error = %e, "member watch failed; retrying with backoff"),
+                }
+            }
+        }
+        .instrument(span),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_replaces_the_cache_only_when_complete() {
+        let mut c = ViewCache::<&str, u32>::default();
+        c.apply(watcher::Event::Init);
+        c.apply(watcher::Event::InitApply(("a", 1)));
+        c.apply(watcher::Event::InitDone);
+        assert!(c.synced);
+        c.apply(watcher::Event::Apply(("b", 2)));
+        c.apply(watcher::Event::Init);
+        c.apply(watcher::Event::InitApply(("c", 3)));
+        // The old view stays visible while the re-list runs.
+        assert_eq!(c.values().count(), 2);
+        c.apply(watcher::Event::InitDone);
+        assert_eq!(c.values().copied().collect::<Vec<_>>(), vec![3]);
+        c.apply(watcher::Event::Delete(("c", 0)));
+        assert_eq!(c.values().count(), 0);
+    }
+}

@@ -1,0 +1,319 @@
+//! Virtual nodes: one Node per pool, its status following the pool's capacity, its Lease
+//! renewed so the node lifecycle controller keeps it Ready.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tidepool_config::{BridgeConfig, keys};
+use tidepool_federation::{MemberHandle, Members, PoolCapacity, PoolHandle};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::Error;
+
+/// Duration of a virtual node's Lease is this many renew periods (virtual-kubelet: 40 s / 10 s).
+const LEASE_PERIODS: u64 = 4;
+/// A full status heartbeat (conditions' heartbeat time) this often even without changes.
+const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// Labels of a virtual node.
+pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (keys::LABEL_NODE_TYPE.to_owned(), keys::NODE_TYPE_VIRTUAL.to_owned()),
+        (keys::LABEL_MEMBER.to_owned(), member.to_owned()),
+        (keys::LABEL_POOL.to_owned(), pool.name.to_string()),
+        ("kubernetes.io/hostname".to_owned(), pool.node.to_string()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+        ("kubernetes.io/role".to_owned(), "agent".to_owned()),
+    ]);
+    if let Some(product) = &capacity.gpu_product {
+        labels.insert(tidepool_federation::capacity::GPU_PRODUCT_LABEL.to_owned(), product.clone());
+    }
+    labels
+}
+
+/// Status of a virtual node: the pool's capacity as allocatable, Ready while the member is
+/// connected, addressed at tidepool's kubelet API.
+pub fn node_status(config: &BridgeConfig, capacity: &PoolCapacity, now: jiff::Timestamp) -> NodeStatus {
+    let resources = capacity.capacity.to_quantities();
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_heartbeat_time: Some(Time(now)),
+        last_transition_time: None,
+    };
+    NodeStatus {
+        capacity: Some(resources.clone()),
+        allocatable: Some(resources),
+        conditions: Some(vec![
+            condition("Ready", "True", "KubeletReady", "member cluster connected"),
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "capacity follows the member's surplus"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "capacity follows the member's surplus"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "capacity follows the member's surplus"),
+            condition("NetworkUnavailable", "False", "RouteCreated", "pods use the member's network"),
+        ]),
+        addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".to_owned(),
+            address: config.kubelet.node_address.to_string(),
+        }]),
+        daemon_endpoints: Some(k8s_openapi::api::core::v1::NodeDaemonEndpoints {
+            kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint { port: i32::from(config.kubelet.port) }),
+        }),
+        node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            architecture: "amd64".to_owned(),
+            operating_system: "linux".to_owned(),
+            kubelet_version: format!("tidepool-{}", env!("CARGO_PKG_VERSION")),
+            container_runtime_version: "tidepool://member".to_owned(),
+            kernel_version: String::new(),
+            os_image: "tidepool virtual node".to_owned(),
+            machine_id: String::new(),
+            system_uuid: String::new(),
+            boot_id: String::new(),
+            kube_proxy_version: String::new(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The whole Node object for creation (status is accepted on create for Nodes).
+pub fn virtual_node(config: &BridgeConfig, member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(pool.node.to_string()),
+            labels: Some(node_labels(member, pool, capacity)),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: keys::TAINT_VIRTUAL.to_owned(),
+                value: Some("true".to_owned()),
+                effect: "NoSchedule".to_owned(),
+                time_added: None,
+            }]),
+            ..Default::default()
+        }),
+        status: Some(node_status(config, capacity, jiff::Timestamp::now())),
+    }
+}
+
+/// Keeps one task per virtual node of the connected members; deletes the Node of a pool
+/// that is no longer offered.
+pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch::Receiver<Members>) {
+    let mut running: HashMap<String, CancellationToken> = HashMap::new();
+    loop {
+        let current = members.borrow_and_update().clone();
+        let mut wanted = std::collections::HashSet::new();
+        for member in current.values() {
+            for pool in &member.pools {
+                let node = pool.node.to_string();
+                wanted.insert(node.clone());
+                // A new session for the same member has a new cancellation token.
+                let fresh = running.get(&node).is_none_or(|t| t.is_cancelled());
+                if fresh {
+                    let stop = member.cancelled.child_token();
+                    running.insert(node.clone(), stop.clone());
+                    let task = NodeTask { training: training.clone(), config: config.clone(), member: member.clone(), pool: pool.clone() };
+                    tokio::spawn(task.run(stop).instrument(info_span!("virtual_node", member = %member.name, node = %node)));
+                }
+            }
+        }
+        let gone: Vec<String> = running.keys().filter(|n| !wanted.contains(*n)).cloned().collect();
+        for node in gone {
+            if let Some(t) = running.remove(&node) {
+                t.cancel();
+            }
+            info!(node = %node, "pool no longer offered; deleting its virtual node");
+            if let Err(e) = delete_node(&training, &node).await {
+                warn!(node = %node, error = %e, "cannot delete virtual node");
+            }
+        }
+        if members.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn delete_node(training: &Client, node: &str) -> Result<(), Error> {
+    let dp = DeleteParams::default();
+    match Api::<Node>::all(training.clone()).delete(node, &dp).await {
+        Ok(_) => {}
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => {}
+        Err(e) => return Err(Error::training("delete node", e)),
+    }
+    match Api::<Lease>::namespaced(training.clone(), NODE_LEASE_NAMESPACE).delete(node, &dp).await {
+        Ok(_) => Ok(()),
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => Ok(()),
+        Err(e) => Err(Error::training("delete node lease", e)),
+    }
+}
+
+struct NodeTask {
+    training: Client,
+    config: Arc<BridgeConfig>,
+    member: Arc<MemberHandle>,
+    pool: PoolHandle,
+}
+
+impl NodeTask {
+    async fn run(mut self, stop: CancellationToken) {
+        let renew = Duration::from_secs(self.config.lease_renew_seconds);
+        let mut lease_tick = tokio::time::interval(renew);
+        let mut heartbeat = tokio::time::interval(STATUS_HEARTBEAT);
+        let mut registered: Option<String> = None;
+        loop {
+            // 1. register the node (once, or again after someone deleted it)
+            if registered.is_none() {
+                match self.register().await {
+                    Ok(uid) => registered = Some(uid),
+                    Err(e) => warn!(error = %e, "cannot register virtual node; retrying"),
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                // 2. capacity changed: new allocatable right away
+                res = self.pool.capacity.changed() => {
+                    if res.is_err() { return; }
+                    if let Err(e) = self.patch_status().await { warn!(error = %e, "cannot update virtual node status"); registered = None; }
+                }
+                // 3. lease renewal keeps the node Ready
+                _ = lease_tick.tick() => {
+                    if let Some(uid) = &registered
+                        && let Err(e) = self.renew_lease(uid).await
+                    {
+                        warn!(error = %e, "cannot renew virtual node lease");
+                    }
+                }
+                // 4. periodic status heartbeat
+                _ = heartbeat.tick() => {
+                    if registered.is_some() && let Err(e) = self.patch_status().await {
+                        warn!(error = %e, "cannot update virtual node status");
+                        registered = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates the Node, or brings an existing one's labels and status up to date. Returns
+    /// its UID (the Lease's owner).
+    async fn register(&mut self) -> Result<String, Error> {
+        let api = Api::<Node>::all(self.training.clone());
+        let capacity = self.pool.capacity.borrow_and_update().clone();
+        let node = virtual_node(&self.config, self.member.name.as_str(), &self.pool, &capacity);
+        let name = self.pool.node.to_string();
+        let created = match api.create(&PostParams::default(), &node).await {
+            Ok(n) => {
+                info!(capacity = %capacity.capacity, "virtual node registered");
+                n
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let labels = json!({ "metadata": { "labels": node.metadata.labels } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(labels))
+                    .await
+                    .map_err(|e| Error::training("update node labels", e))?;
+                self.patch_status().await?;
+                api.get(&name).await.map_err(|e| Error::training("read node", e))?
+            }
+            Err(e) => return Err(Error::training("create node", e)),
+        };
+        created.metadata.uid.ok_or(Error::MissingUid)
+    }
+
+    async fn patch_status(&mut self) -> Result<(), Error> {
+        let capacity = self.pool.capacity.borrow_and_update().clone();
+        let status = node_status(&self.config, &capacity, jiff::Timestamp::now());
+        debug!(capacity = %capacity.capacity, "virtual node status");
+        Api::<Node>::all(self.training.clone())
+            .patch_status(self.pool.node.as_str(), &PatchParams::default(), &Patch::Strategic(json!({ "status": status })))
+            .await
+            .map_err(|e| Error::training("update node status", e))?;
+        Ok(())
+    }
+
+    async fn renew_lease(&self, node_uid: &str) -> Result<(), Error> {
+        let api = Api::<Lease>::namespaced(self.training.clone(), NODE_LEASE_NAMESPACE);
+        let name = self.pool.node.to_string();
+        let now = MicroTime(jiff::Timestamp::now());
+        let patch = json!({ "spec": { "renewTime": now, "holderIdentity": name } });
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(NODE_LEASE_NAMESPACE.to_owned()),
+                        owner_references: Some(vec![OwnerReference {
+                            api_version: "v1".to_owned(),
+                            kind: "Node".to_owned(),
+                            name: name.clone(),
+                            uid: node_uid.to_owned(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(name.clone()),
+                        lease_duration_seconds: Some((self.config.lease_renew_seconds * LEASE_PERIODS) as i32),
+                        renew_time: Some(now),
+                        ..Default::default()
+                    }),
+                };
+                api.create(&PostParams::default(), &lease).await.map_err(|e| Error::training("create node lease", e))?;
+                Ok(())
+            }
+            Err(e) => Err(Error::training("renew node lease", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidepool_config::{PoolName, Resources, VirtualNodeName};
+
+    fn pool() -> PoolHandle {
+        let (_tx, rx) = watch::channel(PoolCapacity::default());
+        PoolHandle {
+            name: PoolName::from("default"),
+            node: VirtualNodeName::from("tidepool-member-a"),
+            node_selector: BTreeMap::new(),
+            capacity: rx,
+        }
+    }
+
+    #[test]
+    fn a_virtual_node_says_what_it_is_and_where_its_kubelet_listens() {
+        let capacity = PoolCapacity {
+            capacity: Resources::from_pairs([("cpu", "250"), ("nvidia.com/gpu", "16")]).unwrap(),
+            gpu_product: Some("NVIDIA-H100".into()),
+            ..Default::default()
+        };
+        let node = virtual_node(&BridgeConfig::default(), "member-a", &pool(), &capacity);
+        let labels = node.metadata.labels.unwrap();
+        assert_eq!(labels["type"], "virtual-kubelet");
+        assert_eq!(labels[keys::LABEL_MEMBER], "member-a");
+        assert_eq!(labels[keys::LABEL_POOL], "default");
+        assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-H100");
+        let taint = &node.spec.unwrap().taints.unwrap()[0];
+        assert_eq!((taint.key.as_str(), taint.effect.as_str()), (keys::TAINT_VIRTUAL, "NoSchedule"));
+        let status = node.status.unwrap();
+        assert_eq!(status.allocatable.unwrap()["nvidia.com/gpu"].0, "16");
+        assert_eq!(status.addresses.unwrap()[0].address, "127.0.0.2");
+        assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+        let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "True");
+    }
+}

@@ -1,0 +1,286 @@
+//! Pod translation between the training cluster and a member. Pure: tested on plain data.
+//!
+//! Down: a training pod bound to a virtual node becomes an offload pod in the member
+//! namespace `<prefix><namespace>`, with origin labels, the pool's node selector, no trace
+//! of the virtual node, no training-cluster credentials, and `preemptionPolicy: Never`.
+//! Up: the offload pod's status becomes the training pod's, with the virtual node's address
+//! as host IP.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tidepool_config::keys;
+
+/// What translation needs to know besides the pod.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    /// Bridge `clusterName`.
+    pub cluster: &'a str,
+    /// `MemberCluster` name.
+    pub member: &'a str,
+    pub namespace_prefix: &'a str,
+    /// The pool's node selector.
+    pub node_selector: &'a BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    #[error("pod has no {0}")]
+    MissingField(&'static str),
+}
+
+/// Member namespace of a training namespace.
+pub fn member_namespace(prefix: &str, namespace: &str) -> String {
+    format!("{prefix}{namespace}")
+}
+
+/// Prefixes of label keys that describe training-cluster nodes and must not steer
+/// scheduling in the member.
+fn is_virtual_node_key(key: &str) -> bool {
+    key == keys::LABEL_NODE_TYPE || key.starts_with("tidepool.io/") || key == "kubernetes.io/hostname"
+}
+
+/// The offload copy of `pod` for `target`.
+pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError> {
+    let meta = &pod.metadata;
+    let name = meta.name.clone().ok_or(TranslateError::MissingField("metadata.name"))?;
+    let namespace = meta.namespace.clone().ok_or(TranslateError::MissingField("metadata.namespace"))?;
+    let uid = meta.uid.clone().ok_or(TranslateError::MissingField("metadata.uid"))?;
+    let spec = pod.spec.as_ref().ok_or(TranslateError::MissingField("spec"))?;
+
+    let mut labels = meta.labels.clone().unwrap_or_default();
+    labels.insert(keys::LABEL_ORIGIN_UID.to_owned(), uid);
+    labels.insert(keys::LABEL_ORIGIN_CLUSTER.to_owned(), target.cluster.to_owned());
+    labels.insert(keys::LABEL_ORIGIN_MEMBER.to_owned(), target.member.to_owned());
+    let mut annotations = meta.annotations.clone().unwrap_or_default();
+    annotations.insert(keys::ANNOTATION_ORIGIN_NAMESPACE.to_owned(), namespace.clone());
+    annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(member_namespace(target.namespace_prefix, &namespace)),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(offload_spec(spec, target)),
+        status: None,
+    })
+}
+
+fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
+    let mut s = spec.clone();
+    // Scheduling belongs to the member: its own scheduler, inside the pool.
+    s.node_name = None;
+    s.scheduler_name = None;
+    let mut selector: BTreeMap<String, String> =
+        s.node_selector.take().unwrap_or_default().into_iter().filter(|(k, _)| !is_virtual_node_key(k)).collect();
+    selector.extend(target.node_selector.iter().map(|(k, v)| (k.clone(), v.clone())));
+    s.node_selector = (!selector.is_empty()).then_some(selector);
+    if let Some(affinity) = s.affinity.as_mut() {
+        // Node affinity names training-cluster nodes (the virtual one); the pool selector
+        // above replaces it.
+        affinity.node_affinity = None;
+    }
+    if let Some(tolerations) = s.tolerations.as_mut() {
+        tolerations.retain(|t| !t.key.as_deref().is_some_and(|k| k.starts_with("tidepool.io/")));
+    }
+    // Offload pods are guests: they never preempt online pods. Priority is the member's
+    // business (its admission derives it from the class), so the training values go.
+    s.priority = None;
+    s.priority_class_name = None;
+    s.preemption_policy = Some("Never".to_owned());
+    // No credentials of the training cluster travel, and none of the member are mounted.
+    s.service_account_name = None;
+    #[allow(deprecated)]
+    {
+        s.service_account = None;
+    }
+    s.automount_service_account_token = Some(false);
+    let token_volumes: Vec<String> = s
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| {
+            v.projected
+                .as_ref()
+                .is_some_and(|p| p.sources.iter().flatten().any(|src| src.service_account_token.is_some()))
+        })
+        .map(|v| v.name.clone())
+        .collect();
+    if let Some(volumes) = s.volumes.as_mut() {
+        volumes.retain(|v| !token_volumes.contains(&v.name));
+    }
+    for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
+        if let Some(mounts) = c.volume_mounts.as_mut() {
+            mounts.retain(|m| !token_volumes.contains(&m.name));
+        }
+    }
+    s
+}
+
+/// True when `offload` is the copy of `pod` (same origin UID).
+pub fn is_copy_of(offload: &Pod, pod: &Pod) -> bool {
+    let origin = offload.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID));
+    origin.is_some() && origin == pod.metadata.uid.as_ref()
+}
+
+/// The training pod's status for an offload pod's status. `host_ip` is the virtual node's
+/// address: tenants see their pod on the virtual node, not on a member node.
+pub fn training_status(offload: &PodStatus, host_ip: &str) -> PodStatus {
+    let mut s = offload.clone();
+    let placed = s.phase.as_deref().is_some_and(|p| p != "Pending") || s.start_time.is_some();
+    if placed {
+        s.host_ip = Some(host_ip.to_owned());
+        s.host_ips = Some(vec![k8s_openapi::api::core::v1::HostIP { ip: host_ip.to_owned() }]);
+    } else {
+        s.host_ip = None;
+        s.host_ips = None;
+    }
+    // The member's nominated node means nothing in the training cluster.
+    s.nominated_node_name = None;
+    s.resize = None;
+    s.observed_generation = None;
+    s
+}
+
+/// Whether the training pod's status already says what `desired` says, for the fields
+/// tidepool writes. Avoids a write per event when nothing changed.
+pub fn status_in_sync(current: Option<&PodStatus>, desired: &PodStatus) -> bool {
+    let Some(c) = current else { return false };
+    c.phase == desired.phase
+        && c.conditions == desired.conditions
+        && c.container_statuses == desired.container_statuses
+        && c.init_container_statuses == desired.init_container_statuses
+        && c.pod_ip == desired.pod_ip
+        && c.pod_ips == desired.pod_ips
+        && c.host_ip == desired.host_ip
+        && c.start_time == desired.start_time
+        && c.reason == desired.reason
+        && c.message == desired.message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn training_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "uid-1",
+                         "labels": {"app": "trainer"}, "annotations": {"note": "x"}},
+            "spec": {
+                "nodeName": "tidepool-member-a",
+                "schedulerName": "tidepool",
+                "serviceAccountName": "default",
+                "priority": 1500, "priorityClassName": "training-medium",
+                "nodeSelector": {"type": "virtual-kubelet", "disktype": "ssd"},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["member-a"]}]}]}}},
+                "tolerations": [
+                    {"key": "tidepool.io/virtual", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+                ],
+                "containers": [{"name": "main", "image": "trainer:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "volumeMounts": [{"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                                     {"name": "data", "mountPath": "/data"}]}],
+                "volumes": [
+                    {"name": "kube-api-access-abcde", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+                    {"name": "data", "emptyDir": {}}
+                ]
+            }
+        }))
+        .unwrap()
+    }
+
+    fn target(selector: &BTreeMap<String, String>) -> Target<'_> {
+        Target { cluster: "training", member: "member-a", namespace_prefix: "tp-", node_selector: selector }
+    }
+
+    #[test]
+    fn the_offload_pod_carries_its_origin_and_lands_in_the_mapped_namespace() {
+        let selector = BTreeMap::from([("pool".to_string(), "gpu".to_string())]);
+        let p = offload_pod(&training_pod(), &target(&selector)).unwrap();
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("trainer-0"));
+        assert_eq!(p.metadata.namespace.as_deref(), Some("tp-team-a"));
+        assert_eq!(labels["app"], "trainer");
+        assert_eq!(labels[keys::LABEL_ORIGIN_UID], "uid-1");
+        assert_eq!(labels[keys::LABEL_ORIGIN_CLUSTER], "training");
+        assert_eq!(labels[keys::LABEL_ORIGIN_MEMBER], "member-a");
+        let ann = p.metadata.annotations.unwrap();
+        assert_eq!(ann[keys::ANNOTATION_ORIGIN_NAMESPACE], "team-a");
+        assert_eq!(ann["note"], "x");
+        assert!(p.metadata.uid.is_none() && p.metadata.resource_version.is_none());
+    }
+
+    #[test]
+    fn the_virtual_node_leaves_no_trace_in_scheduling() {
+        let selector = BTreeMap::from([("pool".to_string(), "gpu".to_string())]);
+        let spec = offload_pod(&training_pod(), &target(&selector)).unwrap().spec.unwrap();
+        assert_eq!(spec.node_name, None);
+        assert_eq!(spec.scheduler_name, None);
+        assert_eq!(
+            spec.node_selector.unwrap(),
+            BTreeMap::from([("disktype".to_string(), "ssd".to_string()), ("pool".to_string(), "gpu".to_string())])
+        );
+        assert!(spec.affinity.unwrap().node_affinity.is_none());
+        let keys: Vec<_> = spec.tolerations.unwrap().into_iter().filter_map(|t| t.key).collect();
+        assert_eq!(keys, ["node.kubernetes.io/not-ready"]);
+        assert_eq!(spec.preemption_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.priority, None);
+        assert_eq!(spec.priority_class_name, None);
+    }
+
+    #[test]
+    fn training_credentials_are_not_mounted() {
+        let spec = offload_pod(&training_pod(), &target(&BTreeMap::new())).unwrap().spec.unwrap();
+        assert_eq!(spec.service_account_name, None);
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(volumes, ["data"]);
+        let mounts: Vec<_> = spec.containers[0].volume_mounts.clone().unwrap().into_iter().map(|m| m.name).collect();
+        assert_eq!(mounts, ["data"]);
+    }
+
+    #[test]
+    fn a_pod_without_uid_is_refused() {
+        let mut p = training_pod();
+        p.metadata.uid = None;
+        assert_eq!(offload_pod(&p, &target(&BTreeMap::new())), Err(TranslateError::MissingField("metadata.uid")));
+    }
+
+    #[test]
+    fn identity_is_the_origin_uid() {
+        let pod = training_pod();
+        let copy = offload_pod(&pod, &target(&BTreeMap::new())).unwrap();
+        assert!(is_copy_of(&copy, &pod));
+        let mut other = pod.clone();
+        other.metadata.uid = Some("uid-2".into());
+        assert!(!is_copy_of(&copy, &other));
+    }
+
+    #[test]
+    fn status_goes_up_with_the_virtual_node_as_host() {
+        let member: PodStatus = serde_json::from_value(json!({
+            "phase": "Running", "hostIP": "10.0.0.5", "podIP": "10.244.0.7", "podIPs": [{"ip": "10.244.0.7"}],
+            "startTime": "2026-11-29T10:00:00Z", "nominatedNodeName": "member-a-gpu-0",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 2, "image": "trainer:1", "imageID": "",
+                                   "state": {"running": {"startedAt": "2026-11-29T10:00:01Z"}}}]
+        }))
+        .unwrap();
+        let up = training_status(&member, "127.0.0.2");
+        assert_eq!(up.host_ip.as_deref(), Some("127.0.0.2"));
+        assert_eq!(up.pod_ip.as_deref(), Some("10.244.0.7"));
+        assert_eq!(up.container_statuses.as_ref().unwrap()[0].restart_count, 2);
+        assert_eq!(up.nominated_node_name, None);
+        assert!(status_in_sync(Some(&up), &up));
+        assert!(!status_in_sync(None, &up));
+        let pending = training_status(&PodStatus { phase: Some("Pending".into()), ..Default::default() }, "127.0.0.2");
+        assert_eq!(pending.host_ip, None);
+    }
+}
