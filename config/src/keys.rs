@@ -46,3 +46,42 @@ pub const CONDITION_REACHABLE: &str = "Reachable";
 pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";
 /// Default prefix of offload namespaces in members: `tp-<namespace>`.
 pub const DEFAULT_NAMESPACE_PREFIX: &str = "tp-";
+
+/// Reclaim band of a training pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Band {
+    Low,
+    Medium,
+    High,
+}
+
+impl Band {
+    pub const ALL: [Band; 3] = [Band::High, Band::Medium, Band::Low];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Band::High => "high",
+            Band::Medium => "medium",
+            Band::Low => "low",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Band> {
+        Band::ALL.into_iter().find(|b| b.as_str() == s)
+    }
+
+    /// Member PriorityClass of offload pods in this band.
+    pub fn priority_class(self) -> String {
+        format!("tidepool-offload-{}", self.as_str())
+    }
+
+    /// Value of that PriorityClass: negative, so below every online pod (default 0), and
+    /// ordered by band so the member's own preemption takes low before high.
+    pub fn priority_value(self) -> i32 {
+        match self {
+            Band::High => -1000,
+            Band::Medium => -2000,
+            Band::Low => -3000,
+        }
+    }
+}

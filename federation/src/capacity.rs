@@ -76,7 +76,11 @@ impl NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
             ready,
-            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
             allocatable,
         }
     }
@@ -93,7 +97,11 @@ impl PodView {
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
-            offload: pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
+            offload: pod
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
         }
     }
 }
@@ -107,7 +115,11 @@ pub fn pod_requests(spec: &PodSpec) -> Resources {
         if let Some(res) = &c.resources {
             let limits = res.limits.clone().unwrap_or_default();
             let requests = res.requests.clone().unwrap_or_default();
-            for (k, v) in limits.iter().filter(|(k, _)| !requests.contains_key(*k)).chain(requests.iter()) {
+            for (k, v) in limits
+                .iter()
+                .filter(|(k, _)| !requests.contains_key(*k))
+                .chain(requests.iter())
+            {
                 if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
                     r.set(k, m);
                 }
@@ -156,7 +168,9 @@ pub fn pool_capacity<'a>(
     }
     let mut used = Resources::new();
     for p in pods {
-        let Some(node) = p.node.as_deref() else { continue };
+        let Some(node) = p.node.as_deref() else {
+            continue;
+        };
         if p.terminated || !in_pool.contains_key(node) {
             continue;
         }
@@ -171,7 +185,12 @@ pub fn pool_capacity<'a>(
         1 => products.into_iter().next().flatten(),
         _ => None,
     };
-    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product }
+    PoolCapacity {
+        capacity,
+        used,
+        nodes: in_pool.len() as u32,
+        gpu_product,
+    }
 }
 
 #[cfg(test)]
@@ -189,7 +208,11 @@ mod tests {
     }
 
     fn pod(node: &str, req: &[(&str, &str)]) -> PodView {
-        PodView { node: Some(node.into()), requests: Resources::from_pairs(req.iter().copied()).unwrap(), ..Default::default() }
+        PodView {
+            node: Some(node.into()),
+            requests: Resources::from_pairs(req.iter().copied()).unwrap(),
+            ..Default::default()
+        }
     }
 
     fn r(pairs: &[(&str, &str)]) -> Resources {
@@ -198,8 +221,14 @@ mod tests {
 
     #[test]
     fn surplus_is_allocatable_minus_online_requests() {
-        let nodes = [node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")]), node("b", &[("cpu", "8")])];
-        let pods = [pod("a", &[("cpu", "3"), ("nvidia.com/gpu", "2")]), pod("b", &[("cpu", "500m")])];
+        let nodes = [
+            node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")]),
+            node("b", &[("cpu", "8")]),
+        ];
+        let pods = [
+            pod("a", &[("cpu", "3"), ("nvidia.com/gpu", "2")]),
+            pod("b", &[("cpu", "500m")]),
+        ];
         let c = pool_capacity(&nodes, &pods, &BTreeMap::new());
         assert_eq!(c.capacity, r(&[("cpu", "12500m"), ("nvidia.com/gpu", "6")]));
         assert_eq!(c.nodes, 2);
@@ -233,7 +262,11 @@ mod tests {
         let nodes = [node("a", &[("cpu", "8")])];
         let mut done = pod("a", &[("cpu", "4")]);
         done.terminated = true;
-        let pending = PodView { node: None, requests: r(&[("cpu", "4")]), ..Default::default() };
+        let pending = PodView {
+            node: None,
+            requests: r(&[("cpu", "4")]),
+            ..Default::default()
+        };
         let c = pool_capacity(&nodes, &[done, pending], &BTreeMap::new());
         assert_eq!(c.capacity, r(&[("cpu", "8")]));
     }
@@ -256,7 +289,12 @@ mod tests {
     fn overcommitted_nodes_clamp_at_zero() {
         let nodes = [node("a", &[("cpu", "1")])];
         let pods = [pod("a", &[("cpu", "3")])];
-        assert_eq!(pool_capacity(&nodes, &pods, &BTreeMap::new()).capacity.get("cpu"), 0);
+        assert_eq!(
+            pool_capacity(&nodes, &pods, &BTreeMap::new())
+                .capacity
+                .get("cpu"),
+            0
+        );
     }
 
     #[test]
@@ -274,7 +312,15 @@ mod tests {
         }))
         .unwrap();
         // containers: cpu 1.5, gpu 2; init max cpu 4; sidecar memory; overhead 100m; one pod.
-        assert_eq!(pod_requests(&spec), r(&[("cpu", "4100m"), ("nvidia.com/gpu", "2"), ("memory", "1Gi"), ("pods", "1")]));
+        assert_eq!(
+            pod_requests(&spec),
+            r(&[
+                ("cpu", "4100m"),
+                ("nvidia.com/gpu", "2"),
+                ("memory", "1Gi"),
+                ("pods", "1")
+            ])
+        );
     }
 
     proptest! {

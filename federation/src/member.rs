@@ -43,7 +43,10 @@ pub struct PoolHandle {
 
 impl std::fmt::Debug for MemberHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemberHandle").field("name", &self.name).field("pools", &self.pools).finish_non_exhaustive()
+        f.debug_struct("MemberHandle")
+            .field("name", &self.name)
+            .field("pools", &self.pools)
+            .finish_non_exhaustive()
     }
 }
 
@@ -81,10 +84,15 @@ impl Session {
     ) -> Session {
         let cancelled = CancellationToken::new();
         let changed = Arc::new(Notify::new());
-        let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
-        let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
+        let nodes = Arc::new(std::sync::Mutex::new(
+            ViewCache::<String, NodeView>::default(),
+        ));
+        let pods = Arc::new(std::sync::Mutex::new(
+            ViewCache::<PodCapacityKey, PodView>::default(),
+        ));
 
-        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let node_events =
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
         spawn_cache(
             node_events,
             nodes.clone(),
@@ -93,11 +101,17 @@ impl Session {
             cancelled.clone(),
             info_span!("member_nodes", member = %name),
         );
-        let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let pod_events =
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
         spawn_cache(
             pod_events,
             pods.clone(),
-            |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p))),
+            |p: &Pod| {
+                Some((
+                    (p.namespace().unwrap_or_default(), p.name_any()),
+                    PodView::from_pod(p),
+                ))
+            },
             changed.clone(),
             cancelled.clone(),
             info_span!("member_pods", member = %name),
@@ -147,10 +161,49 @@ impl Session {
         );
 
         Session {
-            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled }),
+            handle: Arc::new(MemberHandle {
+                name,
+                client,
+                namespace_prefix,
+                pools: handles,
+                cancelled,
+            }),
             fingerprint,
         }
     }
+}
+
+/// Creates the member PriorityClasses of the bands (below every online priority, never
+/// preempting). Existing ones are left as they are: a PriorityClass value is immutable.
+pub async fn bootstrap(client: &Client) -> Result<(), kube::Error> {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    use tidepool_config::keys::{self, Band};
+    let api = Api::<PriorityClass>::all(client.clone());
+    for band in Band::ALL {
+        let pc = PriorityClass {
+            metadata: kube::api::ObjectMeta {
+                name: Some(band.priority_class()),
+                labels: Some(BTreeMap::from([(
+                    keys::LABEL_MANAGED_BY.to_owned(),
+                    keys::MANAGED_BY.to_owned(),
+                )])),
+                ..Default::default()
+            },
+            value: Some(band.priority_value()),
+            preemption_policy: Some("Never".to_owned()),
+            global_default: Some(false),
+            description: Some(format!(
+                "tidepool offload pods of band {}: below online pods, never preempting",
+                band.as_str()
+            )),
+        };
+        match api.create(&kube::api::PostParams::default(), &pc).await {
+            Ok(_) => {}
+            Err(e) if crate::api_code(&e, &[409]) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// A map of trimmed views kept in step with a watch, re-listed atomically: the views from a
@@ -165,7 +218,11 @@ pub(crate) struct ViewCache<K, V> {
 
 impl<K, V> Default for ViewCache<K, V> {
     fn default() -> Self {
-        Self { live: HashMap::new(), relist: None, synced: false }
+        Self {
+            live: HashMap::new(),
+            relist: None,
+            synced: false,
+        }
     }
 }
 

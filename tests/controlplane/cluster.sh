@@ -17,6 +17,9 @@
 # Ports (127.0.0.1 only, plus CP_PORT_OFFSET):
 #   etcd 2379 (client) 2380 (peer); kube-apiserver training 6443, member-a 6444,
 #   member-b 6445; kube-controller-manager 10257/10357/10457; kube-scheduler 10259/10359/10459.
+#   Runs side by side need offsets at least 3 apart and not 100 or 200 apart (e.g. 0, 10,
+#   20, ...): the controller-manager and scheduler ports of the clusters are 100 apart.
+#   `up` checks that every port is free first.
 #
 # STATE_DIR after `up`:
 #   cluster.env                         `export K=V` lines (kubeconfigs, server URLs, PKI dir)
@@ -26,6 +29,7 @@
 #                                       vk-serving (tidepool's kubelet API), sa-<cluster>, tokens.csv
 #   pids                                "name pid" per process; `down` kills only these
 #   logs/<name>.log                     one log per process
+#   .tidepool-cluster                   marker: `up` wipes a non-empty STATE_DIR only if present
 set -Eeuo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,7 +54,7 @@ usage() {
 }
 
 # ---------------------------------------------------------------------------------------
-# Timing and logging (EPOCHREALTIME keeps this fork-free; its separator follows the locale)
+# Timing and logging
 
 # Messages go to fd 3, a copy of the caller's stderr: a trap can fire while bash has
 # stderr redirected for a function or builtin (say to /dev/null), and its "stopping
@@ -58,7 +62,7 @@ usage() {
 # would keep the caller's stderr pipe open after `up` exits.
 exec 3>&2
 
-now_ms() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((t / 1000)); }
+now_ms() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((t / 1000)); }   # separator is locale-dependent
 secs() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }
 T0=$(now_ms)
 log() { printf '[cluster %7ss] %s\n' "$(secs $(($(now_ms) - T0)))" "$*" >&3; }
@@ -174,7 +178,9 @@ await() {
       # Logs of the per-NAME processes only: a shared one (etcd) is rarely the cause
       # of a slow start, and was checked to be alive above.
       name=${pending[0]} logs=()
-      for p in $culprits; do [[ $p == *@* ]] && logs+=("${p//@/$name}"); done
+      for p in $culprits; do
+        if [[ $p == *@* ]]; then logs+=("${p//@/$name}"); fi
+      done
       fail "${logs[0]}: timed out after $timeout s; still waiting for: ${pending[*]} ($what)" "${logs[@]}"
     fi
     sleep 0.5
@@ -208,11 +214,11 @@ check_ports() {
   for f in /proc/net/tcp /proc/net/tcp6; do
     [[ -r $f ]] || continue
     while read -r _ local_addr _ st _; do
-      [[ $st == 0A ]] && busy[$((16#${local_addr##*:}))]=1   # 0A = LISTEN
+      if [[ $st == 0A ]]; then busy[$((16#${local_addr##*:}))]=1; fi   # 0A = LISTEN
     done < <(tail -n +2 "$f")
   done
   for port in "${!want[@]}"; do
-    [[ ${busy[$port]:-} ]] && problems+=("$port (${want[$port]})")
+    if [[ ${busy[$port]:-} ]]; then problems+=("$port (${want[$port]})"); fi
   done
   ((${#problems[@]} == 0)) || fail "ports already in use: ${problems[*]}; stop whatever holds them or set CP_PORT_OFFSET"
 }

@@ -1,1 +1,7 @@
+//! End-to-end tests: the real `tidepool` binary against real local clusters (a training
+//! cluster and two members, each with kube-apiserver, controller-manager and scheduler,
+//! kwok simulating member nodes). See `harness.rs` for how the clusters are found.
 
+mod bad_input;
+mod harness;
+mod skeleton;

@@ -1,0 +1,290 @@
+//! Shared pieces of the end-to-end tests: the local clusters started by
+//! `tests/controlplane/cluster.sh`, a real `tidepool` process per test, and polling helpers.
+//!
+//! The clusters are found through `TIDEPOOL_CLUSTER_ENV` (the `cluster.env` file that
+//! `cluster.sh up` writes). Without it every test fails with instructions: e2e tests never
+//! skip silently.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, CustomResourceExt};
+use tidepool_config::MemberCluster;
+use tidepool_config::crd::{MemberClusterSpec, SecretKeyRef};
+
+/// The local clusters, as written by `cluster.sh up`.
+pub struct Env {
+    vars: BTreeMap<String, String>,
+}
+
+impl Env {
+    pub fn load() -> Env {
+        let path = std::env::var("TIDEPOOL_CLUSTER_ENV").unwrap_or_else(|_| {
+            panic!(
+                "TIDEPOOL_CLUSTER_ENV is not set: the end-to-end tests need the local clusters. \
+                 Run the README's test command (bash tests/run.sh), or start them with \
+                 `tests/controlplane/cluster.sh up DIR` and export TIDEPOOL_CLUSTER_ENV=DIR/cluster.env"
+            )
+        });
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {path}: {e}; are the local clusters up?"));
+        let vars = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.trim_matches(['"', '\'']).to_owned()))
+            .collect();
+        Env { vars }
+    }
+
+    pub fn var(&self, key: &str) -> &str {
+        self.vars
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("cluster.env has no {key}"))
+    }
+
+    pub fn kubeconfig_path(&self, cluster: &str) -> PathBuf {
+        let key = format!("{}_KUBECONFIG", cluster.to_uppercase().replace('-', "_"));
+        PathBuf::from(self.var(&key))
+    }
+
+    pub async fn client(&self, cluster: &str) -> Client {
+        let path = self.kubeconfig_path(cluster);
+        let kubeconfig =
+            Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .unwrap();
+        let client = Client::try_from(config).unwrap();
+        client.apiserver_version().await.unwrap_or_else(|e| {
+            panic!("cluster {cluster} does not answer ({e}); are the local clusters up?")
+        });
+        client
+    }
+
+    /// Installs the MemberCluster CRD from the Rust types and waits until it is served.
+    pub async fn install_crds(&self, training: &Client) {
+        let api = Api::<CustomResourceDefinition>::all(training.clone());
+        let crd = MemberCluster::crd();
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("tidepool-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait_for(Duration::from_secs(30), "CRD established", || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let crd = api.get(&name).await.ok()?;
+                crd.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// A suffix unique to this test run, so objects a failed earlier run left behind never
+/// collide with this run's.
+pub fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()
+}
+
+/// Polls `probe` every 250 ms until it returns `Some`, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Creates a namespace (if missing) in a cluster.
+pub async fn ensure_namespace(client: &Client, name: &str) {
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+    // The ServiceAccount admission plugin refuses pods until the default SA exists.
+    let sa = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), name);
+    wait_for(Duration::from_secs(30), "default service account", || {
+        let sa = sa.clone();
+        async move { sa.get_opt("default").await.ok().flatten().map(|_| ()) }
+    })
+    .await;
+}
+
+/// Stores `kubeconfig` in Secret `ns/name` under key `kubeconfig` (replacing it).
+pub async fn put_kubeconfig_secret(client: &Client, ns: &str, name: &str, kubeconfig: &[u8]) {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_owned(),
+            ByteString(kubeconfig.to_vec()),
+        )])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("tidepool-e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+}
+
+/// Deletes the MemberClusters a previous run of test `test` may have left, and waits until
+/// they are gone, so no stale status is mistaken for a fresh one.
+pub async fn reset_members(client: &Client, test: &str) {
+    let api = Api::<MemberCluster>::all(client.clone());
+    let selector = format!("tidepool.io/test={test}");
+    let lp = kube::api::ListParams::default().labels(&selector);
+    api.delete_collection(&kube::api::DeleteParams::default(), &lp)
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        "leftover MemberClusters gone",
+        || {
+            let (api, lp) = (api.clone(), lp.clone());
+            async move { api.list(&lp).await.ok()?.items.is_empty().then_some(()) }
+        },
+    )
+    .await;
+}
+
+/// Creates (or replaces the spec of) a MemberCluster labelled for one test's tidepool.
+pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &str, secret: &str) {
+    let mut mc = MemberCluster::new(
+        name,
+        MemberClusterSpec {
+            kubeconfig_secret_ref: SecretKeyRef {
+                name: secret.into(),
+                namespace: Some(secret_ns.into()),
+                key: None,
+            },
+            ..Default::default()
+        },
+    );
+    mc.metadata.labels = Some(BTreeMap::from([(
+        "tidepool.io/test".to_owned(),
+        test.to_owned(),
+    )]));
+    Api::<MemberCluster>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("tidepool-e2e").force(),
+            &Patch::Apply(&mc),
+        )
+        .await
+        .unwrap();
+}
+
+/// A running `tidepool run` process serving the MemberClusters labelled
+/// `tidepool.io/test=<test>`. Killed when dropped; it also exits by itself when the test
+/// process dies (its standard input closes).
+pub struct Tidepool {
+    child: std::process::Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tidepool {
+    pub fn start(env: &Env, test: &str, secret_ns: &str) -> Tidepool {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("tidepool.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n",
+                env.kubeconfig_path("training").display()
+            ),
+        )
+        .unwrap();
+        let log =
+            std::env::temp_dir().join(format!("tidepool-e2e-{test}-{}.log", std::process::id()));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["run", "--exit-on-stdin-eof", "--config"])
+            .arg(&config)
+            .env(
+                "RUST_LOG",
+                "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn",
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Tidepool {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The last lines of tidepool's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log, 40)
+    }
+}
+
+impl Drop for Tidepool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- tidepool log ({}) ---\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+    }
+}
+
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
