@@ -25,9 +25,10 @@ struct Cli {
 enum Command {
     /// Run the bridge: federation, virtual nodes and pod sync.
     Run {
-        /// Bridge configuration file (YAML); an empty file means all defaults.
+        /// Bridge configuration file (YAML). Without it, the embedded defaults: training
+        /// cluster from $KUBECONFIG or in-cluster, every MemberCluster bridged.
         #[arg(long, env = "TIDEPOOL_CONFIG")]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Exit when standard input closes (used by tests, so tidepool never outlives them).
         #[arg(long, hide = true)]
         exit_on_stdin_eof: bool,
@@ -55,7 +56,10 @@ fn main() -> anyhow::Result<()> {
             exit_on_stdin_eof,
         } => {
             init_tracing();
-            let config = BridgeConfig::load(&config)?;
+            let config = match config {
+                Some(path) => BridgeConfig::load(&path)?,
+                None => BridgeConfig::default(),
+            };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?

@@ -102,7 +102,7 @@ pub struct PoolStatus {
     /// The virtual node standing for this pool.
     pub virtual_node: String,
     /// Ready, schedulable member nodes in the pool.
-    pub nodes: u32,
+    pub nodes: i32,
     /// What the pool can lend (the virtual node's allocatable).
     #[serde(default)]
     pub capacity: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,

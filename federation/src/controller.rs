@@ -416,7 +416,7 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
             tidepool_config::crd::PoolStatus {
                 name: name.clone(),
                 virtual_node: node.clone(),
-                nodes: c.nodes,
+                nodes: i32::try_from(c.nodes).unwrap_or(i32::MAX),
                 capacity: c.capacity.to_quantities(),
             }
         })

@@ -2,6 +2,9 @@
 //! cluster and two members, each with kube-apiserver, controller-manager and scheduler,
 //! kwok simulating member nodes). See `harness.rs` for how the clusters are found.
 
+// Test code: a failed expectation is a panic with a message, by design.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod bad_input;
 mod harness;
 mod skeleton;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The tidepool demo on a fresh machine: builds what is missing (cached), starts a training
+# cluster and two member clusters on loopback, runs tidepool between them, registers both
+# members, and sends a training pod across the bridge. Everything stays up afterwards so you
+# can look around with kubectl; `bash deploy/demo.sh down` stops it all.
+#
+# Environment: TIDEPOOL_DEMO_DIR (state, default $TMPDIR/tidepool-demo), CP_PORT_OFFSET (0).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+state=${TIDEPOOL_DEMO_DIR:-${TMPDIR:-/tmp}/tidepool-demo}
+export CP_PORT_OFFSET=${CP_PORT_OFFSET:-0}
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+stop_tidepool() {
+  if [[ -f "$state/tidepool.pid" ]]; then
+    pid=$(cat "$state/tidepool.pid")
+    kill "$pid" 2>/dev/null && echo "stopped tidepool (pid $pid)"
+    rm -f "$state/tidepool.pid"
+  fi
+}
+
+if [[ "${1:-}" == down ]]; then
+  stop_tidepool
+  bash tests/controlplane/cluster.sh down "$state"
+  exit 0
+fi
+
+say "building the local control plane from source (cached after the first run)"
+CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
+export CP_BIN
+say "building tidepool"
+cargo build --locked --bin tidepool
+stop_tidepool
+say "starting the clusters: training + member-a + member-b (kwok nodes with GPUs)"
+bash tests/controlplane/cluster.sh up "$state"
+# shellcheck disable=SC1091
+source "$state/cluster.env"
+k() { "$CP_BIN/kubectl" --kubeconfig "$TRAINING_KUBECONFIG" "$@"; }
+ka() { "$CP_BIN/kubectl" --kubeconfig "$MEMBER_A_KUBECONFIG" "$@"; }
+
+say "installing the MemberCluster CRD and registering both members"
+k apply -f deploy/crds/
+k wait --for condition=Established crd/memberclusters.tidepool.io --timeout=30s
+k create namespace tidepool-system --dry-run=client -o yaml | k apply -f -
+k -n tidepool-system create secret generic member-a-kubeconfig --from-file=kubeconfig="$MEMBER_A_TOKEN_KUBECONFIG" --dry-run=client -o yaml | k apply -f -
+k -n tidepool-system create secret generic member-b-kubeconfig --from-file=kubeconfig="$MEMBER_B_TOKEN_KUBECONFIG" --dry-run=client -o yaml | k apply -f -
+k apply -f deploy/examples/membercluster.yaml -f deploy/examples/membercluster-pools.yaml
+
+say "starting tidepool (embedded default config; log: $state/tidepool.log)"
+KUBECONFIG="$TRAINING_KUBECONFIG" setsid "$root/target/debug/tidepool" run >"$state/tidepool.log" 2>&1 < /dev/null &
+echo $! > "$state/tidepool.pid"
+
+say "waiting for the virtual nodes"
+for node in tidepool-member-a tidepool-member-b-a100; do
+  for _ in $(seq 120); do k get node "$node" >/dev/null 2>&1 && break; sleep 0.5; done
+  k wait --for condition=Ready "node/$node" --timeout=60s
+done
+k get nodes -o wide
+k get memberclusters
+
+say "a training pod on member-a's virtual node"
+k create namespace team-a --dry-run=client -o yaml | k apply -f -
+for _ in $(seq 60); do k -n team-a get serviceaccount default >/dev/null 2>&1 && break; sleep 0.5; done
+k apply -f deploy/examples/pod-on-virtual-node.yaml
+k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s
+k -n team-a get pods -o wide
+echo "-- its offload copy in member-a, placed by member-a's own scheduler:"
+ka -n tp-team-a get pods -o wide
+
+cat <<MSG
+
+Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
+  export KUBECONFIG=$TRAINING_KUBECONFIG
+  $CP_BIN/kubectl get nodes,memberclusters
+  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in member-a first, then here
+Stop everything:  bash deploy/demo.sh down
+MSG

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every tidepool test: unit and property tests of the crates, then the end-to-end tests
+# against real local clusters (one training and two member control planes, built from source
+# by tests/controlplane/build.sh and cached outside the repo). The clusters are started once,
+# shared by all e2e tests, and stopped when this script exits, whatever happens.
+#
+# Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
+# TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+state=${TIDEPOOL_TEST_STATE:-${TMPDIR:-/tmp}/tidepool-test-clusters}
+export CP_PORT_OFFSET=${CP_PORT_OFFSET:-30}
+
+echo "== building the local control plane (cached after the first run)" >&2
+CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
+export CP_BIN
+
+echo "== building tidepool and its tests" >&2
+cargo build --workspace --all-targets --locked
+
+echo "== starting the local clusters in $state" >&2
+trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT
+bash tests/controlplane/cluster.sh up "$state"
+export TIDEPOOL_CLUSTER_ENV="$state/cluster.env"
+
+echo "== running all tests" >&2
+cargo test --workspace --all-targets --locked -- "$@"
