@@ -58,10 +58,7 @@ impl Default for BridgeConfig {
 
 impl Default for KubeletConfig {
     fn default() -> Self {
-        Self {
-            node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
-            port: 10250,
-        }
+        Self { node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port: 10250 }
     }
 }
 
@@ -81,28 +78,16 @@ pub enum ConfigError {
         source: serde_yaml::Error,
     },
     #[error("{path}: {}", crate::describe(.errors))]
-    Invalid {
-        path: PathBuf,
-        errors: Vec<FieldError>,
-    },
+    Invalid { path: PathBuf, errors: Vec<FieldError> },
 }
 
 impl BridgeConfig {
     /// Reads, parses and validates a config file; every problem is reported with its path.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Self::parse(&text).map_err(|e| match e {
-            ParseError::Yaml(source) => ConfigError::Parse {
-                path: path.into(),
-                source,
-            },
-            ParseError::Invalid(errors) => ConfigError::Invalid {
-                path: path.into(),
-                errors,
-            },
+            ParseError::Yaml(source) => ConfigError::Parse { path: path.into(), source },
+            ParseError::Invalid(errors) => ConfigError::Invalid { path: path.into(), errors },
         })
     }
 
@@ -113,44 +98,28 @@ impl BridgeConfig {
             serde_yaml::from_str(text).map_err(ParseError::Yaml)?
         };
         let errors = config.validate();
-        if errors.is_empty() {
-            Ok(config)
-        } else {
-            Err(ParseError::Invalid(errors))
-        }
+        if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
     }
 
     pub fn validate(&self) -> Vec<FieldError> {
         let mut errors = Vec::new();
         if !is_dns_label(&self.cluster_name) {
-            errors.push(FieldError::new(
-                "clusterName",
-                "must be a DNS-1123 label (it is a label value)",
-            ));
+            errors.push(FieldError::new("clusterName", "must be a DNS-1123 label (it is a label value)"));
         }
         if !is_dns_label(&self.namespace) {
             errors.push(FieldError::new("namespace", "must be a namespace name"));
         }
         if !valid_namespace_prefix(&self.namespace_prefix) {
-            errors.push(FieldError::new(
-                "namespacePrefix",
-                "must be lower-case letters, digits and '-', at most 20",
-            ));
+            errors.push(FieldError::new("namespacePrefix", "must be lower-case letters, digits and '-', at most 20"));
         }
         if self.kubelet.port == 0 {
             errors.push(FieldError::new("kubelet.port", "must not be 0"));
         }
         if self.kubelet.node_address.is_unspecified() {
-            errors.push(FieldError::new(
-                "kubelet.nodeAddress",
-                "must be an address the API server can dial",
-            ));
+            errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
         }
         if !(1..=60).contains(&self.lease_renew_seconds) {
-            errors.push(FieldError::new(
-                "leaseRenewSeconds",
-                "must be between 1 and 60",
-            ));
+            errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));
         }
         errors
     }
@@ -176,28 +145,20 @@ mod tests {
     #[test]
     fn a_typo_is_an_error_not_a_default() {
         let err = BridgeConfig::parse("clustername: x\n").unwrap_err();
-        assert!(
-            err.to_string().contains("unknown field `clustername`"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("unknown field `clustername`"), "{err}");
     }
 
     #[test]
     fn every_invalid_field_is_reported_with_its_path() {
-        let err =
-            BridgeConfig::parse("clusterName: Bad\nkubelet: {port: 0}\nleaseRenewSeconds: 0\n")
-                .unwrap_err();
-        let ParseError::Invalid(errors) = err else {
-            panic!("expected validation errors")
-        };
+        let err = BridgeConfig::parse("clusterName: Bad\nkubelet: {port: 0}\nleaseRenewSeconds: 0\n").unwrap_err();
+        let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
         let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds"]);
     }
 
     #[test]
     fn fields_override_defaults() {
-        let c = BridgeConfig::parse("clusterName: train-1\nkubelet: {nodeAddress: 127.0.0.9}\n")
-            .unwrap();
+        let c = BridgeConfig::parse("clusterName: train-1\nkubelet: {nodeAddress: 127.0.0.9}\n").unwrap();
         assert_eq!(c.cluster_name, "train-1");
         assert_eq!(c.kubelet.node_address.to_string(), "127.0.0.9");
         assert_eq!(c.kubelet.port, 10250);

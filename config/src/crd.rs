@@ -112,20 +112,14 @@ impl MemberClusterSpec {
     /// The pools with the default applied.
     pub fn effective_pools(&self) -> Vec<PoolSpec> {
         if self.pools.is_empty() {
-            vec![PoolSpec {
-                name: DEFAULT_POOL.to_owned(),
-                node_selector: BTreeMap::new(),
-            }]
+            vec![PoolSpec { name: DEFAULT_POOL.to_owned(), node_selector: BTreeMap::new() }]
         } else {
             self.pools.clone()
         }
     }
 
     pub fn secret_key(&self) -> &str {
-        self.kubeconfig_secret_ref
-            .key
-            .as_deref()
-            .unwrap_or(keys::DEFAULT_KUBECONFIG_KEY)
+        self.kubeconfig_secret_ref.key.as_deref().unwrap_or(keys::DEFAULT_KUBECONFIG_KEY)
     }
 
     /// Every problem in the spec, each with the path of its field. `name` is the object's
@@ -133,36 +127,21 @@ impl MemberClusterSpec {
     pub fn validate(&self, name: &str) -> Vec<FieldError> {
         let mut errors = Vec::new();
         if !is_dns_label(name) {
-            errors.push(FieldError::new(
-                "metadata.name",
-                "must be a DNS-1123 label (it names virtual nodes)",
-            ));
+            errors.push(FieldError::new("metadata.name", "must be a DNS-1123 label (it names virtual nodes)"));
         }
         let r = &self.kubeconfig_secret_ref;
         if !is_dns_subdomain(&r.name) {
-            errors.push(FieldError::new(
-                "spec.kubeconfigSecretRef.name",
-                "must be a Secret name",
-            ));
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.name", "must be a Secret name"));
         }
         if let Some(ns) = &r.namespace
             && !is_dns_label(ns)
         {
-            errors.push(FieldError::new(
-                "spec.kubeconfigSecretRef.namespace",
-                "must be a namespace name",
-            ));
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.namespace", "must be a namespace name"));
         }
         if let Some(key) = &r.key
-            && (key.is_empty()
-                || !key
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)))
+            && (key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)))
         {
-            errors.push(FieldError::new(
-                "spec.kubeconfigSecretRef.key",
-                "must be a Secret data key",
-            ));
+            errors.push(FieldError::new("spec.kubeconfigSecretRef.key", "must be a Secret data key"));
         }
         if let Some(prefix) = &self.namespace_prefix
             && !valid_namespace_prefix(prefix)
@@ -175,20 +154,12 @@ impl MemberClusterSpec {
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             if !is_dns_label(&pool.name) {
-                errors.push(FieldError::new(
-                    format!("spec.pools[{i}].name"),
-                    "must be a DNS-1123 label",
-                ));
+                errors.push(FieldError::new(format!("spec.pools[{i}].name"), "must be a DNS-1123 label"));
             } else if !seen.insert(pool.name.as_str()) {
-                errors.push(FieldError::new(
-                    format!("spec.pools[{i}].name"),
-                    format!("duplicate pool {:?}", pool.name),
-                ));
+                errors
+                    .push(FieldError::new(format!("spec.pools[{i}].name"), format!("duplicate pool {:?}", pool.name)));
             } else if is_dns_label(name) {
-                let node = VirtualNodeName::for_pool(
-                    &MemberName::from(name),
-                    &PoolName::from(pool.name.as_str()),
-                );
+                let node = VirtualNodeName::for_pool(&MemberName::from(name), &PoolName::from(pool.name.as_str()));
                 if node.as_str().len() > 63 {
                     errors.push(FieldError::new(
                         format!("spec.pools[{i}].name"),
@@ -206,9 +177,7 @@ pub fn valid_namespace_prefix(prefix: &str) -> bool {
     !prefix.is_empty()
         && prefix.len() <= 20
         && prefix.starts_with(|c: char| c.is_ascii_lowercase())
-        && prefix
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 #[cfg(test)]
@@ -217,10 +186,7 @@ mod tests {
 
     fn spec() -> MemberClusterSpec {
         MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef {
-                name: "member-a-kubeconfig".into(),
-                ..Default::default()
-            },
+            kubeconfig_secret_ref: SecretKeyRef { name: "member-a-kubeconfig".into(), ..Default::default() },
             ..Default::default()
         }
     }
@@ -241,28 +207,14 @@ mod tests {
         s.kubeconfig_secret_ref.name = "Bad_Name".into();
         s.namespace_prefix = Some("TP".into());
         s.pools = vec![
-            PoolSpec {
-                name: "gpu".into(),
-                ..Default::default()
-            },
-            PoolSpec {
-                name: "gpu".into(),
-                ..Default::default()
-            },
-            PoolSpec {
-                name: "Not OK".into(),
-                ..Default::default()
-            },
+            PoolSpec { name: "gpu".into(), ..Default::default() },
+            PoolSpec { name: "gpu".into(), ..Default::default() },
+            PoolSpec { name: "Not OK".into(), ..Default::default() },
         ];
         let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
         assert_eq!(
             paths,
-            [
-                "spec.kubeconfigSecretRef.name",
-                "spec.namespacePrefix",
-                "spec.pools[1].name",
-                "spec.pools[2].name"
-            ]
+            ["spec.kubeconfigSecretRef.name", "spec.namespacePrefix", "spec.pools[1].name", "spec.pools[2].name"]
         );
     }
 

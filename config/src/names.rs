@@ -65,13 +65,7 @@ mod tests {
     #[test]
     fn virtual_node_names_follow_the_design() {
         let m = MemberName::from("online-a");
-        assert_eq!(
-            VirtualNodeName::for_pool(&m, &PoolName::from(DEFAULT_POOL)).as_str(),
-            "tidepool-online-a"
-        );
-        assert_eq!(
-            VirtualNodeName::for_pool(&m, &PoolName::from("h100")).as_str(),
-            "tidepool-online-a-h100"
-        );
+        assert_eq!(VirtualNodeName::for_pool(&m, &PoolName::from(DEFAULT_POOL)).as_str(), "tidepool-online-a");
+        assert_eq!(VirtualNodeName::for_pool(&m, &PoolName::from("h100")).as_str(), "tidepool-online-a-h100");
     }
 }

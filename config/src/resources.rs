@@ -24,9 +24,7 @@ pub fn parse_milli(s: &str) -> Result<i64, QuantityError> {
         Some(r) => (true, r),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
-    let num_end = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
+    let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
     let (number, suffix) = rest.split_at(num_end);
     if number.is_empty() || number == "." {
         return Err(err());
@@ -80,11 +78,7 @@ pub fn parse_milli(s: &str) -> Result<i64, QuantityError> {
 
 /// Formats milli-units back into a quantity string (`2`, `1500m`).
 pub fn format_milli(milli: i64) -> String {
-    if milli % 1000 == 0 {
-        (milli / 1000).to_string()
-    } else {
-        format!("{milli}m")
-    }
+    if milli % 1000 == 0 { (milli / 1000).to_string() } else { format!("{milli}m") }
 }
 
 /// A set of named resource amounts in milli-units. Missing names are zero.
@@ -97,9 +91,7 @@ impl Resources {
     }
 
     /// Builds from `(name, quantity)` pairs; for tests and literals.
-    pub fn from_pairs<'a>(
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<Self, QuantityError> {
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, QuantityError> {
         let mut r = Self::new();
         for (k, v) in pairs {
             r.add_one(k, parse_milli(v)?);
@@ -118,10 +110,7 @@ impl Resources {
     }
 
     pub fn to_quantities(&self) -> BTreeMap<String, Quantity> {
-        self.0
-            .iter()
-            .map(|(k, v)| (k.clone(), Quantity(format_milli(*v))))
-            .collect()
+        self.0.iter().map(|(k, v)| (k.clone(), Quantity(format_milli(*v)))).collect()
     }
 
     pub fn get(&self, name: &str) -> i64 {
@@ -185,10 +174,7 @@ impl Resources {
 
 impl fmt::Display for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self
-            .iter()
-            .map(|(k, v)| format!("{k}={}", format_milli(v)))
-            .collect();
+        let parts: Vec<String> = self.iter().map(|(k, v)| format!("{k}={}", format_milli(v))).collect();
         f.write_str(&parts.join(","))
     }
 }
@@ -242,11 +228,7 @@ mod tests {
         assert_eq!(a.get("nvidia.com/gpu"), 8000);
         let need = Resources::from_pairs([("nvidia.com/gpu", "8")]).unwrap();
         assert!(need.fits_in(&a));
-        assert!(
-            !Resources::from_pairs([("nvidia.com/gpu", "9")])
-                .unwrap()
-                .fits_in(&a)
-        );
+        assert!(!Resources::from_pairs([("nvidia.com/gpu", "9")]).unwrap().fits_in(&a));
     }
 
     proptest! {

@@ -49,9 +49,15 @@ pub struct PoolCapacity {
     pub nodes: u32,
     /// `nvidia.com/gpu.product` when every node of the pool has the same one.
     pub gpu_product: Option<String>,
+    /// Per node of the pool, what is still free for new pods:
+    /// `allocatable − online − offload`, clamped at zero, largest GPU count first. Placement
+    /// checks fit against these, not against the aggregate.
+    pub free_per_node: Vec<Resources>,
 }
 
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// The extended resource name of NVIDIA GPUs.
+pub const GPU: &str = "nvidia.com/gpu";
 
 impl NodeView {
     pub fn from_node(node: &Node) -> Self {
@@ -76,11 +82,7 @@ impl NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
             ready,
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
+            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
             allocatable,
         }
     }
@@ -97,11 +99,7 @@ impl PodView {
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
-            offload: pod
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
+            offload: pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
         }
     }
 }
@@ -115,11 +113,7 @@ pub fn pod_requests(spec: &PodSpec) -> Resources {
         if let Some(res) = &c.resources {
             let limits = res.limits.clone().unwrap_or_default();
             let requests = res.requests.clone().unwrap_or_default();
-            for (k, v) in limits
-                .iter()
-                .filter(|(k, _)| !requests.contains_key(*k))
-                .chain(requests.iter())
-            {
+            for (k, v) in limits.iter().filter(|(k, _)| !requests.contains_key(*k)).chain(requests.iter()) {
                 if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
                     r.set(k, m);
                 }
@@ -167,10 +161,9 @@ pub fn pool_capacity<'a>(
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
     let mut used = Resources::new();
+    let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
     for p in pods {
-        let Some(node) = p.node.as_deref() else {
-            continue;
-        };
+        let Some(node) = p.node.as_deref() else { continue };
         if p.terminated || !in_pool.contains_key(node) {
             continue;
         }
@@ -179,18 +172,24 @@ pub fn pool_capacity<'a>(
         } else {
             capacity.sub(&p.requests);
         }
+        if let Some(f) = free.get_mut(node) {
+            f.sub(&p.requests);
+        }
     }
     capacity.clamp_non_negative();
+    let mut free_per_node: Vec<Resources> = free
+        .into_values()
+        .map(|mut f| {
+            f.clamp_non_negative();
+            f
+        })
+        .collect();
+    free_per_node.sort_by(|a, b| b.get(GPU).cmp(&a.get(GPU)).then_with(|| b.get("cpu").cmp(&a.get("cpu"))));
     let gpu_product = match products.len() {
         1 => products.into_iter().next().flatten(),
         _ => None,
     };
-    PoolCapacity {
-        capacity,
-        used,
-        nodes: in_pool.len() as u32,
-        gpu_product,
-    }
+    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node }
 }
 
 #[cfg(test)]
@@ -221,14 +220,8 @@ mod tests {
 
     #[test]
     fn surplus_is_allocatable_minus_online_requests() {
-        let nodes = [
-            node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")]),
-            node("b", &[("cpu", "8")]),
-        ];
-        let pods = [
-            pod("a", &[("cpu", "3"), ("nvidia.com/gpu", "2")]),
-            pod("b", &[("cpu", "500m")]),
-        ];
+        let nodes = [node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")]), node("b", &[("cpu", "8")])];
+        let pods = [pod("a", &[("cpu", "3"), ("nvidia.com/gpu", "2")]), pod("b", &[("cpu", "500m")])];
         let c = pool_capacity(&nodes, &pods, &BTreeMap::new());
         assert_eq!(c.capacity, r(&[("cpu", "12500m"), ("nvidia.com/gpu", "6")]));
         assert_eq!(c.nodes, 2);
@@ -262,11 +255,7 @@ mod tests {
         let nodes = [node("a", &[("cpu", "8")])];
         let mut done = pod("a", &[("cpu", "4")]);
         done.terminated = true;
-        let pending = PodView {
-            node: None,
-            requests: r(&[("cpu", "4")]),
-            ..Default::default()
-        };
+        let pending = PodView { node: None, requests: r(&[("cpu", "4")]), ..Default::default() };
         let c = pool_capacity(&nodes, &[done, pending], &BTreeMap::new());
         assert_eq!(c.capacity, r(&[("cpu", "8")]));
     }
@@ -286,15 +275,22 @@ mod tests {
     }
 
     #[test]
+    fn free_capacity_is_kept_per_node_with_offload_pods_subtracted() {
+        let nodes = [node("a", &[("nvidia.com/gpu", "8")]), node("b", &[("nvidia.com/gpu", "8")])];
+        let mut offload = pod("a", &[("nvidia.com/gpu", "6")]);
+        offload.offload = true;
+        let online = pod("b", &[("nvidia.com/gpu", "1")]);
+        let c = pool_capacity(&nodes, &[offload, online], &BTreeMap::new());
+        let gpus: Vec<i64> = c.free_per_node.iter().map(|f| f.get(GPU)).collect();
+        assert_eq!(gpus, [7000, 2000]);
+        assert_eq!(c.capacity.get(GPU), 15_000);
+    }
+
+    #[test]
     fn overcommitted_nodes_clamp_at_zero() {
         let nodes = [node("a", &[("cpu", "1")])];
         let pods = [pod("a", &[("cpu", "3")])];
-        assert_eq!(
-            pool_capacity(&nodes, &pods, &BTreeMap::new())
-                .capacity
-                .get("cpu"),
-            0
-        );
+        assert_eq!(pool_capacity(&nodes, &pods, &BTreeMap::new()).capacity.get("cpu"), 0);
     }
 
     #[test]
@@ -314,12 +310,7 @@ mod tests {
         // containers: cpu 1.5, gpu 2; init max cpu 4; sidecar memory; overhead 100m; one pod.
         assert_eq!(
             pod_requests(&spec),
-            r(&[
-                ("cpu", "4100m"),
-                ("nvidia.com/gpu", "2"),
-                ("memory", "1Gi"),
-                ("pods", "1")
-            ])
+            r(&[("cpu", "4100m"), ("nvidia.com/gpu", "2"), ("memory", "1Gi"), ("pods", "1")])
         );
     }
 

@@ -52,11 +52,7 @@ struct Verdict {
 
 impl Verdict {
     fn not_ready(reason: &'static str, message: String) -> Self {
-        Self {
-            credentials: None,
-            reachable: None,
-            ready: (false, reason, message),
-        }
+        Self { credentials: None, reachable: None, ready: (false, reason, message) }
     }
 }
 
@@ -103,19 +99,13 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     // 1. The spec must be valid before anything is read or dialed.
     let errors = mc.spec.validate(name.as_str());
     if !errors.is_empty() {
-        return Ok(Verdict::not_ready(
-            "InvalidSpec",
-            tidepool_config::describe(&errors),
-        ));
+        return Ok(Verdict::not_ready("InvalidSpec", tidepool_config::describe(&errors)));
     }
 
     // 2. The Secret with the kubeconfig.
     let r = &mc.spec.kubeconfig_secret_ref;
     let ns = r.namespace.as_deref().unwrap_or(&ctx.config.namespace);
-    let secret = match Api::<Secret>::namespaced(ctx.training.clone(), ns)
-        .get_opt(&r.name)
-        .await
-    {
+    let secret = match Api::<Secret>::namespaced(ctx.training.clone(), ns).get_opt(&r.name).await {
         Ok(Some(s)) => s,
         Ok(None) => {
             let msg = format!("Secret {ns}/{} not found", r.name);
@@ -126,10 +116,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
             });
         }
         Err(source) => {
-            return Err(Error::Training {
-                what: "read kubeconfig Secret",
-                source: Box::new(source),
-            });
+            return Err(Error::Training { what: "read kubeconfig Secret", source: Box::new(source) });
         }
     };
     let key = mc.spec.secret_key();
@@ -212,24 +199,10 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     }
 
     // 6. Start (or replace) the session and publish it.
-    let prefix = mc
-        .spec
-        .namespace_prefix
-        .clone()
-        .unwrap_or_else(|| ctx.config.namespace_prefix.clone());
-    let session = Session::start(
-        name.clone(),
-        client,
-        &mc.spec.effective_pools(),
-        prefix,
-        fingerprint,
-    );
+    let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
+    let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), prefix, fingerprint);
     let handle = session.handle.clone();
-    tokio::spawn(publish_capacity(
-        ctx.training.clone(),
-        name.clone(),
-        handle.clone(),
-    ));
+    tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     if let Ok(mut sessions) = ctx.sessions.lock() {
         sessions.insert(name.clone(), session);
     }
@@ -241,20 +214,13 @@ fn ready_verdict(handle: &MemberHandle) -> Verdict {
     Verdict {
         credentials: Some((true, "Valid", "kubeconfig accepted".to_owned())),
         reachable: Some((true, "Reachable", "member API server answers".to_owned())),
-        ready: (
-            true,
-            "Connected",
-            format!("{} pool(s) offered as virtual nodes", handle.pools.len()),
-        ),
+        ready: (true, "Connected", format!("{} pool(s) offered as virtual nodes", handle.pools.len())),
     }
 }
 
 fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Option<Arc<MemberHandle>> {
     let sessions = ctx.sessions.lock().ok()?;
-    sessions
-        .get(name)
-        .filter(|s| s.fingerprint == fingerprint)
-        .map(|s| s.handle.clone())
+    sessions.get(name).filter(|s| s.fingerprint == fingerprint).map(|s| s.handle.clone())
 }
 
 fn fingerprint(kubeconfig: &[u8], mc: &MemberCluster) -> String {
@@ -276,10 +242,7 @@ fn publish(ctx: &Context) {
     let Ok(sessions) = ctx.sessions.lock() else {
         return;
     };
-    let members: Members = sessions
-        .iter()
-        .map(|(k, s)| (k.clone(), s.handle.clone()))
-        .collect();
+    let members: Members = sessions.iter().map(|(k, s)| (k.clone(), s.handle.clone())).collect();
     ctx.members.send_replace(members);
 }
 
@@ -288,14 +251,9 @@ async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tick.tick().await;
-        let live: std::collections::BTreeSet<String> =
-            store.state().iter().map(|m| m.name_any()).collect();
+        let live: std::collections::BTreeSet<String> = store.state().iter().map(|m| m.name_any()).collect();
         let gone: Vec<MemberName> = match ctx.sessions.lock() {
-            Ok(s) => s
-                .keys()
-                .filter(|k| !live.contains(k.as_str()))
-                .cloned()
-                .collect(),
+            Ok(s) => s.keys().filter(|k| !live.contains(k.as_str())).cloned().collect(),
             Err(_) => continue,
         };
         for name in gone {
@@ -308,11 +266,7 @@ async fn write_conditions(mc: &MemberCluster, ctx: &Context, v: Verdict) -> Resu
     if !v.ready.0 {
         warn!(reason = v.ready.1, message = %v.ready.2, "member not ready");
     }
-    let old = mc
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let old = mc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = mc.metadata.generation;
     let mut conditions = Vec::new();
     for (type_, value) in [
@@ -327,19 +281,11 @@ async fn write_conditions(mc: &MemberCluster, ctx: &Context, v: Verdict) -> Resu
     if old == conditions.as_slice() {
         return Ok(());
     }
-    let status =
-        json!({ "status": { "conditions": conditions, "observedGeneration": generation } });
+    let status = json!({ "status": { "conditions": conditions, "observedGeneration": generation } });
     Api::<MemberCluster>::all(ctx.training.clone())
-        .patch_status(
-            &mc.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(status),
-        )
+        .patch_status(&mc.name_any(), &PatchParams::default(), &Patch::Merge(status))
         .await
-        .map_err(|source| Error::Training {
-            what: "write MemberCluster status",
-            source: Box::new(source),
-        })?;
+        .map_err(|source| Error::Training { what: "write MemberCluster status", source: Box::new(source) })?;
     Ok(())
 }
 
@@ -377,28 +323,18 @@ async fn publish_capacity(training: Client, name: MemberName, handle: Arc<Member
             .pools
             .iter()
             .zip(receivers.iter_mut())
-            .map(|(p, rx)| {
-                (
-                    p.name.to_string(),
-                    p.node.to_string(),
-                    rx.borrow_and_update().clone(),
-                )
-            })
+            .map(|(p, rx)| (p.name.to_string(), p.node.to_string(), rx.borrow_and_update().clone()))
             .collect();
         let status = capacity_status(&pools);
         let patch = json!({ "status": {
             "pools": status.pools, "cpuSurplus": status.cpu_surplus, "gpuSurplus": status.gpu_surplus,
             "lastSyncTime": Time(jiff::Timestamp::now()),
         }});
-        if let Err(e) = api
-            .patch_status(name.as_str(), &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
+        if let Err(e) = api.patch_status(name.as_str(), &PatchParams::default(), &Patch::Merge(patch)).await {
             warn!(member = %name, error = %e, "cannot write pool capacity to MemberCluster status");
         }
         // Coalesce bursts: at most one status write per second per member.
-        let changed =
-            futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
+        let changed = futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
         tokio::select! {
             () = handle.cancelled.cancelled() => return,
             (res, _, _) = changed => if res.is_err() { return },
@@ -424,9 +360,7 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
     MemberClusterStatus {
         pools,
         cpu_surplus: Some(tidepool_config::resources::format_milli(total.get("cpu"))),
-        gpu_surplus: Some(tidepool_config::resources::format_milli(
-            total.get("nvidia.com/gpu"),
-        )),
+        gpu_surplus: Some(tidepool_config::resources::format_milli(total.get("nvidia.com/gpu"))),
         ..Default::default()
     }
 }

@@ -10,17 +10,13 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub enum KubeconfigError {
     #[error("kubeconfig is not valid YAML or lacks required fields (line {line})")]
     Syntax { line: usize },
-    #[error(
-        "kubeconfig user {user:?} uses an exec plugin; only certificate, token or basic credentials are accepted"
-    )]
+    #[error("kubeconfig user {user:?} uses an exec plugin; only certificate, token or basic credentials are accepted")]
     ExecPlugin { user: String },
     #[error(
         "kubeconfig user {user:?} uses an auth-provider plugin; only certificate, token or basic credentials are accepted"
     )]
     AuthProvider { user: String },
-    #[error(
-        "kubeconfig user {user:?} reads files from tidepool's disk ({field}); embed the data instead"
-    )]
+    #[error("kubeconfig user {user:?} reads files from tidepool's disk ({field}); embed the data instead")]
     FileReference { user: String, field: &'static str },
     #[error("kubeconfig has no usable context: {0}")]
     Context(String),
@@ -31,9 +27,7 @@ impl KubeconfigError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Syntax { .. } | Self::Context(_) => "KubeconfigInvalid",
-            Self::ExecPlugin { .. } | Self::AuthProvider { .. } | Self::FileReference { .. } => {
-                "KubeconfigRejected"
-            }
+            Self::ExecPlugin { .. } | Self::AuthProvider { .. } | Self::FileReference { .. } => "KubeconfigRejected",
         }
     }
 }
@@ -42,10 +36,8 @@ impl KubeconfigError {
 pub async fn client_config(bytes: &[u8]) -> Result<kube::Config, KubeconfigError> {
     let text = std::str::from_utf8(bytes).map_err(|_| KubeconfigError::Syntax { line: 0 })?;
     // serde errors can quote the offending value, so only the position is kept.
-    let kubeconfig: Kubeconfig =
-        serde_yaml::from_str(text).map_err(|e| KubeconfigError::Syntax {
-            line: e.location().map_or(0, |l| l.line()),
-        })?;
+    let kubeconfig: Kubeconfig = serde_yaml::from_str(text)
+        .map_err(|e| KubeconfigError::Syntax { line: e.location().map_or(0, |l| l.line()) })?;
     vet(&kubeconfig)?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -76,15 +68,8 @@ pub fn vet(kubeconfig: &Kubeconfig) -> Result<(), KubeconfigError> {
         }
     }
     for named in &kubeconfig.clusters {
-        if named
-            .cluster
-            .as_ref()
-            .is_some_and(|c| c.certificate_authority.is_some())
-        {
-            return Err(KubeconfigError::FileReference {
-                user: named.name.clone(),
-                field: "certificate-authority",
-            });
+        if named.cluster.as_ref().is_some_and(|c| c.certificate_authority.is_some()) {
+            return Err(KubeconfigError::FileReference { user: named.name.clone(), field: "certificate-authority" });
         }
     }
     Ok(())
@@ -125,11 +110,7 @@ users:
 
     #[tokio::test]
     async fn token_credentials_are_accepted() {
-        assert!(
-            client_config(with_user("{token: abc}").as_bytes())
-                .await
-                .is_ok()
-        );
+        assert!(client_config(with_user("{token: abc}").as_bytes()).await.is_ok());
     }
 
     #[tokio::test]
@@ -140,16 +121,8 @@ users:
                 "KubeconfigRejected",
                 "exec plugin",
             ),
-            (
-                "{auth-provider: {name: gcp}}",
-                "KubeconfigRejected",
-                "auth-provider",
-            ),
-            (
-                "{token-file: /etc/shadow}",
-                "KubeconfigRejected",
-                "tokenFile",
-            ),
+            ("{auth-provider: {name: gcp}}", "KubeconfigRejected", "auth-provider"),
+            ("{tokenFile: /etc/shadow}", "KubeconfigRejected", "tokenFile"),
         ];
         for (user, reason, text) in cases {
             let err = client_config(with_user(user).as_bytes()).await.unwrap_err();
@@ -160,9 +133,7 @@ users:
 
     #[tokio::test]
     async fn garbage_is_a_syntax_error_that_does_not_echo_the_input() {
-        let err = client_config(b"apiVersion: v1\nclusters: [secret-value-123")
-            .await
-            .unwrap_err();
+        let err = client_config(b"apiVersion: v1\nclusters: [secret-value-123").await.unwrap_err();
         assert_eq!(err.reason(), "KubeconfigInvalid");
         assert!(!err.to_string().contains("secret-value-123"), "{err}");
     }

@@ -43,10 +43,7 @@ pub struct PoolHandle {
 
 impl std::fmt::Debug for MemberHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemberHandle")
-            .field("name", &self.name)
-            .field("pools", &self.pools)
-            .finish_non_exhaustive()
+        f.debug_struct("MemberHandle").field("name", &self.name).field("pools", &self.pools).finish_non_exhaustive()
     }
 }
 
@@ -84,15 +81,10 @@ impl Session {
     ) -> Session {
         let cancelled = CancellationToken::new();
         let changed = Arc::new(Notify::new());
-        let nodes = Arc::new(std::sync::Mutex::new(
-            ViewCache::<String, NodeView>::default(),
-        ));
-        let pods = Arc::new(std::sync::Mutex::new(
-            ViewCache::<PodCapacityKey, PodView>::default(),
-        ));
+        let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
+        let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
 
-        let node_events =
-            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
         spawn_cache(
             node_events,
             nodes.clone(),
@@ -101,17 +93,11 @@ impl Session {
             cancelled.clone(),
             info_span!("member_nodes", member = %name),
         );
-        let pod_events =
-            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
         spawn_cache(
             pod_events,
             pods.clone(),
-            |p: &Pod| {
-                Some((
-                    (p.namespace().unwrap_or_default(), p.name_any()),
-                    PodView::from_pod(p),
-                ))
-            },
+            |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p))),
             changed.clone(),
             cancelled.clone(),
             info_span!("member_pods", member = %name),
@@ -161,13 +147,7 @@ impl Session {
         );
 
         Session {
-            handle: Arc::new(MemberHandle {
-                name,
-                client,
-                namespace_prefix,
-                pools: handles,
-                cancelled,
-            }),
+            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled }),
             fingerprint,
         }
     }
@@ -183,10 +163,7 @@ pub async fn bootstrap(client: &Client) -> Result<(), kube::Error> {
         let pc = PriorityClass {
             metadata: kube::api::ObjectMeta {
                 name: Some(band.priority_class()),
-                labels: Some(BTreeMap::from([(
-                    keys::LABEL_MANAGED_BY.to_owned(),
-                    keys::MANAGED_BY.to_owned(),
-                )])),
+                labels: Some(BTreeMap::from([(keys::LABEL_MANAGED_BY.to_owned(), keys::MANAGED_BY.to_owned())])),
                 ..Default::default()
             },
             value: Some(band.priority_value()),
@@ -218,11 +195,7 @@ pub(crate) struct ViewCache<K, V> {
 
 impl<K, V> Default for ViewCache<K, V> {
     fn default() -> Self {
-        Self {
-            live: HashMap::new(),
-            relist: None,
-            synced: false,
-        }
+        Self { live: HashMap::new(), relist: None, synced: false }
     }
 }
 

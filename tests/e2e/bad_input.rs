@@ -15,27 +15,16 @@ const NS: &str = "e2e-bad-input";
 
 /// Ready condition (status, reason, message) of a MemberCluster, once it has one.
 async fn ready_condition(client: &Client, name: &str) -> Option<(String, String, String)> {
-    let mc = Api::<MemberCluster>::all(client.clone())
-        .get(name)
-        .await
-        .ok()?;
-    let c = mc
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Ready")?;
+    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
+    let c = mc.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
     Some((c.status, c.reason, c.message))
 }
 
 async fn wait_reason(client: &Client, name: &str, status: &str, reason: &str) -> String {
-    wait_for(
-        Duration::from_secs(60),
-        &format!("{name}: Ready={status} reason {reason}"),
-        || async move {
-            let (s, r, m) = ready_condition(client, name).await?;
-            (s == status && r == reason).then_some(m)
-        },
-    )
+    wait_for(Duration::from_secs(60), &format!("{name}: Ready={status} reason {reason}"), || async move {
+        let (s, r, m) = ready_condition(client, name).await?;
+        (s == status && r == reason).then_some(m)
+    })
     .await
 }
 
@@ -51,11 +40,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     let good = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     let good_text = String::from_utf8(good.clone()).unwrap();
     // A server nobody listens on (a port just bound and released).
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let secret_token = "e2e-s3cr3t-token-value";
     let unreachable = format!(
         "apiVersion: v1\nkind: Config\nclusters: [{{name: x, cluster: {{server: \"https://127.0.0.1:{closed_port}\", insecure-skip-tls-verify: true}}}}]\n\
@@ -80,10 +65,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     wait_reason(&training, "e2e-bad-garbage", "False", "KubeconfigInvalid").await;
     let msg = wait_reason(&training, "e2e-bad-unreachable", "False", "Unreachable").await;
     assert!(msg.contains(&closed_port.to_string()), "{msg}");
-    assert!(
-        !msg.contains(secret_token),
-        "credentials leaked into status: {msg}"
-    );
+    assert!(!msg.contains(secret_token), "credentials leaked into status: {msg}");
     let msg = wait_reason(&training, "e2e-bad-exec", "False", "KubeconfigRejected").await;
     assert!(msg.contains("exec"), "{msg}");
 
@@ -91,14 +73,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     wait_reason(&training, "e2e-bad-good", "True", "Connected").await;
     let nodes = Api::<Node>::all(training.clone());
     for broken in ["nosecret", "garbage", "unreachable", "exec"] {
-        assert!(
-            nodes
-                .get_opt(&format!("tidepool-e2e-bad-{broken}"))
-                .await
-                .unwrap()
-                .is_none(),
-            "{broken} got a node"
-        );
+        assert!(nodes.get_opt(&format!("tidepool-e2e-bad-{broken}")).await.unwrap().is_none(), "{broken} got a node");
     }
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     let worker = format!("worker-{}", run_id());
@@ -112,100 +87,41 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    wait_for(
-        Duration::from_secs(60),
-        "pod on the good member Running",
-        || {
-            let (pods, worker) = (pods.clone(), worker.clone());
-            async move {
-                (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running"))
-                    .then_some(())
-            }
-        },
-    )
+    wait_for(Duration::from_secs(60), "pod on the good member Running", || {
+        let (pods, worker) = (pods.clone(), worker.clone());
+        async move { (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
     .await;
-    let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"))
-        .get(&worker)
-        .await
-        .unwrap();
-    assert!(
-        offload
-            .spec
-            .unwrap()
-            .node_name
-            .unwrap()
-            .starts_with("member-b-gpu-")
-    );
+    let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}")).get(&worker).await.unwrap();
+    assert!(offload.spec.unwrap().node_name.unwrap().starts_with("member-b-gpu-"));
 
     // 3. Fixing a broken member brings it up without restarting tidepool.
     put_kubeconfig_secret(&training, NS, "not-there-yet", &good).await;
     wait_reason(&training, "e2e-bad-nosecret", "True", "Connected").await;
-    wait_for(
-        Duration::from_secs(30),
-        "virtual node of the repaired member",
-        || {
-            let nodes = nodes.clone();
-            async move {
-                nodes
-                    .get_opt("tidepool-e2e-bad-nosecret")
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|_| ())
-            }
-        },
-    )
+    wait_for(Duration::from_secs(30), "virtual node of the repaired member", || {
+        let nodes = nodes.clone();
+        async move { nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok().flatten().map(|_| ()) }
+    })
     .await;
 
     // 4. Breaking a member that worked takes its node away and leaves the others alone.
     put_kubeconfig_secret(&training, NS, "not-there-yet", b"not a kubeconfig").await;
     wait_reason(&training, "e2e-bad-nosecret", "False", "KubeconfigInvalid").await;
-    wait_for(
-        Duration::from_secs(30),
-        "node of the broken member removed",
-        || {
-            let nodes = nodes.clone();
-            async move {
-                nodes
-                    .get_opt("tidepool-e2e-bad-nosecret")
-                    .await
-                    .ok()?
-                    .is_none()
-                    .then_some(())
-            }
-        },
-    )
+    wait_for(Duration::from_secs(30), "node of the broken member removed", || {
+        let nodes = nodes.clone();
+        async move { nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok()?.is_none().then_some(()) }
+    })
     .await;
-    assert_eq!(
-        pods.get(&worker)
-            .await
-            .unwrap()
-            .status
-            .unwrap()
-            .phase
-            .as_deref(),
-        Some("Running")
-    );
+    assert_eq!(pods.get(&worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
 
-    pods.delete(&worker, &DeleteParams::default())
-        .await
-        .unwrap();
+    pods.delete(&worker, &DeleteParams::default()).await.unwrap();
     wait_for(Duration::from_secs(60), "worker deleted", || {
         let (pods, worker) = (pods.clone(), worker.clone());
         async move { pods.get_opt(&worker).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    for m in [
-        "e2e-bad-good",
-        "e2e-bad-nosecret",
-        "e2e-bad-garbage",
-        "e2e-bad-unreachable",
-        "e2e-bad-exec",
-    ] {
-        Api::<MemberCluster>::all(training.clone())
-            .delete(m, &DeleteParams::default())
-            .await
-            .unwrap();
+    for m in ["e2e-bad-good", "e2e-bad-nosecret", "e2e-bad-garbage", "e2e-bad-unreachable", "e2e-bad-exec"] {
+        Api::<MemberCluster>::all(training.clone()).delete(m, &DeleteParams::default()).await.unwrap();
     }
     drop(tidepool);
 }

@@ -46,10 +46,7 @@ impl Env {
     }
 
     pub fn var(&self, key: &str) -> &str {
-        self.vars
-            .get(key)
-            .map(String::as_str)
-            .unwrap_or_else(|| panic!("cluster.env has no {key}"))
+        self.vars.get(key).map(String::as_str).unwrap_or_else(|| panic!("cluster.env has no {key}"))
     }
 
     pub fn kubeconfig_path(&self, cluster: &str) -> PathBuf {
@@ -59,16 +56,13 @@ impl Env {
 
     pub async fn client(&self, cluster: &str) -> Client {
         let path = self.kubeconfig_path(cluster);
-        let kubeconfig =
-            Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .unwrap();
+        let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
         let client = Client::try_from(config).unwrap();
-        client.apiserver_version().await.unwrap_or_else(|e| {
-            panic!("cluster {cluster} does not answer ({e}); are the local clusters up?")
-        });
+        client
+            .apiserver_version()
+            .await
+            .unwrap_or_else(|e| panic!("cluster {cluster} does not answer ({e}); are the local clusters up?"));
         client
     }
 
@@ -77,23 +71,13 @@ impl Env {
         let api = Api::<CustomResourceDefinition>::all(training.clone());
         let crd = MemberCluster::crd();
         let name = crd.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("tidepool-e2e").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
+        api.patch(&name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&crd)).await.unwrap();
         wait_for(Duration::from_secs(30), "CRD established", || {
             let api = api.clone();
             let name = name.clone();
             async move {
                 let crd = api.get(&name).await.ok()?;
-                crd.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
+                crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
             }
         })
         .await;
@@ -103,10 +87,7 @@ impl Env {
 /// A suffix unique to this test run, so objects a failed earlier run left behind never
 /// collide with this run's.
 pub fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()
 }
 
@@ -121,22 +102,15 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
 /// Creates a namespace (if missing) in a cluster.
 pub async fn ensure_namespace(client: &Client, name: &str) {
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => panic!("create namespace {name}: {e}"),
@@ -153,23 +127,12 @@ pub async fn ensure_namespace(client: &Client, name: &str) {
 /// Stores `kubeconfig` in Secret `ns/name` under key `kubeconfig` (replacing it).
 pub async fn put_kubeconfig_secret(client: &Client, ns: &str, name: &str, kubeconfig: &[u8]) {
     let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_owned(),
-            ByteString(kubeconfig.to_vec()),
-        )])),
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
+        data: Some(BTreeMap::from([("kubeconfig".to_owned(), ByteString(kubeconfig.to_vec()))])),
         ..Default::default()
     };
     Api::<Secret>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &PatchParams::apply("tidepool-e2e").force(),
-            &Patch::Apply(&secret),
-        )
+        .patch(name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&secret))
         .await
         .unwrap();
 }
@@ -180,17 +143,11 @@ pub async fn reset_members(client: &Client, test: &str) {
     let api = Api::<MemberCluster>::all(client.clone());
     let selector = format!("tidepool.io/test={test}");
     let lp = kube::api::ListParams::default().labels(&selector);
-    api.delete_collection(&kube::api::DeleteParams::default(), &lp)
-        .await
-        .unwrap();
-    wait_for(
-        Duration::from_secs(30),
-        "leftover MemberClusters gone",
-        || {
-            let (api, lp) = (api.clone(), lp.clone());
-            async move { api.list(&lp).await.ok()?.items.is_empty().then_some(()) }
-        },
-    )
+    api.delete_collection(&kube::api::DeleteParams::default(), &lp).await.unwrap();
+    wait_for(Duration::from_secs(30), "leftover MemberClusters gone", || {
+        let (api, lp) = (api.clone(), lp.clone());
+        async move { api.list(&lp).await.ok()?.items.is_empty().then_some(()) }
+    })
     .await;
 }
 
@@ -199,24 +156,13 @@ pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &s
     let mut mc = MemberCluster::new(
         name,
         MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef {
-                name: secret.into(),
-                namespace: Some(secret_ns.into()),
-                key: None,
-            },
+            kubeconfig_secret_ref: SecretKeyRef { name: secret.into(), namespace: Some(secret_ns.into()), key: None },
             ..Default::default()
         },
     );
-    mc.metadata.labels = Some(BTreeMap::from([(
-        "tidepool.io/test".to_owned(),
-        test.to_owned(),
-    )]));
+    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), test.to_owned())]));
     Api::<MemberCluster>::all(client.clone())
-        .patch(
-            name,
-            &PatchParams::apply("tidepool-e2e").force(),
-            &Patch::Apply(&mc),
-        )
+        .patch(name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
         .await
         .unwrap();
 }
@@ -242,25 +188,17 @@ impl Tidepool {
             ),
         )
         .unwrap();
-        let log =
-            std::env::temp_dir().join(format!("tidepool-e2e-{test}-{}.log", std::process::id()));
+        let log = std::env::temp_dir().join(format!("tidepool-e2e-{test}-{}.log", std::process::id()));
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
             .args(["run", "--exit-on-stdin-eof", "--config"])
             .arg(&config)
-            .env(
-                "RUST_LOG",
-                "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn",
-            )
+            .env("RUST_LOG", "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        Tidepool {
-            child,
-            log,
-            _dir: dir,
-        }
+        Tidepool { child, log, _dir: dir }
     }
 
     /// The last lines of tidepool's log, for failure messages.
@@ -274,11 +212,7 @@ impl Drop for Tidepool {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!(
-                "--- tidepool log ({}) ---\n{}",
-                self.log.display(),
-                self.log_tail()
-            );
+            eprintln!("--- tidepool log ({}) ---\n{}", self.log.display(), self.log_tail());
         }
     }
 }

@@ -41,18 +41,11 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn training(what: &'static str, source: kube::Error) -> Self {
-        Self::Training {
-            what,
-            source: Box::new(source),
-        }
+        Self::Training { what, source: Box::new(source) }
     }
 
     pub(crate) fn member(member: &MemberName, what: &'static str, source: kube::Error) -> Self {
-        Self::Member {
-            member: member.clone(),
-            what,
-            source: Box::new(source),
-        }
+        Self::Member { member: member.clone(), what, source: Box::new(source) }
     }
 
     /// Worth a quick retry (network, throttling, server errors) rather than a slow one.
@@ -85,11 +78,7 @@ pub struct VirtualKubelet;
 
 impl VirtualKubelet {
     /// Starts the node and pod controllers; they run until the runtime stops.
-    pub fn start(
-        training: kube::Client,
-        config: Arc<BridgeConfig>,
-        members: watch::Receiver<Members>,
-    ) -> Self {
+    pub fn start(training: kube::Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) -> Self {
         tokio::spawn(node::run(training.clone(), config.clone(), members.clone()));
         tokio::spawn(pods::run(training, config, members));
         Self

@@ -26,16 +26,9 @@ const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// Labels of a virtual node.
-pub fn node_labels(
-    member: &str,
-    pool: &PoolHandle,
-    capacity: &PoolCapacity,
-) -> BTreeMap<String, String> {
+pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
-        (
-            keys::LABEL_NODE_TYPE.to_owned(),
-            keys::NODE_TYPE_VIRTUAL.to_owned(),
-        ),
+        (keys::LABEL_NODE_TYPE.to_owned(), keys::NODE_TYPE_VIRTUAL.to_owned()),
         (keys::LABEL_MEMBER.to_owned(), member.to_owned()),
         (keys::LABEL_POOL.to_owned(), pool.name.to_string()),
         ("kubernetes.io/hostname".to_owned(), pool.node.to_string()),
@@ -44,21 +37,14 @@ pub fn node_labels(
         ("kubernetes.io/role".to_owned(), "agent".to_owned()),
     ]);
     if let Some(product) = &capacity.gpu_product {
-        labels.insert(
-            tidepool_federation::capacity::GPU_PRODUCT_LABEL.to_owned(),
-            product.clone(),
-        );
+        labels.insert(tidepool_federation::capacity::GPU_PRODUCT_LABEL.to_owned(), product.clone());
     }
     labels
 }
 
 /// Status of a virtual node: the pool's capacity as allocatable, Ready while the member is
 /// connected, addressed at tidepool's kubelet API.
-pub fn node_status(
-    config: &BridgeConfig,
-    capacity: &PoolCapacity,
-    now: jiff::Timestamp,
-) -> NodeStatus {
+pub fn node_status(config: &BridgeConfig, capacity: &PoolCapacity, now: jiff::Timestamp) -> NodeStatus {
     let resources = capacity.capacity.to_quantities();
     let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: type_.to_owned(),
@@ -73,39 +59,17 @@ pub fn node_status(
         allocatable: Some(resources),
         conditions: Some(vec![
             condition("Ready", "True", "KubeletReady", "member cluster connected"),
-            condition(
-                "MemoryPressure",
-                "False",
-                "KubeletHasSufficientMemory",
-                "capacity follows the member's surplus",
-            ),
-            condition(
-                "DiskPressure",
-                "False",
-                "KubeletHasNoDiskPressure",
-                "capacity follows the member's surplus",
-            ),
-            condition(
-                "PIDPressure",
-                "False",
-                "KubeletHasSufficientPID",
-                "capacity follows the member's surplus",
-            ),
-            condition(
-                "NetworkUnavailable",
-                "False",
-                "RouteCreated",
-                "pods use the member's network",
-            ),
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "capacity follows the member's surplus"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "capacity follows the member's surplus"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "capacity follows the member's surplus"),
+            condition("NetworkUnavailable", "False", "RouteCreated", "pods use the member's network"),
         ]),
         addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
             type_: "InternalIP".to_owned(),
             address: config.kubelet.node_address.to_string(),
         }]),
         daemon_endpoints: Some(k8s_openapi::api::core::v1::NodeDaemonEndpoints {
-            kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint {
-                port: i32::from(config.kubelet.port),
-            }),
+            kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint { port: i32::from(config.kubelet.port) }),
         }),
         node_info: Some(k8s_openapi::api::core::v1::NodeSystemInfo {
             architecture: "amd64".to_owned(),
@@ -125,12 +89,7 @@ pub fn node_status(
 }
 
 /// The whole Node object for creation (status is accepted on create for Nodes).
-pub fn virtual_node(
-    config: &BridgeConfig,
-    member: &str,
-    pool: &PoolHandle,
-    capacity: &PoolCapacity,
-) -> Node {
+pub fn virtual_node(config: &BridgeConfig, member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(pool.node.to_string()),
@@ -152,11 +111,7 @@ pub fn virtual_node(
 
 /// Keeps one task per virtual node of the connected members; deletes the Node of a pool
 /// that is no longer offered.
-pub async fn run(
-    training: Client,
-    config: Arc<BridgeConfig>,
-    mut members: watch::Receiver<Members>,
-) {
+pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch::Receiver<Members>) {
     let mut running: HashMap<String, CancellationToken> = HashMap::new();
     loop {
         let current = members.borrow_and_update().clone();
@@ -176,17 +131,13 @@ pub async fn run(
                         member: member.clone(),
                         pool: pool.clone(),
                     };
-                    tokio::spawn(task.run(stop).instrument(
-                        info_span!("virtual_node", member = %member.name, node = %node),
-                    ));
+                    tokio::spawn(
+                        task.run(stop).instrument(info_span!("virtual_node", member = %member.name, node = %node)),
+                    );
                 }
             }
         }
-        let gone: Vec<String> = running
-            .keys()
-            .filter(|n| !wanted.contains(*n))
-            .cloned()
-            .collect();
+        let gone: Vec<String> = running.keys().filter(|n| !wanted.contains(*n)).cloned().collect();
         for node in gone {
             if let Some(t) = running.remove(&node) {
                 t.cancel();
@@ -209,10 +160,7 @@ async fn delete_node(training: &Client, node: &str) -> Result<(), Error> {
         Err(e) if tidepool_federation::api_code(&e, &[404]) => {}
         Err(e) => return Err(Error::training("delete node", e)),
     }
-    match Api::<Lease>::namespaced(training.clone(), NODE_LEASE_NAMESPACE)
-        .delete(node, &dp)
-        .await
-    {
+    match Api::<Lease>::namespaced(training.clone(), NODE_LEASE_NAMESPACE).delete(node, &dp).await {
         Ok(_) => Ok(()),
         Err(e) if tidepool_federation::api_code(&e, &[404]) => Ok(()),
         Err(e) => Err(Error::training("delete node lease", e)),
@@ -271,12 +219,7 @@ impl NodeTask {
     async fn register(&mut self) -> Result<String, Error> {
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let node = virtual_node(
-            &self.config,
-            self.member.name.as_str(),
-            &self.pool,
-            &capacity,
-        );
+        let node = virtual_node(&self.config, self.member.name.as_str(), &self.pool, &capacity);
         let name = self.pool.node.to_string();
         let created = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -289,9 +232,7 @@ impl NodeTask {
                     .await
                     .map_err(|e| Error::training("update node labels", e))?;
                 self.patch_status().await?;
-                api.get(&name)
-                    .await
-                    .map_err(|e| Error::training("read node", e))?
+                api.get(&name).await.map_err(|e| Error::training("read node", e))?
             }
             Err(e) => return Err(Error::training("create node", e)),
         };
@@ -318,10 +259,7 @@ impl NodeTask {
         let name = self.pool.node.to_string();
         let now = MicroTime(jiff::Timestamp::now());
         let patch = json!({ "spec": { "renewTime": now, "holderIdentity": name } });
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 let lease = Lease {
@@ -339,9 +277,7 @@ impl NodeTask {
                     },
                     spec: Some(LeaseSpec {
                         holder_identity: Some(name.clone()),
-                        lease_duration_seconds: Some(
-                            (self.config.lease_renew_seconds * LEASE_PERIODS) as i32,
-                        ),
+                        lease_duration_seconds: Some((self.config.lease_renew_seconds * LEASE_PERIODS) as i32),
                         renew_time: Some(now),
                         ..Default::default()
                     }),
@@ -385,28 +321,12 @@ mod tests {
         assert_eq!(labels[keys::LABEL_POOL], "default");
         assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-H100");
         let taint = &node.spec.unwrap().taints.unwrap()[0];
-        assert_eq!(
-            (taint.key.as_str(), taint.effect.as_str()),
-            (keys::TAINT_VIRTUAL, "NoSchedule")
-        );
+        assert_eq!((taint.key.as_str(), taint.effect.as_str()), (keys::TAINT_VIRTUAL, "NoSchedule"));
         let status = node.status.unwrap();
         assert_eq!(status.allocatable.unwrap()["nvidia.com/gpu"].0, "16");
         assert_eq!(status.addresses.unwrap()[0].address, "127.0.0.2");
-        assert_eq!(
-            status
-                .daemon_endpoints
-                .unwrap()
-                .kubelet_endpoint
-                .unwrap()
-                .port,
-            10250
-        );
-        let ready = status
-            .conditions
-            .unwrap()
-            .into_iter()
-            .find(|c| c.type_ == "Ready")
-            .unwrap();
+        assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+        let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "True");
     }
 }

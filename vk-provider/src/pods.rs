@@ -48,13 +48,7 @@ struct OffloadWatch {
 
 pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
     let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<Pod>>(1024);
-    let recorder = Recorder::new(
-        training.clone(),
-        Reporter {
-            controller: "tidepool".into(),
-            instance: None,
-        },
-    );
+    let recorder = Recorder::new(training.clone(), Reporter { controller: "tidepool".into(), instance: None });
     let ctx = Arc::new(Context {
         training: training.clone(),
         config,
@@ -76,11 +70,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
 
 fn error_policy(pod: Arc<Pod>, error: &Error, _ctx: Arc<Context>) -> Action {
     warn!(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), %error, "pod sync failed; retrying");
-    Action::requeue(if error.is_transient() {
-        Duration::from_secs(2)
-    } else {
-        Duration::from_secs(30)
-    })
+    Action::requeue(if error.is_transient() { Duration::from_secs(2) } else { Duration::from_secs(30) })
 }
 
 /// Starts an offload watch for every member session and drops those of ended sessions.
@@ -92,10 +82,7 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
             watches.retain(|name, w| current.get(name).is_some_and(|m| Arc::ptr_eq(m, &w.member)));
             for (name, member) in &current {
                 if !watches.contains_key(name) {
-                    watches.insert(
-                        name.clone(),
-                        start_offload_watch(&ctx.config, member.clone(), trigger.clone()),
-                    );
+                    watches.insert(name.clone(), start_offload_watch(&ctx.config, member.clone(), trigger.clone()));
                 }
             }
         }
@@ -111,21 +98,13 @@ fn start_offload_watch(
     trigger: mpsc::Sender<ObjectRef<Pod>>,
 ) -> OffloadWatch {
     let (store, writer) = reflector::store();
-    let selector = format!(
-        "{}={},{}={}",
-        keys::LABEL_ORIGIN_CLUSTER,
-        config.cluster_name,
-        keys::LABEL_ORIGIN_MEMBER,
-        member.name
-    );
-    let events = watcher(
-        Api::<Pod>::all(member.client.clone()),
-        watcher::Config::default().labels(&selector),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .touched_objects()
-    .take_until(member.cancelled.clone().cancelled_owned());
+    let selector =
+        format!("{}={},{}={}", keys::LABEL_ORIGIN_CLUSTER, config.cluster_name, keys::LABEL_ORIGIN_MEMBER, member.name);
+    let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
+        .take_until(member.cancelled.clone().cancelled_owned());
     tokio::spawn(
         async move {
             let mut events = std::pin::pin!(events);
@@ -157,9 +136,7 @@ impl Context {
     /// The member session and pool behind a virtual node, with that session's offload cache.
     fn route(&self, node: &str) -> Option<(OffloadWatch, PoolHandle)> {
         let watches = self.offload.lock().ok()?;
-        watches
-            .values()
-            .find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone())))
+        watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone())))
     }
 }
 
@@ -174,46 +151,30 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     };
     let member = &watch.member;
-    if tokio::time::timeout(Duration::from_secs(10), watch.store.wait_until_ready())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(Duration::from_secs(10), watch.store.wait_until_ready()).await.is_err() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let namespace = pod
-        .namespace()
-        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = pod.name_any();
     let member_ns = translate::member_namespace(&member.namespace_prefix, &namespace);
     let existing = watch.store.get(&ObjectRef::new(&name).within(&member_ns));
-    let copy = existing
-        .as_deref()
-        .filter(|o| translate::is_copy_of(o, &pod));
+    let copy = existing.as_deref().filter(|o| translate::is_copy_of(o, &pod));
 
     // 1. Deleted in training: delete the offload copy first, then finish the training pod.
     if pod.metadata.deletion_timestamp.is_some() {
         if let Some(copy) = copy {
             if copy.metadata.deletion_timestamp.is_none() {
-                let grace = pod
-                    .metadata
-                    .deletion_grace_period_seconds
-                    .map(|g| g.max(0) as u32);
+                let grace = pod.metadata.deletion_grace_period_seconds.map(|g| g.max(0) as u32);
                 delete_offload(member, copy, grace).await?;
             }
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.uid(),
-                resource_version: None,
-            }),
+            preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
             ..Default::default()
         };
-        match Api::<Pod>::namespaced(ctx.training.clone(), &namespace)
-            .delete(&name, &dp)
-            .await
-        {
+        match Api::<Pod>::namespaced(ctx.training.clone(), &namespace).delete(&name, &dp).await {
             Ok(_) => {}
             Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {}
             Err(e) => return Err(Error::training("finish pod deletion", e)),
@@ -228,10 +189,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(copy) = copy else {
         if existing.is_some() {
             // 2. A pod of the same name that is not ours: never overwrite it.
-            let msg = format!(
-                "member {} already has pod {member_ns}/{name} with another origin",
-                member.name
-            );
+            let msg = format!("member {} already has pod {member_ns}/{name} with another origin", member.name);
             publish(&ctx, &pod, EventType::Warning, "OffloadConflict", &msg).await;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
@@ -240,10 +198,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         }
         if pod.status.as_ref().is_some_and(|s| s.host_ip.is_some()) {
             // 3. It ran in the member and is gone without our deleting it.
-            let msg = format!(
-                "offload pod {member_ns}/{name} disappeared from member {}",
-                member.name
-            );
+            let msg = format!("offload pod {member_ns}/{name} disappeared from member {}", member.name);
             fail_pod(&ctx, &pod, "OffloadPodLost", &msg).await?;
             return Ok(Action::await_change());
         }
@@ -257,10 +212,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             band: translate::band_of(&pod),
         };
         let offload = translate::offload_pod(&pod, &target)?;
-        match Api::<Pod>::namespaced(member.client.clone(), &member_ns)
-            .create(&PostParams::default(), &offload)
-            .await
-        {
+        match Api::<Pod>::namespaced(member.client.clone(), &member_ns).create(&PostParams::default(), &offload).await {
             Ok(_) => {
                 info!(member = %member.name, "offload pod created");
                 let msg = format!("created {member_ns}/{name} in member {}", member.name);
@@ -284,32 +236,21 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(member_status) = copy.status.as_ref() else {
         return Ok(Action::requeue(RESYNC));
     };
-    let desired =
-        translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
+    let desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
     if !translate::status_in_sync(pod.status.as_ref(), &desired) {
         patch_status(&ctx, &pod, &desired).await?;
     }
     Ok(Action::requeue(RESYNC))
 }
 
-async fn delete_offload(
-    member: &MemberHandle,
-    copy: &Pod,
-    grace: Option<u32>,
-) -> Result<(), Error> {
+async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Option<u32>) -> Result<(), Error> {
     let ns = copy.namespace().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: grace,
-        preconditions: Some(Preconditions {
-            uid: copy.uid(),
-            resource_version: None,
-        }),
+        preconditions: Some(Preconditions { uid: copy.uid(), resource_version: None }),
         ..Default::default()
     };
-    match Api::<Pod>::namespaced(member.client.clone(), &ns)
-        .delete(&copy.name_any(), &dp)
-        .await
-    {
+    match Api::<Pod>::namespaced(member.client.clone(), &ns).delete(&copy.name_any(), &dp).await {
         Ok(_) => {
             info!(member = %member.name, ?grace, "offload pod deletion requested");
             Ok(())
@@ -345,10 +286,7 @@ async fn ensure_namespace(ctx: &Context, member: &MemberHandle, ns: &str) -> Res
         },
         ..Default::default()
     };
-    match Api::<Namespace>::all(member.client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-    {
+    match Api::<Namespace>::all(member.client.clone()).create(&PostParams::default(), &namespace).await {
         Ok(_) => info!(member = %member.name, namespace = ns, "offload namespace created"),
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(Error::member(&member.name, "create offload namespace", e)),
@@ -361,13 +299,9 @@ async fn ensure_namespace(ctx: &Context, member: &MemberHandle, ns: &str) -> Res
 
 async fn patch_status(ctx: &Context, pod: &Pod, status: &PodStatus) -> Result<(), Error> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    api.patch_status(
-        &pod.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(|e| Error::training("update pod status", e))?;
+    api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
+        .await
+        .map_err(|e| Error::training("update pod status", e))?;
     Ok(())
 }
 

@@ -40,46 +40,23 @@ pub fn member_namespace(prefix: &str, namespace: &str) -> String {
 /// Prefixes of label keys that describe training-cluster nodes and must not steer
 /// scheduling in the member.
 fn is_virtual_node_key(key: &str) -> bool {
-    key == keys::LABEL_NODE_TYPE
-        || key.starts_with("tidepool.io/")
-        || key == "kubernetes.io/hostname"
+    key == keys::LABEL_NODE_TYPE || key.starts_with("tidepool.io/") || key == "kubernetes.io/hostname"
 }
 
 /// The offload copy of `pod` for `target`.
 pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError> {
     let meta = &pod.metadata;
-    let name = meta
-        .name
-        .clone()
-        .ok_or(TranslateError::MissingField("metadata.name"))?;
-    let namespace = meta
-        .namespace
-        .clone()
-        .ok_or(TranslateError::MissingField("metadata.namespace"))?;
-    let uid = meta
-        .uid
-        .clone()
-        .ok_or(TranslateError::MissingField("metadata.uid"))?;
-    let spec = pod
-        .spec
-        .as_ref()
-        .ok_or(TranslateError::MissingField("spec"))?;
+    let name = meta.name.clone().ok_or(TranslateError::MissingField("metadata.name"))?;
+    let namespace = meta.namespace.clone().ok_or(TranslateError::MissingField("metadata.namespace"))?;
+    let uid = meta.uid.clone().ok_or(TranslateError::MissingField("metadata.uid"))?;
+    let spec = pod.spec.as_ref().ok_or(TranslateError::MissingField("spec"))?;
 
     let mut labels = meta.labels.clone().unwrap_or_default();
     labels.insert(keys::LABEL_ORIGIN_UID.to_owned(), uid);
-    labels.insert(
-        keys::LABEL_ORIGIN_CLUSTER.to_owned(),
-        target.cluster.to_owned(),
-    );
-    labels.insert(
-        keys::LABEL_ORIGIN_MEMBER.to_owned(),
-        target.member.to_owned(),
-    );
+    labels.insert(keys::LABEL_ORIGIN_CLUSTER.to_owned(), target.cluster.to_owned());
+    labels.insert(keys::LABEL_ORIGIN_MEMBER.to_owned(), target.member.to_owned());
     let mut annotations = meta.annotations.clone().unwrap_or_default();
-    annotations.insert(
-        keys::ANNOTATION_ORIGIN_NAMESPACE.to_owned(),
-        namespace.clone(),
-    );
+    annotations.insert(keys::ANNOTATION_ORIGIN_NAMESPACE.to_owned(), namespace.clone());
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
 
     Ok(Pod {
@@ -100,19 +77,9 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
     // Scheduling belongs to the member: its own scheduler, inside the pool.
     s.node_name = None;
     s.scheduler_name = None;
-    let mut selector: BTreeMap<String, String> = s
-        .node_selector
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(k, _)| !is_virtual_node_key(k))
-        .collect();
-    selector.extend(
-        target
-            .node_selector
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone())),
-    );
+    let mut selector: BTreeMap<String, String> =
+        s.node_selector.take().unwrap_or_default().into_iter().filter(|(k, _)| !is_virtual_node_key(k)).collect();
+    selector.extend(target.node_selector.iter().map(|(k, v)| (k.clone(), v.clone())));
     s.node_selector = (!selector.is_empty()).then_some(selector);
     if let Some(affinity) = s.affinity.as_mut() {
         // Node affinity names training-cluster nodes (the virtual one); the pool selector
@@ -120,11 +87,7 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
         affinity.node_affinity = None;
     }
     if let Some(tolerations) = s.tolerations.as_mut() {
-        tolerations.retain(|t| {
-            !t.key
-                .as_deref()
-                .is_some_and(|k| k.starts_with("tidepool.io/"))
-        });
+        tolerations.retain(|t| !t.key.as_deref().is_some_and(|k| k.starts_with("tidepool.io/")));
     }
     // Offload pods are guests: they never preempt online pods. Priority is the member's
     // business (its admission derives it from the class), so the training values go.
@@ -143,23 +106,16 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
         .iter()
         .flatten()
         .filter(|v| {
-            v.projected.as_ref().is_some_and(|p| {
-                p.sources
-                    .iter()
-                    .flatten()
-                    .any(|src| src.service_account_token.is_some())
-            })
+            v.projected
+                .as_ref()
+                .is_some_and(|p| p.sources.iter().flatten().any(|src| src.service_account_token.is_some()))
         })
         .map(|v| v.name.clone())
         .collect();
     if let Some(volumes) = s.volumes.as_mut() {
         volumes.retain(|v| !token_volumes.contains(&v.name));
     }
-    for c in s
-        .containers
-        .iter_mut()
-        .chain(s.init_containers.iter_mut().flatten())
-    {
+    for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
         if let Some(mounts) = c.volume_mounts.as_mut() {
             mounts.retain(|m| !token_volumes.contains(&m.name));
         }
@@ -180,11 +136,7 @@ pub fn band_of(pod: &Pod) -> keys::Band {
 
 /// True when `offload` is the copy of `pod` (same origin UID).
 pub fn is_copy_of(offload: &Pod, pod: &Pod) -> bool {
-    let origin = offload
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(keys::LABEL_ORIGIN_UID));
+    let origin = offload.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID));
     origin.is_some() && origin == pod.metadata.uid.as_ref()
 }
 
@@ -195,9 +147,7 @@ pub fn training_status(offload: &PodStatus, host_ip: &str) -> PodStatus {
     let placed = s.phase.as_deref().is_some_and(|p| p != "Pending") || s.start_time.is_some();
     if placed {
         s.host_ip = Some(host_ip.to_owned());
-        s.host_ips = Some(vec![k8s_openapi::api::core::v1::HostIP {
-            ip: host_ip.to_owned(),
-        }]);
+        s.host_ips = Some(vec![k8s_openapi::api::core::v1::HostIP { ip: host_ip.to_owned() }]);
     } else {
         s.host_ip = None;
         s.host_ips = None;
@@ -289,52 +239,29 @@ mod tests {
     #[test]
     fn the_virtual_node_leaves_no_trace_in_scheduling() {
         let selector = BTreeMap::from([("pool".to_string(), "gpu".to_string())]);
-        let spec = offload_pod(&training_pod(), &target(&selector))
-            .unwrap()
-            .spec
-            .unwrap();
+        let spec = offload_pod(&training_pod(), &target(&selector)).unwrap().spec.unwrap();
         assert_eq!(spec.node_name, None);
         assert_eq!(spec.scheduler_name, None);
         assert_eq!(
             spec.node_selector.unwrap(),
-            BTreeMap::from([
-                ("disktype".to_string(), "ssd".to_string()),
-                ("pool".to_string(), "gpu".to_string())
-            ])
+            BTreeMap::from([("disktype".to_string(), "ssd".to_string()), ("pool".to_string(), "gpu".to_string())])
         );
         assert!(spec.affinity.unwrap().node_affinity.is_none());
-        let keys: Vec<_> = spec
-            .tolerations
-            .unwrap()
-            .into_iter()
-            .filter_map(|t| t.key)
-            .collect();
+        let keys: Vec<_> = spec.tolerations.unwrap().into_iter().filter_map(|t| t.key).collect();
         assert_eq!(keys, ["node.kubernetes.io/not-ready"]);
         assert_eq!(spec.preemption_policy.as_deref(), Some("Never"));
         assert_eq!(spec.priority, None);
-        assert_eq!(
-            spec.priority_class_name.as_deref(),
-            Some("tidepool-offload-medium")
-        );
+        assert_eq!(spec.priority_class_name.as_deref(), Some("tidepool-offload-medium"));
     }
 
     #[test]
     fn training_credentials_are_not_mounted() {
-        let spec = offload_pod(&training_pod(), &target(&BTreeMap::new()))
-            .unwrap()
-            .spec
-            .unwrap();
+        let spec = offload_pod(&training_pod(), &target(&BTreeMap::new())).unwrap().spec.unwrap();
         assert_eq!(spec.service_account_name, None);
         assert_eq!(spec.automount_service_account_token, Some(false));
         let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
         assert_eq!(volumes, ["data"]);
-        let mounts: Vec<_> = spec.containers[0]
-            .volume_mounts
-            .clone()
-            .unwrap()
-            .into_iter()
-            .map(|m| m.name)
-            .collect();
+        let mounts: Vec<_> = spec.containers[0].volume_mounts.clone().unwrap().into_iter().map(|m| m.name).collect();
         assert_eq!(mounts, ["data"]);
     }
 
@@ -342,10 +269,7 @@ mod tests {
     fn a_pod_without_uid_is_refused() {
         let mut p = training_pod();
         p.metadata.uid = None;
-        assert_eq!(
-            offload_pod(&p, &target(&BTreeMap::new())),
-            Err(TranslateError::MissingField("metadata.uid"))
-        );
+        assert_eq!(offload_pod(&p, &target(&BTreeMap::new())), Err(TranslateError::MissingField("metadata.uid")));
     }
 
     #[test]
@@ -375,13 +299,7 @@ mod tests {
         assert_eq!(up.nominated_node_name, None);
         assert!(status_in_sync(Some(&up), &up));
         assert!(!status_in_sync(None, &up));
-        let pending = training_status(
-            &PodStatus {
-                phase: Some("Pending".into()),
-                ..Default::default()
-            },
-            "127.0.0.2",
-        );
+        let pending = training_status(&PodStatus { phase: Some("Pending".into()), ..Default::default() }, "127.0.0.2");
         assert_eq!(pending.host_ip, None);
     }
 }
