@@ -36,6 +36,8 @@ pub struct PodView {
     pub terminated: bool,
     /// Created by tidepool (carries `tidepool.io/origin-uid`).
     pub offload: bool,
+    /// The training pod an offload pod copies.
+    pub origin_uid: Option<String>,
 }
 
 /// A pool's lendable capacity at one moment.
@@ -53,6 +55,9 @@ pub struct PoolCapacity {
     /// `allocatable − online − offload`, clamped at zero, largest GPU count first. Placement
     /// checks fit against these, not against the aggregate.
     pub free_per_node: Vec<Resources>,
+    /// Origin UIDs of the offload pods already on a node of the pool, so the dispatcher can
+    /// tell which of the pods it bound are still in flight (not yet in `used`/`free`).
+    pub placed: std::collections::BTreeSet<String>,
 }
 
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
@@ -94,12 +99,14 @@ impl NodeView {
 
 impl PodView {
     pub fn from_pod(pod: &Pod) -> Self {
+        let origin_uid = pod.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).cloned();
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         Self {
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
-            offload: pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID)),
+            offload: origin_uid.is_some(),
+            origin_uid,
         }
     }
 }
@@ -161,6 +168,7 @@ pub fn pool_capacity<'a>(
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
     let mut used = Resources::new();
+    let mut placed = std::collections::BTreeSet::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
     for p in pods {
         let Some(node) = p.node.as_deref() else { continue };
@@ -169,6 +177,9 @@ pub fn pool_capacity<'a>(
         }
         if p.offload {
             used.add(&p.requests);
+            if let Some(uid) = &p.origin_uid {
+                placed.insert(uid.clone());
+            }
         } else {
             capacity.sub(&p.requests);
         }
@@ -189,7 +200,7 @@ pub fn pool_capacity<'a>(
         1 => products.into_iter().next().flatten(),
         _ => None,
     };
-    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node }
+    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node, placed }
 }
 
 #[cfg(test)]
