@@ -30,6 +30,21 @@ pub struct BridgeConfig {
     pub kubelet: KubeletConfig,
     /// How often (seconds) the virtual nodes' leases are renewed; their duration is 4×.
     pub lease_renew_seconds: u64,
+    pub dispatcher: DispatcherConfig,
+}
+
+/// The elastic dispatcher's settings.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DispatcherConfig {
+    /// `spec.schedulerName` of the pods tidepool places.
+    pub scheduler_name: String,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self { scheduler_name: "tidepool".to_owned() }
+    }
 }
 
 /// Where the training cluster's API server reaches tidepool's kubelet API.
@@ -52,6 +67,7 @@ impl Default for BridgeConfig {
             namespace_prefix: keys::DEFAULT_NAMESPACE_PREFIX.to_owned(),
             kubelet: KubeletConfig::default(),
             lease_renew_seconds: 10,
+            dispatcher: DispatcherConfig::default(),
         }
     }
 }
@@ -117,6 +133,9 @@ impl BridgeConfig {
         }
         if self.kubelet.node_address.is_unspecified() {
             errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
+        }
+        if !crate::is_dns_subdomain(&self.dispatcher.scheduler_name) {
+            errors.push(FieldError::new("dispatcher.schedulerName", "must be a DNS-1123 subdomain"));
         }
         if !(1..=60).contains(&self.lease_renew_seconds) {
             errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));

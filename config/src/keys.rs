@@ -85,3 +85,14 @@ impl Band {
         }
     }
 }
+
+/// Annotation on training pods: the virtual node their gang was placed on. Written on every
+/// core pod before the first bind, so a restarted dispatcher never splits a gang.
+pub const ANNOTATION_PLACEMENT: &str = "tidepool.io/placement";
+/// Annotations naming the gang of a bare pod or a Job's pods, and its minimum size.
+pub const ANNOTATION_GANG: &str = "tidepool.io/gang";
+pub const ANNOTATION_MIN_MEMBER: &str = "tidepool.io/min-member";
+/// sig-scheduling PodGroup membership (pod label).
+pub const LABEL_POD_GROUP: &str = "scheduling.x-k8s.io/pod-group";
+/// Volcano PodGroup membership (pod annotation).
+pub const ANNOTATION_VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
