@@ -55,9 +55,21 @@ pub struct PoolCapacity {
     /// `allocatable − online − offload`, clamped at zero, largest GPU count first. Placement
     /// checks fit against these, not against the aggregate.
     pub free_per_node: Vec<Resources>,
-    /// Origin UIDs of the offload pods already on a node of the pool, so the dispatcher can
-    /// tell which of the pods it bound are still in flight (not yet in `used`/`free`).
-    pub placed: std::collections::BTreeSet<String>,
+    /// Origin UID → member node of the offload pods already on a node of the pool, so the
+    /// dispatcher can tell which pods it bound are still in flight (not yet in `used`/`free`)
+    /// and which victims would empty a whole member node.
+    pub placed: BTreeMap<String, String>,
+}
+
+impl PoolCapacity {
+    /// What offload pods use beyond what the pool may lend, per resource (zero when none):
+    /// the amount reclaim has to free.
+    pub fn deficit(&self) -> Resources {
+        let mut d = self.used.clone();
+        d.sub(&self.capacity);
+        d.clamp_non_negative();
+        d
+    }
 }
 
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
@@ -168,7 +180,7 @@ pub fn pool_capacity<'a>(
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
     let mut used = Resources::new();
-    let mut placed = std::collections::BTreeSet::new();
+    let mut placed = BTreeMap::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
     for p in pods {
         let Some(node) = p.node.as_deref() else { continue };
@@ -178,7 +190,7 @@ pub fn pool_capacity<'a>(
         if p.offload {
             used.add(&p.requests);
             if let Some(uid) = &p.origin_uid {
-                placed.insert(uid.clone());
+                placed.insert(uid.clone(), node.to_owned());
             }
         } else {
             capacity.sub(&p.requests);
@@ -295,6 +307,19 @@ mod tests {
         let gpus: Vec<i64> = c.free_per_node.iter().map(|f| f.get(GPU)).collect();
         assert_eq!(gpus, [7000, 2000]);
         assert_eq!(c.capacity.get(GPU), 15_000);
+    }
+
+    #[test]
+    fn the_deficit_is_what_offload_pods_use_beyond_the_capacity() {
+        let nodes = [node("a", &[("cpu", "8"), ("nvidia.com/gpu", "8")])];
+        let mut offload = pod("a", &[("cpu", "2"), ("nvidia.com/gpu", "6")]);
+        offload.offload = true;
+        offload.origin_uid = Some("u1".into());
+        let online = pod("a", &[("cpu", "1"), ("nvidia.com/gpu", "4")]);
+        let c = pool_capacity(&nodes, &[offload, online], &BTreeMap::new());
+        // capacity: 8−4 = 4 GPUs, 7 cpu; used: 6 GPUs, 2 cpu → deficit 2 GPUs, no cpu.
+        assert_eq!(c.deficit(), r(&[("cpu", "0"), ("nvidia.com/gpu", "2")]));
+        assert_eq!(c.placed.get("u1").map(String::as_str), Some("a"));
     }
 
     #[test]
