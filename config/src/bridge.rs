@@ -39,11 +39,45 @@ pub struct BridgeConfig {
 pub struct DispatcherConfig {
     /// `spec.schedulerName` of the pods tidepool places.
     pub scheduler_name: String,
+    /// How long a pool's deficit must last before reclaim starts, so HPA flapping does not
+    /// churn jobs. Also the shortest time between two reclaims of the same job.
+    pub deficit_hysteresis_seconds: u64,
+    /// Time a reclaim victim gets between the checkpoint notice and its deletion, per band.
+    pub reclaim_grace_seconds: BandSeconds,
+}
+
+/// A duration per band, in seconds.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct BandSeconds {
+    pub high: u64,
+    pub medium: u64,
+    pub low: u64,
+}
+
+impl Default for BandSeconds {
+    fn default() -> Self {
+        Self { high: 300, medium: 120, low: 30 }
+    }
+}
+
+impl BandSeconds {
+    pub fn get(&self, band: crate::keys::Band) -> u64 {
+        match band {
+            crate::keys::Band::High => self.high,
+            crate::keys::Band::Medium => self.medium,
+            crate::keys::Band::Low => self.low,
+        }
+    }
 }
 
 impl Default for DispatcherConfig {
     fn default() -> Self {
-        Self { scheduler_name: "tidepool".to_owned() }
+        Self {
+            scheduler_name: "tidepool".to_owned(),
+            deficit_hysteresis_seconds: 5,
+            reclaim_grace_seconds: BandSeconds::default(),
+        }
     }
 }
 
@@ -136,6 +170,18 @@ impl BridgeConfig {
         }
         if !crate::is_dns_subdomain(&self.dispatcher.scheduler_name) {
             errors.push(FieldError::new("dispatcher.schedulerName", "must be a DNS-1123 subdomain"));
+        }
+        if self.dispatcher.deficit_hysteresis_seconds > 3600 {
+            errors.push(FieldError::new("dispatcher.deficitHysteresisSeconds", "must be at most 3600"));
+        }
+        for (band, secs) in [
+            ("high", self.dispatcher.reclaim_grace_seconds.high),
+            ("medium", self.dispatcher.reclaim_grace_seconds.medium),
+            ("low", self.dispatcher.reclaim_grace_seconds.low),
+        ] {
+            if secs > 86_400 {
+                errors.push(FieldError::new(format!("dispatcher.reclaimGraceSeconds.{band}"), "must be at most 86400"));
+            }
         }
         if !(1..=60).contains(&self.lease_renew_seconds) {
             errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));
