@@ -96,3 +96,15 @@ pub const ANNOTATION_MIN_MEMBER: &str = "tidepool.io/min-member";
 pub const LABEL_POD_GROUP: &str = "scheduling.x-k8s.io/pod-group";
 /// Volcano PodGroup membership (pod annotation).
 pub const ANNOTATION_VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
+
+/// Reclaim notice on a training pod and its offload copy: RFC 3339 time after which the pod
+/// is deleted. The offload copy shows it in `/etc/tidepool/annotations`.
+pub const ANNOTATION_RECLAIM_DEADLINE: &str = "tidepool.io/reclaim-deadline";
+/// Set by the trainer (on the training pod) once its checkpoint is safe: reclaim may go ahead.
+pub const ANNOTATION_CHECKPOINT_DONE: &str = "tidepool.io/checkpoint-done";
+/// Pod condition telling the tenant a reclaim notice is out.
+pub const CONDITION_RECLAIM_REQUESTED: &str = "tidepool.io/ReclaimRequested";
+/// Pod deletion cost (honoured when picking reclaim victims).
+pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// Reason of a training pod failed by reclaim.
+pub const REASON_RECLAIMED: &str = "Reclaimed";
