@@ -120,6 +120,7 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
             mounts.retain(|m| !token_volumes.contains(&m.name));
         }
     }
+    add_annotations_volume(&mut s);
     s
 }
 
@@ -132,6 +133,63 @@ pub fn band_of(pod: &Pod) -> keys::Band {
         .and_then(|l| l.get(keys::LABEL_BAND))
         .and_then(|b| keys::Band::parse(b))
         .unwrap_or(keys::Band::Medium)
+}
+
+/// Name of the downward-API volume that shows a pod its own annotations (and so the
+/// reclaim notice) at `/etc/tidepool/annotations`, without any credentials.
+pub const ANNOTATIONS_VOLUME: &str = "tidepool-annotations";
+pub const ANNOTATIONS_DIR: &str = "/etc/tidepool";
+
+fn add_annotations_volume(s: &mut PodSpec) {
+    use k8s_openapi::api::core::v1::{
+        DownwardAPIVolumeFile, DownwardAPIVolumeSource, ObjectFieldSelector, Volume, VolumeMount,
+    };
+    let volumes = s.volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == ANNOTATIONS_VOLUME) {
+        return;
+    }
+    volumes.push(Volume {
+        name: ANNOTATIONS_VOLUME.to_owned(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: "annotations".to_owned(),
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.annotations".to_owned(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        if mounts.iter().any(|m| m.mount_path == ANNOTATIONS_DIR) {
+            continue;
+        }
+        mounts.push(VolumeMount {
+            name: ANNOTATIONS_VOLUME.to_owned(),
+            mount_path: ANNOTATIONS_DIR.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+}
+
+/// Keeps the conditions tidepool itself wrote on the training pod (`tidepool.io/…`, such as
+/// a reclaim notice) when the member's status is copied over it.
+pub fn keep_tidepool_conditions(desired: &mut PodStatus, current: Option<&PodStatus>) {
+    let ours: Vec<_> = current
+        .and_then(|c| c.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_.starts_with("tidepool.io/"))
+        .cloned()
+        .collect();
+    if !ours.is_empty() {
+        desired.conditions.get_or_insert_with(Vec::new).extend(ours);
+    }
 }
 
 /// True when `offload` is the copy of `pod` (same origin UID).
@@ -260,9 +318,38 @@ mod tests {
         assert_eq!(spec.service_account_name, None);
         assert_eq!(spec.automount_service_account_token, Some(false));
         let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
-        assert_eq!(volumes, ["data"]);
+        assert_eq!(volumes, ["data", ANNOTATIONS_VOLUME]);
         let mounts: Vec<_> = spec.containers[0].volume_mounts.clone().unwrap().into_iter().map(|m| m.name).collect();
-        assert_eq!(mounts, ["data"]);
+        assert_eq!(mounts, ["data", ANNOTATIONS_VOLUME]);
+    }
+
+    #[test]
+    fn the_pod_sees_its_annotations_at_etc_tidepool() {
+        let spec = offload_pod(&training_pod(), &target(&BTreeMap::new())).unwrap().spec.unwrap();
+        let v = spec.volumes.unwrap().into_iter().find(|v| v.name == ANNOTATIONS_VOLUME).unwrap();
+        let item = &v.downward_api.unwrap().items.unwrap()[0];
+        assert_eq!(
+            (item.path.as_str(), item.field_ref.as_ref().unwrap().field_path.as_str()),
+            ("annotations", "metadata.annotations")
+        );
+        let m =
+            spec.containers[0].volume_mounts.as_ref().unwrap().iter().find(|m| m.name == ANNOTATIONS_VOLUME).unwrap();
+        assert_eq!(m.mount_path, "/etc/tidepool");
+        assert_eq!(m.read_only, Some(true));
+    }
+
+    #[test]
+    fn tidepool_conditions_survive_the_status_copy() {
+        let current: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "tidepool.io/ReclaimRequested", "status": "True"}
+        ]}))
+        .unwrap();
+        let mut desired: PodStatus =
+            serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap();
+        keep_tidepool_conditions(&mut desired, Some(&current));
+        let types: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
+        assert_eq!(types, [("Ready".into(), "True".into()), ("tidepool.io/ReclaimRequested".into(), "True".into())]);
     }
 
     #[test]
