@@ -45,6 +45,47 @@ pub struct MemberClusterSpec {
     /// Defaults to the bridge's setting (`tp-`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_prefix: Option<String>,
+
+    /// How much of the surplus is lent: reserves, time windows, HPA headroom, watermark.
+    #[serde(default)]
+    pub capacity: CapacitySpec,
+
+    /// No new placements on this member; offload pods already there keep running.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// What is held back from the surplus before it is lent. Each amount applies per pool.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacitySpec {
+    /// Static safety margin kept free for online pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserve: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// Percentage of what is left that is lent (1–100, default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_percent: Option<u32>,
+    /// Time-sliced reservations: capacity handed back before a predictable peak.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<WindowSpec>,
+    /// Online HPA quota feeding: `(maxReplicas − currentReplicas) × per-replica requests ×
+    /// factorPercent/100` is held back for every HPA of the member. Default 100; 0 disables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpa_headroom_percent: Option<u32>,
+}
+
+/// A reservation active for `durationMinutes` from each firing of `schedule` (cron, UTC),
+/// starting `leadSeconds` early so victims get their checkpoint notice before the peak.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowSpec {
+    pub name: String,
+    /// `minute hour day-of-month month day-of-week`, UTC.
+    pub schedule: String,
+    pub duration_minutes: u32,
+    #[serde(default)]
+    pub lead_seconds: u32,
+    pub reserve: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 /// Reference to one key of a Secret in the training cluster.
@@ -151,6 +192,43 @@ impl MemberClusterSpec {
                 "must be lower-case letters, digits and '-', start with a letter, at most 20 characters",
             ));
         }
+        let c = &self.capacity;
+        for (k, v) in &c.reserve {
+            if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
+                errors.push(FieldError::new(
+                    format!("spec.capacity.reserve[{k}]"),
+                    format!("{:?} is not a non-negative quantity", v.0),
+                ));
+            }
+        }
+        if let Some(w) = c.watermark_percent
+            && !(1..=100).contains(&w)
+        {
+            errors.push(FieldError::new("spec.capacity.watermarkPercent", "must be between 1 and 100"));
+        }
+        if c.hpa_headroom_percent.is_some_and(|f| f > 1000) {
+            errors.push(FieldError::new("spec.capacity.hpaHeadroomPercent", "must be at most 1000"));
+        }
+        for (i, w) in c.windows.iter().enumerate() {
+            let path = format!("spec.capacity.windows[{i}]");
+            if let Err(e) = crate::cron::Schedule::parse(&w.schedule) {
+                errors.push(FieldError::new(format!("{path}.schedule"), e.reason));
+            }
+            if !(1..=1440).contains(&w.duration_minutes) {
+                errors.push(FieldError::new(format!("{path}.durationMinutes"), "must be between 1 and 1440"));
+            }
+            if w.lead_seconds > 86_400 {
+                errors.push(FieldError::new(format!("{path}.leadSeconds"), "must be at most 86400"));
+            }
+            for (k, v) in &w.reserve {
+                if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
+                    errors.push(FieldError::new(
+                        format!("{path}.reserve[{k}]"),
+                        format!("{:?} is not a non-negative quantity", v.0),
+                    ));
+                }
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             if !is_dns_label(&pool.name) {
@@ -215,6 +293,29 @@ mod tests {
         assert_eq!(
             paths,
             ["spec.kubeconfigSecretRef.name", "spec.namespacePrefix", "spec.pools[1].name", "spec.pools[2].name"]
+        );
+    }
+
+    #[test]
+    fn capacity_settings_are_checked_field_by_field() {
+        let mut s = spec();
+        s.capacity.watermark_percent = Some(0);
+        s.capacity.reserve.insert("cpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("lots".into()));
+        s.capacity.windows.push(WindowSpec {
+            name: "peak".into(),
+            schedule: "0 25 * * *".into(),
+            duration_minutes: 0,
+            ..Default::default()
+        });
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.capacity.reserve[cpu]",
+                "spec.capacity.watermarkPercent",
+                "spec.capacity.windows[0].schedule",
+                "spec.capacity.windows[0].durationMinutes"
+            ]
         );
     }
 

@@ -9,6 +9,7 @@
 
 pub mod bridge;
 pub mod crd;
+pub mod cron;
 pub mod keys;
 pub mod names;
 pub mod resources;

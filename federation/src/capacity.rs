@@ -38,6 +38,15 @@ pub struct PodView {
     pub offload: bool,
     /// The training pod an offload pod copies.
     pub origin_uid: Option<String>,
+    /// `spec.nodeSelector`: which pools a pending pod could land in.
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl PodView {
+    /// An online pod the member's scheduler has not placed (yet): demand to answer at once.
+    pub fn pending_online(&self) -> bool {
+        !self.offload && !self.terminated && self.node.is_none()
+    }
 }
 
 /// A pool's lendable capacity at one moment.
@@ -59,6 +68,84 @@ pub struct PoolCapacity {
     /// dispatcher can tell which pods it bound are still in flight (not yet in `used`/`free`)
     /// and which victims would empty a whole member node.
     pub placed: BTreeMap<String, String>,
+    /// What the policy held back from the surplus (reserve, windows, HPA headroom, pending
+    /// online pods), before the watermark.
+    pub held_back: Resources,
+}
+
+/// An admin's capacity settings for a member, parsed (see `CapacitySpec`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityPolicy {
+    pub reserve: Resources,
+    pub watermark_percent: u32,
+    pub windows: Vec<Window>,
+    pub hpa_percent: u32,
+}
+
+impl Default for CapacityPolicy {
+    fn default() -> Self {
+        Self { reserve: Resources::new(), watermark_percent: 100, windows: Vec::new(), hpa_percent: 100 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub name: String,
+    pub schedule: tidepool_config::cron::Schedule,
+    pub duration: jiff::SignedDuration,
+    pub lead: jiff::SignedDuration,
+    pub reserve: Resources,
+}
+
+impl CapacityPolicy {
+    /// From a validated spec; entries that do not parse are skipped (validation reports them).
+    pub fn from_spec(spec: &tidepool_config::crd::CapacitySpec) -> Self {
+        let quantities = |m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+            let mut r = Resources::new();
+            for (k, v) in m {
+                if let Ok(x) = tidepool_config::resources::parse_milli(&v.0) {
+                    r.add_one(k, x);
+                }
+            }
+            r
+        };
+        Self {
+            reserve: quantities(&spec.reserve),
+            watermark_percent: spec.watermark_percent.unwrap_or(100).clamp(1, 100),
+            hpa_percent: spec.hpa_headroom_percent.unwrap_or(100),
+            windows: spec
+                .windows
+                .iter()
+                .filter_map(|w| {
+                    Some(Window {
+                        name: w.name.clone(),
+                        schedule: tidepool_config::cron::Schedule::parse(&w.schedule).ok()?,
+                        duration: jiff::SignedDuration::from_mins(i64::from(w.duration_minutes)),
+                        lead: jiff::SignedDuration::from_secs(i64::from(w.lead_seconds)),
+                        reserve: quantities(&w.reserve),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What an online HPA may still grow by.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HpaView {
+    pub max_replicas: i32,
+    pub current_replicas: i32,
+    /// Requests of one replica (the target's pod template).
+    pub per_replica: Resources,
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// Everything besides nodes and pods that decides a pool's capacity at `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct OnlineDemand<'a> {
+    pub policy: &'a CapacityPolicy,
+    pub hpas: &'a [HpaView],
+    pub now: jiff::Timestamp,
 }
 
 impl PoolCapacity {
@@ -119,6 +206,7 @@ impl PodView {
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
             offload: origin_uid.is_some(),
             origin_uid,
+            node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
         }
     }
 }
@@ -161,11 +249,30 @@ pub fn pod_requests(spec: &PodSpec) -> Resources {
     total
 }
 
-/// Capacity of the pool selected by `selector` (an empty selector takes every node).
+/// The plain surplus of a pool (no reserves, windows or HPAs): `Σ allocatable − Σ online`.
 pub fn pool_capacity<'a>(
     nodes: impl IntoIterator<Item = &'a NodeView>,
     pods: impl IntoIterator<Item = &'a PodView>,
     selector: &BTreeMap<String, String>,
+) -> PoolCapacity {
+    let policy = CapacityPolicy::default();
+    let demand = OnlineDemand { policy: &policy, hpas: &[], now: jiff::Timestamp::UNIX_EPOCH };
+    pool_capacity_under(nodes, pods, selector, &demand)
+}
+
+/// Capacity of the pool selected by `selector` (an empty selector takes every node):
+///
+/// ```text
+/// capacity(P) = clamp≥0( Σ_n (allocatable(n) − online(n))
+///                        − reserve − windows(now) − hpaHeadroom(P) − pendingOnline(P) ) × watermark
+/// ```
+/// HPA headroom and pending online pods count for a pool when their node selector matches
+/// one of its nodes: that is where the member's scheduler could put them.
+pub fn pool_capacity_under<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeView>,
+    pods: impl IntoIterator<Item = &'a PodView>,
+    selector: &BTreeMap<String, String>,
+    demand: &OnlineDemand<'_>,
 ) -> PoolCapacity {
     let mut in_pool: BTreeMap<&str, &NodeView> = BTreeMap::new();
     for n in nodes {
@@ -179,10 +286,27 @@ pub fn pool_capacity<'a>(
         capacity.add(&n.allocatable);
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
+    let could_land = |sel: &BTreeMap<String, String>| in_pool.values().any(|n| n.matches(sel));
+    let mut held_back = demand.policy.reserve.clone();
+    for w in &demand.policy.windows {
+        if w.schedule.window_active(demand.now, w.duration, w.lead) {
+            held_back.add(&w.reserve);
+        }
+    }
+    for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector)) {
+        let growth = i64::from((h.max_replicas - h.current_replicas).max(0));
+        for (k, v) in h.per_replica.iter() {
+            let amount = v.saturating_mul(growth).saturating_mul(i64::from(demand.policy.hpa_percent)) / 100;
+            held_back.add_one(k, amount);
+        }
+    }
     let mut used = Resources::new();
     let mut placed = BTreeMap::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
     for p in pods {
+        if p.pending_online() && could_land(&p.node_selector) {
+            held_back.add(&p.requests);
+        }
         let Some(node) = p.node.as_deref() else { continue };
         if p.terminated || !in_pool.contains_key(node) {
             continue;
@@ -199,7 +323,15 @@ pub fn pool_capacity<'a>(
             f.sub(&p.requests);
         }
     }
+    capacity.sub(&held_back);
     capacity.clamp_non_negative();
+    if demand.policy.watermark_percent < 100 {
+        let names: Vec<String> = capacity.names().map(str::to_owned).collect();
+        for k in names {
+            let v = capacity.get(&k);
+            capacity.set(&k, v / 100 * i64::from(demand.policy.watermark_percent));
+        }
+    }
     let mut free_per_node: Vec<Resources> = free
         .into_values()
         .map(|mut f| {
@@ -212,7 +344,7 @@ pub fn pool_capacity<'a>(
         1 => products.into_iter().next().flatten(),
         _ => None,
     };
-    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node, placed }
+    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node, placed, held_back }
 }
 
 #[cfg(test)]
@@ -278,7 +410,8 @@ mod tests {
         let nodes = [node("a", &[("cpu", "8")])];
         let mut done = pod("a", &[("cpu", "4")]);
         done.terminated = true;
-        let pending = PodView { node: None, requests: r(&[("cpu", "4")]), ..Default::default() };
+        // A pending offload pod is not online demand (pending online pods are, see below).
+        let pending = PodView { node: None, requests: r(&[("cpu", "4")]), offload: true, ..Default::default() };
         let c = pool_capacity(&nodes, &[done, pending], &BTreeMap::new());
         assert_eq!(c.capacity, r(&[("cpu", "8")]));
     }
@@ -320,6 +453,71 @@ mod tests {
         // capacity: 8−4 = 4 GPUs, 7 cpu; used: 6 GPUs, 2 cpu → deficit 2 GPUs, no cpu.
         assert_eq!(c.deficit(), r(&[("cpu", "0"), ("nvidia.com/gpu", "2")]));
         assert_eq!(c.placed.get("u1").map(String::as_str), Some("a"));
+    }
+
+    fn policy(reserve: &[(&str, &str)], watermark: u32) -> CapacityPolicy {
+        CapacityPolicy { reserve: r(reserve), watermark_percent: watermark, ..Default::default() }
+    }
+
+    fn under(
+        nodes: &[NodeView],
+        pods: &[PodView],
+        policy: &CapacityPolicy,
+        hpas: &[HpaView],
+        now: &str,
+    ) -> PoolCapacity {
+        let demand = OnlineDemand { policy, hpas, now: now.parse().unwrap() };
+        pool_capacity_under(nodes, pods, &BTreeMap::new(), &demand)
+    }
+
+    #[test]
+    fn the_reserve_is_held_back_and_the_watermark_applies_to_the_rest() {
+        let nodes = [node("a", &[("cpu", "100"), ("nvidia.com/gpu", "8")])];
+        let c = under(&nodes, &[], &policy(&[("cpu", "20"), ("nvidia.com/gpu", "2")], 50), &[], "2026-11-30T12:00:00Z");
+        assert_eq!(c.capacity, r(&[("cpu", "40"), ("nvidia.com/gpu", "3")]));
+        assert_eq!(c.held_back, r(&[("cpu", "20"), ("nvidia.com/gpu", "2")]));
+    }
+
+    #[test]
+    fn a_window_reserves_from_its_start_to_its_end_only() {
+        let nodes = [node("a", &[("nvidia.com/gpu", "8")])];
+        let mut p = policy(&[], 100);
+        p.windows.push(Window {
+            name: "evening".into(),
+            schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+            duration: jiff::SignedDuration::from_hours(2),
+            lead: jiff::SignedDuration::ZERO,
+            reserve: r(&[("nvidia.com/gpu", "6")]),
+        });
+        let gpus = |now: &str| under(&nodes, &[], &p, &[], now).capacity.get(GPU);
+        assert_eq!(gpus("2026-11-30T17:59:59Z"), 8000);
+        assert_eq!(gpus("2026-11-30T18:00:00Z"), 2000);
+        assert_eq!(gpus("2026-11-30T19:59:59Z"), 2000);
+        assert_eq!(gpus("2026-11-30T20:00:00Z"), 8000);
+    }
+
+    #[test]
+    fn hpa_headroom_is_growth_times_replica_requests_times_factor() {
+        let nodes = [node("a", &[("cpu", "64")])];
+        let hpa =
+            HpaView { max_replicas: 10, current_replicas: 4, per_replica: r(&[("cpu", "2")]), ..Default::default() };
+        let mut p = policy(&[], 100);
+        p.hpa_percent = 50;
+        // (10 − 4) × 2 cpu × 50% = 6 cpu.
+        assert_eq!(under(&nodes, &[], &p, std::slice::from_ref(&hpa), "2026-11-30T12:00:00Z").capacity.get("cpu"), 58_000);
+        // An HPA whose pods cannot land in the pool holds nothing back there.
+        let elsewhere = HpaView { node_selector: BTreeMap::from([("pool".into(), "cpu".into())]), ..hpa };
+        assert_eq!(under(&nodes, &[], &p, &[elsewhere], "2026-11-30T12:00:00Z").capacity.get("cpu"), 64_000);
+    }
+
+    #[test]
+    fn pending_online_pods_are_subtracted_at_once() {
+        let nodes = [node("a", &[("nvidia.com/gpu", "8")])];
+        let pending = PodView { requests: r(&[("nvidia.com/gpu", "3")]), ..Default::default() };
+        let mut pending_offload = pending.clone();
+        pending_offload.offload = true;
+        let c = under(&nodes, &[pending, pending_offload], &policy(&[], 100), &[], "2026-11-30T12:00:00Z");
+        assert_eq!(c.capacity.get(GPU), 5000);
     }
 
     #[test]
@@ -370,6 +568,22 @@ mod tests {
             let total: i64 = allocs.iter().sum::<i64>() * 1000;
             prop_assert!(c.capacity.get("cpu") >= 0);
             prop_assert!(c.capacity.get("cpu") <= total);
+        }
+
+        #[test]
+        fn holding_back_more_never_lends_more(
+            alloc in 0i64..256, reserve in 0i64..300, extra in 0i64..300, watermark in 1u32..=100,
+        ) {
+            let nodes = [{ let mut n = node("a", &[]); n.allocatable.set("cpu", alloc * 1000); n }];
+            let lend = |res: i64| {
+                let mut p = policy(&[], watermark);
+                p.reserve.set("cpu", res * 1000);
+                under(&nodes, &[], &p, &[], "2026-11-30T12:00:00Z").capacity.get("cpu")
+            };
+            let (a, b) = (lend(reserve), lend(reserve + extra));
+            prop_assert!(b <= a);
+            prop_assert!(b >= 0);
+            prop_assert!(a <= alloc * 1000);
         }
     }
 }

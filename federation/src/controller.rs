@@ -200,7 +200,9 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
 
     // 6. Start (or replace) the session and publish it.
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
-    let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), prefix, fingerprint);
+    let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
+    let session =
+        Session::start(name.clone(), client, &mc.spec.effective_pools(), prefix, fingerprint, policy, mc.spec.paused);
     let handle = session.handle.clone();
     tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     if let Ok(mut sessions) = ctx.sessions.lock() {

@@ -18,7 +18,74 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::capacity::{NodeView, PodCapacityKey, PodView, PoolCapacity, pool_capacity};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use tidepool_config::Resources;
+
+use crate::capacity::{
+    CapacityPolicy, HpaView, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity, pod_requests,
+    pool_capacity_under,
+};
+
+/// Namespace, kind and name of an HPA's scale target.
+type WorkloadKey = (String, String, String);
+
+/// An HPA as the capacity model needs it: its target and how far it may still grow.
+#[derive(Debug, Clone)]
+struct HpaRef {
+    target: WorkloadKey,
+    max_replicas: i32,
+    current_replicas: i32,
+}
+
+/// A workload's pod template, reduced to what one replica requests and where it may land.
+#[derive(Debug, Clone)]
+struct Template {
+    per_replica: Resources,
+    node_selector: BTreeMap<String, String>,
+}
+
+fn hpa_view(h: &HorizontalPodAutoscaler) -> Option<(WorkloadKey, HpaRef)> {
+    let ns = h.namespace().unwrap_or_default();
+    let spec = &h.spec;
+    let target = (ns.clone(), spec.scale_target_ref.kind.clone(), spec.scale_target_ref.name.clone());
+    let current = h.status.as_ref().and_then(|s| s.current_replicas).unwrap_or(0);
+    Some((
+        (ns, "HPA".to_owned(), h.name_any()),
+        HpaRef { target, max_replicas: spec.max_replicas, current_replicas: current },
+    ))
+}
+
+fn template_view(
+    kind: &str,
+    ns: Option<String>,
+    name: String,
+    template: Option<&PodTemplateSpec>,
+) -> Option<(WorkloadKey, Template)> {
+    let spec = template?.spec.as_ref()?;
+    let mut per_replica = pod_requests(spec);
+    // `pods` is a count, not part of what a replica requests from a node's resources.
+    per_replica.set("pods", 1000);
+    Some((
+        (ns.unwrap_or_default(), kind.to_owned(), name),
+        Template { per_replica, node_selector: spec.node_selector.clone().unwrap_or_default() },
+    ))
+}
+
+fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<WorkloadKey, Template>) -> Vec<HpaView> {
+    hpas.values()
+        .filter_map(|h| {
+            let t = templates.get(&h.target)?;
+            Some(HpaView {
+                max_replicas: h.max_replicas,
+                current_replicas: h.current_replicas,
+                per_replica: t.per_replica.clone(),
+                node_selector: t.node_selector.clone(),
+            })
+        })
+        .collect()
+}
 
 /// A connected member as the rest of tidepool sees it.
 pub struct MemberHandle {
@@ -30,6 +97,8 @@ pub struct MemberHandle {
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
+    /// `spec.paused`: no new placements; running offload pods stay.
+    pub paused: bool,
 }
 
 /// One pool of a member: one virtual node.
@@ -78,6 +147,8 @@ impl Session {
         pools: &[PoolSpec],
         namespace_prefix: String,
         fingerprint: String,
+        policy: CapacityPolicy,
+        paused: bool,
     ) -> Session {
         let cancelled = CancellationToken::new();
         let changed = Arc::new(Notify::new());
@@ -103,6 +174,45 @@ impl Session {
             info_span!("member_pods", member = %name),
         );
 
+        // HPAs and the pod templates of their targets, for the HPA headroom.
+        let hpas = Arc::new(std::sync::Mutex::new(ViewCache::<WorkloadKey, HpaRef>::default()));
+        let templates = Arc::new(std::sync::Mutex::new(ViewCache::<WorkloadKey, Template>::default()));
+        if policy.hpa_percent > 0 {
+            let hpa_events = watcher(Api::<HorizontalPodAutoscaler>::all(client.clone()), watcher::Config::default())
+                .default_backoff();
+            spawn_cache(
+                hpa_events,
+                hpas.clone(),
+                hpa_view,
+                changed.clone(),
+                cancelled.clone(),
+                info_span!("member_hpas", member = %name),
+            );
+            let deployments =
+                watcher(Api::<Deployment>::all(client.clone()), watcher::Config::default()).default_backoff();
+            spawn_cache(
+                deployments,
+                templates.clone(),
+                |d: &Deployment| {
+                    template_view("Deployment", d.namespace(), d.name_any(), d.spec.as_ref().map(|s| &s.template))
+                },
+                changed.clone(),
+                cancelled.clone(),
+                info_span!("member_deployments", member = %name),
+            );
+            let sets = watcher(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).default_backoff();
+            spawn_cache(
+                sets,
+                templates.clone(),
+                |d: &StatefulSet| {
+                    template_view("StatefulSet", d.namespace(), d.name_any(), d.spec.as_ref().map(|s| &s.template))
+                },
+                changed.clone(),
+                cancelled.clone(),
+                info_span!("member_statefulsets", member = %name),
+            );
+        }
+
         let mut senders = Vec::new();
         let mut handles = Vec::new();
         for pool in pools {
@@ -118,20 +228,28 @@ impl Session {
         }
 
         let stop = cancelled.clone();
+        // Windows open and close with the clock, not with events.
+        let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
         tokio::spawn(
             async move {
                 loop {
                     tokio::select! {
                         () = stop.cancelled() => return,
                         () = changed.notified() => {}
+                        () = tokio::time::sleep(clock) => {}
                     }
                     tokio::time::sleep(COALESCE).await;
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
                         (Ok(n), Ok(p)) if n.synced && p.synced => (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>()),
                         _ => continue,
                     };
+                    let hpa_views = match (hpas.lock(), templates.lock()) {
+                        (Ok(h), Ok(t)) => join_hpas(&h, &t),
+                        _ => Vec::new(),
+                    };
+                    let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     for (selector, tx) in &senders {
-                        let next = pool_capacity(&nodes, &pods, selector);
+                        let next = pool_capacity_under(&nodes, &pods, selector, &demand);
                         tx.send_if_modified(|cur| {
                             if *cur == next {
                                 return false;
@@ -147,7 +265,7 @@ impl Session {
         );
 
         Session {
-            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled }),
+            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled, paused }),
             fingerprint,
         }
     }
@@ -223,6 +341,10 @@ impl<K: Eq + Hash, V> ViewCache<K, V> {
 
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.live.values()
+    }
+
+    pub fn get(&self, k: &K) -> Option<&V> {
+        self.live.get(k)
     }
 }
 
