@@ -232,15 +232,44 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(RESYNC));
     };
 
-    // 5. Copy status up.
+    // 5. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
+    if terminal {
+        if copy.metadata.deletion_timestamp.is_none() {
+            delete_offload(member, copy, Some(0)).await?;
+        }
+        return Ok(Action::await_change());
+    }
+
+    // 6. Notices written on the training pod travel down, so the trainer sees them in
+    //    /etc/tidepool/annotations.
+    sync_notice(member, &pod, copy).await?;
+
+    // 7. Copy status up.
     let Some(member_status) = copy.status.as_ref() else {
         return Ok(Action::requeue(RESYNC));
     };
-    let desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
+    let mut desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
+    translate::keep_tidepool_conditions(&mut desired, pod.status.as_ref());
     if !translate::status_in_sync(pod.status.as_ref(), &desired) {
         patch_status(&ctx, &pod, &desired).await?;
     }
     Ok(Action::requeue(RESYNC))
+}
+
+/// Copies the reclaim deadline from the training pod to its offload copy.
+async fn sync_notice(member: &MemberHandle, pod: &Pod, copy: &Pod) -> Result<(), Error> {
+    let key = keys::ANNOTATION_RECLAIM_DEADLINE;
+    let want = pod.annotations().get(key);
+    if want.is_none() || want == copy.annotations().get(key) {
+        return Ok(());
+    }
+    let api = Api::<Pod>::namespaced(member.client.clone(), &copy.namespace().unwrap_or_default());
+    let patch = json!({ "metadata": { "annotations": { key: want } } });
+    api.patch(&copy.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(|e| Error::member(&member.name, "copy reclaim notice to offload pod", e))?;
+    info!(member = %member.name, "reclaim notice copied to the offload pod");
+    Ok(())
 }
 
 async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Option<u32>) -> Result<(), Error> {
