@@ -77,7 +77,8 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     let config = Arc::new(config);
 
     let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
-    let _vk = tidepool_vk::VirtualKubelet::start(training, config, federation.members());
+    let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members());
+    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members());
 
     let stdin_closed = async {
         if exit_on_stdin_eof {

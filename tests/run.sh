@@ -25,5 +25,7 @@ trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT
 bash tests/controlplane/cluster.sh up "$state"
 export TIDEPOOL_CLUSTER_ENV="$state/cluster.env"
 
-echo "== running all tests" >&2
-cargo test --workspace --all-targets --locked -- "$@"
+echo "== unit and property tests" >&2
+cargo test --workspace --locked --lib --bins
+echo "== end-to-end tests (one at a time: they share the member clusters' capacity)" >&2
+cargo test --locked --test e2e -- --test-threads=1 "$@"

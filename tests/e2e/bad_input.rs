@@ -36,6 +36,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     env.install_crds(&training).await;
     reset_members(&training, TEST).await;
     ensure_namespace(&training, NS).await;
+    clear_pods(&training, NS).await;
 
     let good = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     let good_text = String::from_utf8(good.clone()).unwrap();

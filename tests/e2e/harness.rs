@@ -124,6 +124,19 @@ pub async fn ensure_namespace(client: &Client, name: &str) {
     .await;
 }
 
+/// Removes every pod an earlier run of a test left in its namespace, at once (grace 0), so
+/// nothing stale is placed or counted by this run.
+pub async fn clear_pods(client: &Client, ns: &str) {
+    let api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    api.delete_collection(&dp, &kube::api::ListParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(30), "leftover pods gone", || {
+        let api = api.clone();
+        async move { api.list(&kube::api::ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
+}
+
 /// Stores `kubeconfig` in Secret `ns/name` under key `kubeconfig` (replacing it).
 pub async fn put_kubeconfig_secret(client: &Client, ns: &str, name: &str, kubeconfig: &[u8]) {
     let secret = Secret {
@@ -167,6 +180,12 @@ pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &s
         .unwrap();
 }
 
+/// The scheduler name a test's tidepool answers to, so concurrent tests never place each
+/// other's pods.
+pub fn scheduler_name(test: &str) -> String {
+    format!("tidepool-{test}")
+}
+
 /// A running `tidepool run` process serving the MemberClusters labelled
 /// `tidepool.io/test=<test>`. Killed when dropped; it also exits by itself when the test
 /// process dies (its standard input closes).
@@ -178,17 +197,26 @@ pub struct Tidepool {
 
 impl Tidepool {
     pub fn start(env: &Env, test: &str, secret_ns: &str) -> Tidepool {
+        Self::start_with(env, test, secret_ns, "")
+    }
+
+    /// Like [`Tidepool::start`], with `dispatcher:` settings (YAML flow mapping entries,
+    /// e.g. `deficitHysteresisSeconds: 1`) added to the config.
+    pub fn start_with(env: &Env, test: &str, secret_ns: &str, dispatcher: &str) -> Tidepool {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("tidepool.yaml");
         std::fs::write(
             &config,
             format!(
-                "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n",
-                env.kubeconfig_path("training").display()
+                "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n\
+                 dispatcher: {{schedulerName: {}{}}}\n",
+                env.kubeconfig_path("training").display(),
+                scheduler_name(test),
+                if dispatcher.is_empty() { String::new() } else { format!(", {dispatcher}") }
             ),
         )
         .unwrap();
-        let log = std::env::temp_dir().join(format!("tidepool-e2e-{test}-{}.log", std::process::id()));
+        let log = std::env::temp_dir().join(format!("tidepool-e2e-{test}-{}.log", run_id()));
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
             .args(["run", "--exit-on-stdin-eof", "--config"])
             .arg(&config)
@@ -199,6 +227,12 @@ impl Tidepool {
             .spawn()
             .unwrap();
         Tidepool { child, log, _dir: dir }
+    }
+
+    /// SIGKILL, as a crash would: no shutdown code runs.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The last lines of tidepool's log, for failure messages.

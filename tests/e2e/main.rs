@@ -6,5 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod bad_input;
+mod dispatcher;
 mod harness;
+mod reclaim;
 mod skeleton;

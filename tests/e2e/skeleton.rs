@@ -46,6 +46,7 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     env.install_crds(&training).await;
     reset_members(&training, TEST).await;
     ensure_namespace(&training, NS).await;
+    clear_pods(&training, NS).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
     apply_member(&training, MEMBER, TEST, NS, "member-a").await;

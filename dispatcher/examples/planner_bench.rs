@@ -1,0 +1,309 @@
+//! Planner benchmark: placement decisions per second of tidepool's per-node planner
+//! ([`plan::place`]), next to the direct path: the aggregate-only check a scheduler makes when
+//! it sees a virtual node as one big node (the gang's requests plus `used` within the
+//! virtual node's allocatable). Same pools, same gangs, same run.
+//!
+//! ```text
+//! cargo run --release -p tidepool-dispatcher --example planner_bench [-- <gangs> <seed>]
+//! ```
+//!
+//! A program, not a test: it prints a table and asserts nothing about time (timed assertions
+//! in tests only measure the machine they run on). Two runs per path:
+//! - `snapshot`: every gang decided against the same pools, nothing committed: the raw
+//!   decision rate.
+//! - `sequential`: gangs decided in order, each admission committed, as one planning round
+//!   of the controller; after each admission a simulated member scheduler binds the pods
+//!   (largest first, best fit), and a gang it cannot bind whole is counted as `stranded`: a
+//!   partial gang, the thing tidepool exists to prevent.
+//!
+//! Inputs come from a seeded xorshift generator, so two runs with the same seed decide the
+//! same gangs on the same pools.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tidepool_config::Resources;
+use tidepool_dispatcher::plan::{self, GangDemand, PoolView};
+use tidepool_federation::capacity::GPU;
+
+const POOLS: usize = 10;
+const PODS_PER_GANG: usize = 8;
+const GPUS_PER_NODE: i64 = 8;
+/// Each measurement is repeated and the median kept, so one scheduling hiccup of a shared
+/// machine does not decide the number.
+const REPEAT: usize = 5;
+const GI: i64 = 1 << 30;
+
+/// Marsaglia's xorshift64: enough randomness for test data, no dependency, fully seeded.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in `0..n` (n > 0); the modulo bias is irrelevant at these sizes.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn res(gpus: i64, cpus: i64, memory_gi: i64) -> Resources {
+    let mut r = Resources::new();
+    r.set(GPU, gpus * 1000);
+    r.set("cpu", cpus * 1000);
+    r.set("memory", memory_gi * GI * 1000);
+    r.set("pods", 1000);
+    r
+}
+
+/// Ten pools of 16–64 member nodes with 8 GPUs, 128 cpu and 1Ti each, partly used by online
+/// pods: a third of the nodes idle, a fifth full, the rest with 1–7 GPUs taken. Capacity is
+/// the free sum minus a reserve of one node; two pools mix GPU models.
+fn pools(rng: &mut XorShift) -> Vec<PoolView> {
+    (0..POOLS)
+        .map(|i| {
+            let nodes = 16 + rng.below(49) as usize;
+            let free_per_node: Vec<Resources> = (0..nodes)
+                .map(|_| {
+                    let used = match rng.below(10) {
+                        0..=2 => 0,
+                        3..=4 => GPUS_PER_NODE,
+                        _ => 1 + rng.below(7) as i64,
+                    };
+                    let gpus = GPUS_PER_NODE - used;
+                    let cpus = (128 - used * 14 - rng.below(8) as i64).max(0);
+                    let memory = (1024 - used * 110 - rng.below(64) as i64).max(0);
+                    let mut free = res(gpus, cpus, memory);
+                    free.set("pods", 110_000);
+                    free
+                })
+                .collect();
+            let mut capacity = Resources::new();
+            for f in &free_per_node {
+                capacity.add(f);
+            }
+            capacity.sub(&res(GPUS_PER_NODE, 128, 1024));
+            capacity.clamp_non_negative();
+            let (member, pool) = (i / 2, if i % 2 == 0 { "h100" } else { "h100b" });
+            PoolView {
+                node: format!("tidepool-m{member}-{pool}"),
+                member: format!("m{member}"),
+                pool: pool.to_owned(),
+                capacity,
+                used: Resources::new(),
+                free_per_node,
+                gpu_product: (i < 8).then(|| "NVIDIA-H100-80GB-HBM3".to_owned()),
+                schedulable: true,
+            }
+        })
+        .collect()
+}
+
+/// Gangs of 8 pods of 1, 2, 4 or 8 GPUs (12 cpu and 100Gi per GPU); one gang in five has a
+/// GPU-less launcher pod in place of its first worker (the PyTorchJob master shape), so
+/// unequal gangs exercise the exact search.
+fn gangs(rng: &mut XorShift, n: usize) -> Vec<GangDemand> {
+    (0..n)
+        .map(|g| {
+            let gpus = [1, 1, 2, 2, 4, 4, 8][rng.below(7) as usize];
+            let mut pods = vec![res(gpus, gpus * 12, gpus * 100); PODS_PER_GANG];
+            if rng.below(5) == 0 {
+                pods[0] = res(0, 16, 64);
+            }
+            GangDemand { key: format!("bench/gang-{g:04}"), pods, pinned: None }
+        })
+        .collect()
+}
+
+/// The direct path: the virtual node as one big node. Best fit on GPUs left, then name.
+fn aggregate_place(gang: &GangDemand, pools: &[PoolView]) -> Option<usize> {
+    let mut need = Resources::new();
+    for p in &gang.pods {
+        need.add(p);
+    }
+    let mut best: Option<(i64, usize)> = None;
+    for (i, pool) in pools.iter().enumerate() {
+        let fits = pool.schedulable
+            && need.iter().all(|(name, amount)| pool.used.get(name).saturating_add(amount) <= pool.capacity.get(name));
+        if !fits {
+            continue;
+        }
+        let left = pool.capacity.get(GPU) - pool.used.get(GPU) - need.get(GPU);
+        if best.is_none_or(|(l, b)| (left, &pool.node) < (l, &pools[b].node)) {
+            best = Some((left, i));
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+/// The member's scheduler binding the pods one by one (largest first, best fit). Pods that
+/// find a node keep it even when others of the gang do not: returns whether all were bound.
+fn member_binds(pool: &mut PoolView, pods: &[Resources]) -> bool {
+    let mut order: Vec<&Resources> = pods.iter().collect();
+    order.sort_by_key(|p| std::cmp::Reverse((p.get(GPU), p.get("cpu"), p.get("memory"))));
+    let mut all = true;
+    for pod in order {
+        let node = (0..pool.free_per_node.len()).filter(|&n| pod.fits_in(&pool.free_per_node[n])).min_by_key(|&n| {
+            let f = &pool.free_per_node[n];
+            (f.get(GPU), f.get("cpu"), f.get("memory"), n)
+        });
+        match node {
+            Some(n) => pool.free_per_node[n].sub(pod),
+            None => all = false,
+        }
+        pool.used.add(pod);
+    }
+    all
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Tidepool,
+    Aggregate,
+}
+
+impl Path {
+    fn label(self) -> &'static str {
+        match self {
+            Path::Tidepool => "tidepool per-node planner",
+            Path::Aggregate => "aggregate-only (direct path)",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    placed: usize,
+    refused: usize,
+    stranded: usize,
+    /// Time spent in the decision function only, per decision.
+    decide: Vec<Duration>,
+    /// The whole run, member simulation included.
+    wall: Duration,
+}
+
+/// One run of one path; `commit` makes it sequential.
+fn run(path: Path, gangs: &[GangDemand], initial: &[PoolView], commit: bool) -> Outcome {
+    let start = Instant::now();
+    let mut pools = initial.to_vec();
+    let mut out = Outcome { decide: Vec::with_capacity(gangs.len()), ..Outcome::default() };
+    for gang in gangs {
+        let t = Instant::now();
+        let chosen = match path {
+            Path::Tidepool => plan::place(gang, &pools).ok().and_then(|p| pools.iter().position(|v| v.node == p.node)),
+            Path::Aggregate => aggregate_place(gang, &pools),
+        };
+        out.decide.push(t.elapsed());
+        let Some(i) = chosen else {
+            out.refused += 1;
+            continue;
+        };
+        out.placed += 1;
+        if commit {
+            if !member_binds(&mut pools[i], &gang.pods) {
+                out.stranded += 1;
+            }
+        } else {
+            let mut scratch = initial[i].clone();
+            if !member_binds(&mut scratch, &gang.pods) {
+                out.stranded += 1;
+            }
+        }
+    }
+    out.wall = start.elapsed();
+    out
+}
+
+/// Median of `REPEAT` runs by decision time (the counts are the same in every run).
+fn measure(path: Path, gangs: &[GangDemand], pools: &[PoolView], commit: bool) -> Outcome {
+    let mut runs: Vec<Outcome> = (0..REPEAT).map(|_| run(path, gangs, pools, commit)).collect();
+    runs.sort_by_key(|o| o.decide.iter().sum::<Duration>());
+    runs.swap_remove(REPEAT / 2)
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) * p) / 100]
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let parse = |i: usize, default: u64| args.get(i).map_or(Ok(default), |a| a.parse::<u64>());
+    let (Ok(n), Ok(seed)) = (parse(0, 1000), parse(1, 42)) else {
+        eprintln!("usage: planner_bench [gangs (default 1000)] [seed (default 42)]");
+        return ExitCode::from(2);
+    };
+    let total = Instant::now();
+    let mut rng = XorShift::new(seed);
+    let pools = pools(&mut rng);
+    let gangs = gangs(&mut rng, n as usize);
+
+    let nodes: usize = pools.iter().map(|p| p.free_per_node.len()).sum();
+    let free_gpus: i64 = pools.iter().flat_map(|p| &p.free_per_node).map(|f| f.get(GPU) / 1000).sum();
+    let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
+    println!(
+        "planner_bench: {n} gangs x {PODS_PER_GANG} pods, {POOLS} pools, {nodes} member nodes \
+         (16-64 per pool, {GPUS_PER_NODE} GPUs each, {free_gpus} GPUs free), seed {seed}, \
+         {cores} cores, median of {REPEAT} runs, single-threaded"
+    );
+    println!();
+    println!(
+        "{:<11} {:<29} {:>9} {:>7} {:>8} {:>9} {:>10} {:>12} {:>8} {:>8} {:>9}",
+        "run",
+        "path",
+        "decisions",
+        "placed",
+        "refused",
+        "stranded",
+        "decide ms",
+        "decisions/s",
+        "p50 us",
+        "p99 us",
+        "wall ms"
+    );
+    let mut tidepool_rate = f64::INFINITY;
+    for (name, commit) in [("snapshot", false), ("sequential", true)] {
+        for path in [Path::Tidepool, Path::Aggregate] {
+            let o = measure(path, &gangs, &pools, commit);
+            let mut sorted = o.decide.clone();
+            sorted.sort();
+            let decide: Duration = sorted.iter().sum();
+            let rate = sorted.len() as f64 / decide.as_secs_f64().max(1e-9);
+            if path == Path::Tidepool {
+                tidepool_rate = tidepool_rate.min(rate);
+            }
+            println!(
+                "{:<11} {:<29} {:>9} {:>7} {:>8} {:>9} {:>10.1} {:>12.0} {:>8.1} {:>8.1} {:>9.1}",
+                name,
+                path.label(),
+                sorted.len(),
+                o.placed,
+                o.refused,
+                o.stranded,
+                decide.as_secs_f64() * 1e3,
+                rate,
+                percentile(&sorted, 50).as_secs_f64() * 1e6,
+                percentile(&sorted, 99).as_secs_f64() * 1e6,
+                o.wall.as_secs_f64() * 1e3,
+            );
+        }
+    }
+    println!();
+    println!("stranded: admitted, but the member scheduler cannot bind all {PODS_PER_GANG} pods (a partial gang)");
+    println!(
+        "goal (issue 5): >= 200 decisions/s on 2 cores; tidepool's slowest run: {tidepool_rate:.0} decisions/s ({})",
+        if tidepool_rate >= 200.0 { "met" } else { "NOT met" }
+    );
+    println!("total wall time: {:.2} s", total.elapsed().as_secs_f64());
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,430 @@
+//! The dispatcher's scheduling loop: the I/O around [`crate::plan`] and [`crate::order`].
+//!
+//! One round: (1) read every pending `schedulerName: tidepool` pod and every pod on a
+//! virtual node from the cache; (2) build each pool's view from federation's capacity,
+//! minus the pods bound there but not yet visible in the member ("in flight"); (3) group
+//! pods into gangs and order them; (4) admit each gang whole on one pool — record the
+//! placement on every core pod, then bind — or explain why not; (5) admit elastic pods one
+//! by one to their gang's pool. All state is re-derived from the API each round, so a
+//! restarted dispatcher continues where the last one stopped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tidepool_config::keys::{self, Band};
+use tidepool_config::{BridgeConfig, Resources};
+use tidepool_federation::Members;
+use tidepool_federation::capacity::pod_requests;
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
+
+use crate::gang::{self, BandRanges, GangKey, GangSource};
+use crate::order::{QueueEntry, admission_order};
+use crate::plan::{self, GangDemand, PoolView};
+
+/// A round runs at least this often, so capacity that frees up is noticed.
+const TICK: Duration = Duration::from_secs(2);
+/// Coalesces bursts of pod events into one round.
+const COALESCE: Duration = Duration::from_millis(50);
+/// How long a PodGroup's `minMember` is cached.
+const POD_GROUP_TTL: Duration = Duration::from_secs(5);
+
+pub(crate) struct Context {
+    pub(crate) training: Client,
+    pub(crate) config: Arc<BridgeConfig>,
+    scheduler_name: String,
+    ranges: BandRanges,
+    pub(crate) members: watch::Receiver<Members>,
+    pub(crate) pods: Store<Pod>,
+    recorder: Recorder,
+    pod_groups: moka::future::Cache<(GangSource, String), Result<u32, String>>,
+    /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
+    explained: std::sync::Mutex<HashMap<String, String>>,
+}
+
+/// Runs the dispatcher until the runtime stops.
+pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
+    let (pods, writer) = reflector::store::<Pod>();
+    let changed = Arc::new(Notify::new());
+    let notify = changed.clone();
+    let events = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(e) = events.next().await {
+            match e {
+                Ok(_) => notify.notify_one(),
+                Err(e) => warn!(error = %e, "pod watch failed; retrying with backoff"),
+            }
+        }
+    });
+    let ctx = Context {
+        config: config.clone(),
+        recorder: Recorder::new(
+            training.clone(),
+            Reporter { controller: "tidepool-dispatcher".into(), instance: None },
+        ),
+        training,
+        scheduler_name: config.dispatcher.scheduler_name.clone(),
+        ranges: BandRanges::default(),
+        members: members.clone(),
+        pods,
+        pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
+        explained: std::sync::Mutex::new(HashMap::new()),
+    };
+    if ctx.pods.wait_until_ready().await.is_err() {
+        return;
+    }
+    let ctx = Arc::new(ctx);
+    tokio::spawn(crate::reclaim::run(ctx.clone()));
+    let mut members = members;
+    loop {
+        round(&ctx).await;
+        tokio::select! {
+            () = changed.notified() => {}
+            r = members.changed() => if r.is_err() { return },
+            () = tokio::time::sleep(TICK) => {}
+        }
+        tokio::time::sleep(COALESCE).await;
+    }
+}
+
+/// A gang as seen in one round.
+#[derive(Debug, Default)]
+struct GangState {
+    pods: Vec<Arc<Pod>>,
+    /// Virtual node recorded on any of its pods (annotation or binding).
+    pinned: Option<String>,
+}
+
+pub(crate) fn is_live(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+pub(crate) fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+pub(crate) fn requests(p: &Pod) -> Resources {
+    p.spec.as_ref().map(pod_requests).unwrap_or_default()
+}
+
+fn placement_of(p: &Pod) -> Option<&str> {
+    p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str).or_else(|| node_of(p))
+}
+
+async fn round(ctx: &Context) {
+    let all = ctx.pods.state();
+    // 1–2. Pool views, with in-flight pods simulated onto them.
+    let mut pools = pool_views(ctx, &all);
+
+    // 3. Gangs of our pods.
+    let mut gangs: BTreeMap<GangKey, GangState> = BTreeMap::new();
+    for p in all.iter().filter(|p| is_live(p)) {
+        if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) != Some(ctx.scheduler_name.as_str()) {
+            continue;
+        }
+        let g = gangs.entry(gang::gang_of(p)).or_default();
+        if g.pinned.is_none() {
+            g.pinned = placement_of(p).map(str::to_owned);
+        }
+        g.pods.push(p.clone());
+    }
+    gangs.retain(|_, g| g.pods.iter().any(|p| node_of(p).is_none()));
+    if gangs.is_empty() {
+        return;
+    }
+
+    let mut queue = Vec::new();
+    let mut mins = HashMap::new();
+    for (key, g) in &gangs {
+        let min = match min_member(ctx, key, &g.pods).await {
+            Ok(m) => m,
+            Err(msg) => {
+                let waiting: Vec<Arc<Pod>> = g.pods.iter().filter(|p| node_of(p).is_none()).cloned().collect();
+                explain(ctx, waiting, &msg).await;
+                continue;
+            }
+        };
+        mins.insert(key.clone(), min);
+        let bound = g.pods.iter().filter(|p| node_of(p).is_some()).count() as u32;
+        let priority = g.pods.iter().filter_map(|p| p.spec.as_ref()?.priority).max().unwrap_or(0);
+        let created = g
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()))
+            .min()
+            .unwrap_or(0);
+        queue.push(QueueEntry {
+            key: key.to_string(),
+            band: gang::band_for(Some(priority).filter(|p| *p != 0), true, &ctx.ranges),
+            priority,
+            min,
+            max: (g.pods.len() as u32).max(min),
+            current: bound,
+            created,
+        });
+    }
+    admission_order(&mut queue);
+    let by_name: HashMap<String, GangKey> = gangs.keys().map(|k| (k.to_string(), k.clone())).collect();
+
+    // 4–5. Admit in order.
+    for entry in queue {
+        let Some(key) = by_name.get(&entry.key) else { continue };
+        let Some(g) = gangs.get(key) else { continue };
+        let min = mins.get(key).copied().unwrap_or(1) as usize;
+        admit(ctx, key, g, min, &mut pools).await;
+    }
+}
+
+/// Builds the view of every offered pool: federation's capacity minus the pods bound to its
+/// virtual node that the member does not show yet.
+fn pool_views(ctx: &Context, all: &[Arc<Pod>]) -> Vec<PoolView> {
+    let members = ctx.members.borrow().clone();
+    let mut views = Vec::new();
+    for m in members.values() {
+        for pool in &m.pools {
+            let cap = pool.capacity.borrow().clone();
+            let mut view = PoolView {
+                node: pool.node.to_string(),
+                member: m.name.to_string(),
+                pool: pool.name.to_string(),
+                capacity: cap.capacity.clone(),
+                used: cap.used.clone(),
+                free_per_node: cap.free_per_node.clone(),
+                gpu_product: cap.gpu_product.clone(),
+                schedulable: cap.nodes > 0,
+            };
+            for p in all.iter().filter(|p| is_live(p) && node_of(p) == Some(pool.node.as_str())) {
+                let in_flight = p.metadata.uid.as_ref().is_some_and(|u| !cap.placed.contains_key(u));
+                if in_flight {
+                    assume(&mut view, &requests(p));
+                }
+            }
+            views.push(view);
+        }
+    }
+    views
+}
+
+/// Counts `req` as used in `view`, on the first member node it fits (as the member's
+/// scheduler would place it), so later decisions in the round see it.
+fn assume(view: &mut PoolView, req: &Resources) {
+    view.used.add(req);
+    if let Some(free) = view.free_per_node.iter_mut().find(|f| req.fits_in(f)) {
+        free.sub(req);
+    }
+}
+
+async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<Pod>]) -> Result<u32, String> {
+    match &key.source {
+        GangSource::Single(_) => Ok(1),
+        GangSource::Annotation(name) => {
+            let mut min = None;
+            for p in pods {
+                if let Some(m) = gang::annotated_min_member(p)? {
+                    min = Some(min.map_or(m, |x: u32| x.max(m)));
+                }
+            }
+            min.ok_or_else(|| format!("gang {name} has no {} annotation", keys::ANNOTATION_MIN_MEMBER))
+        }
+        GangSource::PodGroup(name) | GangSource::Volcano(name) => {
+            let cache_key = (key.source.clone(), key.namespace.clone());
+            let training = ctx.training.clone();
+            let (source, ns, name) = (key.source.clone(), key.namespace.clone(), name.clone());
+            ctx.pod_groups
+                .get_with(cache_key, async move { fetch_pod_group_min(training, &source, &ns, &name).await })
+                .await
+        }
+    }
+}
+
+async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, name: &str) -> Result<u32, String> {
+    let (gvk, plural) = match source {
+        GangSource::Volcano(_) => (GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"), "podgroups"),
+        _ => (GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"), "podgroups"),
+    };
+    let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let api = Api::<DynamicObject>::namespaced_with(training, ns, &ar);
+    match api.get_opt(name).await {
+        Ok(Some(pg)) => {
+            let min = pg.data.get("spec").and_then(|s| s.get("minMember")).and_then(serde_json::Value::as_u64);
+            match min {
+                Some(m) if m >= 1 => Ok(u32::try_from(m).unwrap_or(u32::MAX)),
+                _ => Err(format!("{} {ns}/{name} has no valid spec.minMember", gvk.kind)),
+            }
+        }
+        Ok(None) => Err(format!("{} {}/{ns}/{name} not found", gvk.kind, gvk.group)),
+        // No such CRD installed reads as 404 too; anything else is worth saying.
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => {
+            Err(format!("{} {ns}/{name} not found (is its CRD installed?)", gvk.kind))
+        }
+        Err(e) => Err(format!("cannot read {} {ns}/{name}: {e}", gvk.kind)),
+    }
+}
+
+async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &mut [PoolView]) {
+    let mut pending: Vec<&Arc<Pod>> = g.pods.iter().filter(|p| node_of(p).is_none()).collect();
+    pending.sort_by_key(|p| p.name_any());
+    let bound = g.pods.len() - pending.len();
+
+    if let Some(node) = &g.pinned {
+        // The gang already has a pool: finish its core there, then grow elastically.
+        let Some(idx) = pools.iter().position(|v| &v.node == node) else {
+            explain(
+                ctx,
+                pending.iter().map(|p| (*p).clone()).collect(),
+                &format!("gang {key} is placed on {node}, which is not offered right now"),
+            )
+            .await;
+            return;
+        };
+        let core_missing = min.saturating_sub(bound);
+        let (core, elastic) = pending.split_at(core_missing.min(pending.len()));
+        // Core pods already carry the placement (recorded before any bind): bind them.
+        for p in core {
+            let req = requests(p);
+            assume(&mut pools[idx], &req);
+            let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+            bind(ctx, p, node, band).await;
+        }
+        let mut admitted = Vec::new();
+        for p in elastic {
+            let req = requests(p);
+            if !plan::fits_one(&req, &pools[idx], &admitted) {
+                explain(ctx, vec![(*p).clone()], &format!("gang {key}: no room for another elastic pod on {node}"))
+                    .await;
+                continue;
+            }
+            admitted.push(req);
+            let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), false, &ctx.ranges);
+            bind(ctx, p, node, band).await;
+        }
+        for r in &admitted {
+            assume(&mut pools[idx], r);
+        }
+        return;
+    }
+
+    // A new gang: all of its core or nothing.
+    if pending.len() < min {
+        let msg = format!("gang {key} has {} of its {min} pods; waiting for the rest", pending.len());
+        explain(ctx, pending.iter().map(|p| (*p).clone()).collect(), &msg).await;
+        return;
+    }
+    let core = &pending[..min];
+    let demand = GangDemand { key: key.to_string(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
+    match plan::place(&demand, pools) {
+        Ok(placement) => {
+            info!(gang = %key, node = %placement.node, pods = min, "gang placed");
+            // Record the placement on every core pod before binding any of them.
+            for p in core {
+                if let Err(e) = record_placement(ctx, p, &placement.node).await {
+                    warn!(gang = %key, error = %e, "cannot record placement; will retry");
+                    return;
+                }
+            }
+            let idx = pools.iter().position(|v| v.node == placement.node);
+            for p in core {
+                if let Some(i) = idx {
+                    assume(&mut pools[i], &requests(p));
+                }
+                let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+                bind(ctx, p, &placement.node, band).await;
+            }
+            let note = format!("gang {key} ({min} pods) placed on {} (member {})", placement.node, placement.member);
+            publish(ctx, core[0], EventType::Normal, "Placed", &note).await;
+        }
+        Err(u) => {
+            explain(ctx, pending.iter().map(|p| (*p).clone()).collect(), &format!("gang {key}: {}", u.message)).await
+        }
+    }
+}
+
+async fn record_placement(ctx: &Context, pod: &Pod, node: &str) -> Result<(), kube::Error> {
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
+    let patch = json!({ "metadata": { "annotations": { keys::ANNOTATION_PLACEMENT: node } } });
+    api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
+    Ok(())
+}
+
+async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
+    let name = pod.name_any();
+    let labels = json!({ "metadata": {
+        "labels": { keys::LABEL_BAND: band.as_str() },
+        "annotations": { keys::ANNOTATION_PLACEMENT: node },
+    }});
+    if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(labels)).await {
+        warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
+        return;
+    }
+    let binding = Binding {
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            ..Default::default()
+        },
+    };
+    match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
+        Ok(_) => {
+            debug!(pod = %name, node, band = band.as_str(), "bound");
+            if let (Some(uid), Ok(mut ex)) = (pod.metadata.uid.as_ref(), ctx.explained.lock()) {
+                ex.remove(uid);
+            }
+        }
+        Err(e) if tidepool_federation::api_code(&e, &[409]) => {}
+        Err(e) => warn!(pod = %name, error = %e, "bind failed; will retry"),
+    }
+}
+
+/// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
+/// only when the reason changes.
+async fn explain(ctx: &Context, pods: Vec<Arc<Pod>>, message: &str) {
+    for p in &pods {
+        let Some(uid) = p.metadata.uid.clone() else { continue };
+        let fresh =
+            ctx.explained.lock().is_ok_and(|mut ex| ex.insert(uid, message.to_owned()).as_deref() != Some(message));
+        if !fresh {
+            continue;
+        }
+        debug!(pod = %p.name_any(), message, "unschedulable");
+        let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
+        let status = json!({ "status": { "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        }]}});
+        if let Err(e) = api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Strategic(status)).await {
+            warn!(pod = %p.name_any(), error = %e, "cannot write Unschedulable condition");
+        }
+        publish(ctx, p, EventType::Warning, "Unplaceable", message).await;
+    }
+}
+
+pub(crate) async fn publish(ctx: &Context, pod: &Pod, type_: EventType, reason: &str, note: &str) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.to_owned()),
+        action: "Schedule".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+        warn!(error = %e, reason, "cannot publish event");
+    }
+}

@@ -1,0 +1,159 @@
+//! Which gang a pod belongs to, and its band. Pure: the sources are read from the pod; the
+//! PodGroup objects that hold `minMember` are fetched by the controller.
+
+use k8s_openapi::api::core::v1::Pod;
+use tidepool_config::keys::{self, Band};
+
+/// Where a gang's definition lives.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GangSource {
+    /// `scheduling.x-k8s.io/v1alpha1` PodGroup named by the pod label.
+    PodGroup(String),
+    /// `scheduling.volcano.sh/v1beta1` PodGroup named by the pod annotation.
+    Volcano(String),
+    /// `tidepool.io/gang` annotation; minimum from `tidepool.io/min-member`.
+    Annotation(String),
+    /// A pod with no gang: a gang of one.
+    Single(String),
+}
+
+/// A gang's identity: its namespace and source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GangKey {
+    pub namespace: String,
+    pub source: GangSource,
+}
+
+impl std::fmt::Display for GangKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, name) = match &self.source {
+            GangSource::PodGroup(n) => ("podgroup", n),
+            GangSource::Volcano(n) => ("volcano", n),
+            GangSource::Annotation(n) => ("gang", n),
+            GangSource::Single(n) => ("pod", n),
+        };
+        write!(f, "{}/{kind}/{name}", self.namespace)
+    }
+}
+
+/// The gang of a pod. Sources are checked in a fixed order so a pod carrying several
+/// (say a Volcano job that also has our annotation) always lands in the same gang.
+pub fn gang_of(pod: &Pod) -> GangKey {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let labels = pod.metadata.labels.as_ref();
+    let annotations = pod.metadata.annotations.as_ref();
+    let source = if let Some(g) = labels.and_then(|l| l.get(keys::LABEL_POD_GROUP)).filter(|g| !g.is_empty()) {
+        GangSource::PodGroup(g.clone())
+    } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_VOLCANO_GROUP)).filter(|g| !g.is_empty()) {
+        GangSource::Volcano(g.clone())
+    } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_GANG)).filter(|g| !g.is_empty()) {
+        GangSource::Annotation(g.clone())
+    } else {
+        GangSource::Single(pod.metadata.name.clone().unwrap_or_default())
+    };
+    GangKey { namespace, source }
+}
+
+/// `tidepool.io/min-member` of a pod: `Ok(None)` when absent, an error message when invalid.
+pub fn annotated_min_member(pod: &Pod) -> Result<Option<u32>, String> {
+    let Some(v) = pod.metadata.annotations.as_ref().and_then(|a| a.get(keys::ANNOTATION_MIN_MEMBER)) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(format!("annotation {}={v:?} is not a positive integer", keys::ANNOTATION_MIN_MEMBER)),
+    }
+}
+
+/// Priority ranges that decide a band outright (inclusive bounds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BandRanges {
+    pub high: (i32, i32),
+    pub medium: (i32, i32),
+    pub low: (i32, i32),
+}
+
+impl Default for BandRanges {
+    fn default() -> Self {
+        Self { high: (2001, 3000), medium: (1001, 2000), low: (1, 1000) }
+    }
+}
+
+/// Band of a pod: by its priority when that falls in a configured range, else `medium` for
+/// the gang core (the first `minMember` pods admitted) and `low` for elastic pods.
+pub fn band_for(priority: Option<i32>, core: bool, ranges: &BandRanges) -> Band {
+    let within = |(lo, hi): (i32, i32), p: i32| lo <= p && p <= hi;
+    match priority {
+        Some(p) if within(ranges.high, p) => Band::High,
+        Some(p) if within(ranges.medium, p) => Band::Medium,
+        Some(p) if within(ranges.low, p) => Band::Low,
+        _ if core => Band::Medium,
+        _ => Band::Low,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(meta: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": meta})).unwrap()
+    }
+
+    #[test]
+    fn gang_sources_are_read_in_a_fixed_order() {
+        let cases = [
+            (
+                "a sig-scheduling pod group wins over everything",
+                json!({"name": "p", "namespace": "ns", "labels": {"scheduling.x-k8s.io/pod-group": "pg"},
+                       "annotations": {"scheduling.k8s.io/group-name": "vc", "tidepool.io/gang": "g"}}),
+                GangSource::PodGroup("pg".into()),
+            ),
+            (
+                "a volcano group wins over our annotation",
+                json!({"name": "p", "namespace": "ns", "annotations": {"scheduling.k8s.io/group-name": "vc", "tidepool.io/gang": "g"}}),
+                GangSource::Volcano("vc".into()),
+            ),
+            (
+                "our annotation names a gang",
+                json!({"name": "p", "namespace": "ns", "annotations": {"tidepool.io/gang": "g"}}),
+                GangSource::Annotation("g".into()),
+            ),
+            (
+                "a pod with nothing is a gang of one",
+                json!({"name": "p", "namespace": "ns"}),
+                GangSource::Single("p".into()),
+            ),
+            (
+                "an empty label does not make a gang",
+                json!({"name": "p", "namespace": "ns", "labels": {"scheduling.x-k8s.io/pod-group": ""}}),
+                GangSource::Single("p".into()),
+            ),
+        ];
+        for (name, meta, want) in cases {
+            assert_eq!(gang_of(&pod(meta)).source, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn min_member_annotation_is_validated() {
+        let with = |v: &str| pod(json!({"name": "p", "annotations": {"tidepool.io/min-member": v}}));
+        assert_eq!(annotated_min_member(&with("4")), Ok(Some(4)));
+        assert!(annotated_min_member(&with("0")).is_err());
+        assert!(annotated_min_member(&with("four")).unwrap_err().contains("four"));
+        assert_eq!(annotated_min_member(&pod(json!({"name": "p"}))), Ok(None));
+    }
+
+    #[test]
+    fn bands_follow_priority_ranges_else_core_or_elastic() {
+        let r = BandRanges::default();
+        assert_eq!(band_for(Some(2500), false, &r), Band::High);
+        assert_eq!(band_for(Some(1500), false, &r), Band::Medium);
+        assert_eq!(band_for(Some(10), true, &r), Band::Low);
+        assert_eq!(band_for(None, true, &r), Band::Medium);
+        assert_eq!(band_for(None, false, &r), Band::Low);
+        assert_eq!(band_for(Some(0), true, &r), Band::Medium);
+        assert_eq!(band_for(Some(5000), false, &r), Band::Low);
+    }
+}

@@ -1,0 +1,219 @@
+//! Reclaim: when online demand in a member grows past what its pool lends, take capacity
+//! back from offload pods, lowest band first, with a checkpoint notice before anything is
+//! deleted. The I/O around [`crate::victims`].
+//!
+//! Every step is recorded in the training cluster (deadline annotation, condition, final
+//! `Failed`/`Reclaimed` status), so a restarted dispatcher picks up notices in flight. The
+//! offload copy is deleted by vk-provider once the training pod is terminal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tidepool_config::Resources;
+use tidepool_config::keys::{self, Band};
+use tracing::{info, warn};
+
+use crate::controller::{Context, is_live, node_of, publish, requests};
+use crate::gang;
+use crate::victims::{OffloadPodView, victims};
+
+/// How often deficits and deadlines are checked.
+const TICK: Duration = Duration::from_millis(200);
+
+/// In-memory only: timings that are safe to lose on restart (a restart just waits one more
+/// hysteresis window).
+#[derive(Debug, Default)]
+struct State {
+    /// When each virtual node's current deficit was first seen.
+    deficit_since: HashMap<String, jiff::Timestamp>,
+    /// When each job last had victims picked.
+    last_reclaim: HashMap<String, jiff::Timestamp>,
+}
+
+pub(crate) async fn run(ctx: Arc<Context>) {
+    let mut state = State::default();
+    loop {
+        tokio::time::sleep(TICK).await;
+        let now = jiff::Timestamp::now();
+        let pods = ctx.pods.state();
+        pick_victims(&ctx, &pods, &mut state, now).await;
+        enforce_deadlines(&ctx, &pods, now).await;
+    }
+}
+
+fn band_of(p: &Pod) -> Band {
+    p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b)).unwrap_or(Band::Medium)
+}
+
+fn deadline_of(p: &Pod) -> Option<jiff::Timestamp> {
+    p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE)?.parse().ok()
+}
+
+/// Steps 1–3: deficit past hysteresis → victims → notice.
+async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: jiff::Timestamp) {
+    let hysteresis = jiff::SignedDuration::from_secs(ctx.config.dispatcher.deficit_hysteresis_seconds as i64);
+    let members = ctx.members.borrow().clone();
+    for member in members.values() {
+        for pool in &member.pools {
+            let node = pool.node.to_string();
+            let cap = pool.capacity.borrow().clone();
+            let deficit = cap.deficit();
+            if deficit.is_empty() {
+                state.deficit_since.remove(&node);
+                continue;
+            }
+            // 1. The deficit must outlast the hysteresis window.
+            let since = *state.deficit_since.entry(node.clone()).or_insert(now);
+            if now.duration_since(since) < hysteresis {
+                continue;
+            }
+            let on_node: Vec<&Arc<Pod>> =
+                pods.iter().filter(|p| is_live(p) && node_of(p) == Some(node.as_str())).collect();
+            // Pods under notice, and reclaimed pods whose copy the member still shows, will
+            // free their share: counting them again would take a second victim for the same
+            // demand.
+            let mut remaining = deficit.clone();
+            let freeing = pods.iter().filter(|p| {
+                node_of(p) == Some(node.as_str())
+                    && deadline_of(p).is_some()
+                    && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
+            });
+            for p in freeing {
+                remaining.sub(&requests(p));
+            }
+            remaining.clamp_non_negative();
+            if remaining.is_empty() {
+                continue;
+            }
+            // 2. Victims among the running offload pods of this pool.
+            let mut jobs: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+            for p in &on_node {
+                let e = jobs.entry(gang::gang_of(p).to_string()).or_default();
+                e.1 += 1;
+                if band_of(p) != Band::Low {
+                    e.0 += 1;
+                }
+            }
+            let candidates: Vec<OffloadPodView> = on_node
+                .iter()
+                .filter(|p| deadline_of(p).is_none())
+                .filter_map(|p| {
+                    let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.clone();
+                    let job = gang::gang_of(p).to_string();
+                    let (min, current) = jobs.get(&job).copied().unwrap_or((1, 1));
+                    Some(OffloadPodView {
+                        key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+                        job,
+                        band: band_of(p),
+                        member_node,
+                        requests: requests(p),
+                        deletion_cost: p
+                            .annotations()
+                            .get(keys::ANNOTATION_DELETION_COST)
+                            .and_then(|c| c.parse().ok())
+                            .unwrap_or(0),
+                        job_fulfillment: (current, min, current),
+                    })
+                })
+                .collect();
+            // At most one reclaim per job per hysteresis window, unless nothing else is left.
+            let fresh: Vec<OffloadPodView> = candidates
+                .iter()
+                .filter(|c| state.last_reclaim.get(&c.job).is_none_or(|t| now.duration_since(*t) >= hysteresis))
+                .cloned()
+                .collect();
+            let pool_candidates = if fresh.is_empty() { candidates } else { fresh };
+            let chosen = victims(&remaining, &pool_candidates);
+            for v in chosen {
+                let Some(p) =
+                    on_node.iter().find(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == v.key)
+                else {
+                    continue;
+                };
+                state.last_reclaim.insert(v.job.clone(), now);
+                notice(ctx, p, member.name.as_str(), &deficit, v.band, &v.reason, now).await;
+            }
+        }
+    }
+}
+
+/// Step 3: the checkpoint notice: deadline annotation, condition, Event.
+async fn notice(
+    ctx: &Context,
+    pod: &Pod,
+    member: &str,
+    deficit: &Resources,
+    band: Band,
+    why: &str,
+    now: jiff::Timestamp,
+) {
+    let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band);
+    let deadline = now + jiff::SignedDuration::from_secs(grace as i64);
+    let deadline_text = deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
+    let name = pod.name_any();
+    let patch = json!({ "metadata": { "annotations": { keys::ANNOTATION_RECLAIM_DEADLINE: deadline_text } } });
+    if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
+        return;
+    }
+    let message = format!(
+        "member {member} needs capacity back for online demand ({deficit}); checkpoint and exit, or set \
+         annotation {} — deleted at {deadline_text} ({why})",
+        keys::ANNOTATION_CHECKPOINT_DONE
+    );
+    let status = json!({ "status": { "conditions": [{
+        "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "CapacityReclaimed",
+        "message": message, "lastTransitionTime": Time(now),
+    }]}});
+    if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
+        warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
+    }
+    info!(pod = %name, member, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
+    publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
+}
+
+/// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
+async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
+    for p in pods.iter().filter(|p| is_live(p)) {
+        let Some(deadline) = deadline_of(p) else { continue };
+        let acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
+        let exited = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
+            !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+        });
+        if !(acked || exited || now >= deadline) {
+            continue;
+        }
+        let member = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| n.strip_prefix("tidepool-"))
+            .unwrap_or("?")
+            .to_owned();
+        let how = if acked {
+            "checkpoint acknowledged"
+        } else if exited {
+            "containers exited after the notice"
+        } else {
+            "checkpoint not acknowledged before the deadline"
+        };
+        let message = format!("reclaimed for online demand in member {member}; {how}");
+        let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
+        let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
+        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
+            Ok(_) => {
+                info!(pod = %p.name_any(), acked, "reclaimed");
+                publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
+            }
+            Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! Victim selection for reclaim: which offload pods of one pool give capacity back.
+//!
+//! Pure and deterministic. The reclaim controller passes a pool's deficit (per resource,
+//! after hysteresis) and the offload pods running in that pool; [`victims`] answers which of
+//! them to send the checkpoint notice to, each with a reason for the Event.
+//!
+//! The rules, from DESIGN.md "Reclaim and the checkpoint notice":
+//! 1. Bands from the bottom: every `low` pod that helps is taken before any `medium` pod, and
+//!    every `medium` one before any `high` one.
+//! 2. A `medium` pod is a gang core: taking one breaks the gang, so the whole job on this pool
+//!    (its pods of every band) is one victim unit.
+//! 3. Only pods that help: a pod that frees nothing the deficit still lacks is left alone.
+//! 4. Inside a band, units are ranked: one that covers the remaining deficit on its own,
+//!    fewest pods first (the smallest set is one unit, and a small job breaks fewer pods than
+//!    a big one); one that empties a member node (the online side gets a whole
+//!    node back, the only way a large online pod can land); one of a job already hit (one
+//!    degraded job rather than many); the job with the highest fulfillment (it has the most
+//!    elastic room to lose); then the lower `pod-deletion-cost`; then the node with the fewest
+//!    offload pods left (drain nodes one at a time); then key.
+//! 5. `controller.kubernetes.io/pod-deletion-cost` is honoured the way its owner means it:
+//!    within a job, a pod is never taken while a pod of the same job and band with a lower
+//!    cost that also helps is still running. Costs of different tenants are not compared first.
+//! 6. Once the deficit is covered, units of the last band taken that are no longer needed
+//!    are put back, latest first, so the set stays small. Lower bands are not revisited: the
+//!    rule that they go first wins over the size of the set.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use tidepool_config::Resources;
+use tidepool_config::keys::Band;
+
+use crate::order::Fulfillment;
+
+/// What victim selection needs to know of one running offload pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadPodView {
+    /// `namespace/name` of the training pod; unique.
+    pub key: String,
+    /// The gang key of its job.
+    pub job: String,
+    pub band: Band,
+    /// Member node it runs on.
+    pub member_node: String,
+    pub requests: Resources,
+    /// `controller.kubernetes.io/pod-deletion-cost`, 0 when absent.
+    pub deletion_cost: i32,
+    /// The job's `(current, min, max)` pods, for its fulfillment score.
+    pub job_fulfillment: (u32, u32, u32),
+}
+
+impl OffloadPodView {
+    fn fulfillment(&self) -> Fulfillment {
+        let (current, min, max) = self.job_fulfillment;
+        Fulfillment::new(current, min, max)
+    }
+}
+
+/// A pod chosen for reclaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victim {
+    pub key: String,
+    pub job: String,
+    pub band: Band,
+    /// Why this pod, in words for the Event and the pod's final message.
+    pub reason: String,
+}
+
+/// Picks the offload pods to reclaim for `deficit` (see the module docs for the rules), in
+/// the order they were chosen. Empty when the deficit is empty. When the running pods cannot
+/// cover the deficit, every pod that helps is returned.
+pub fn victims(deficit: &Resources, running: &[OffloadPodView]) -> Vec<Victim> {
+    let need: Vec<(&str, i64)> = deficit.iter().filter(|(_, v)| *v > 0).collect();
+    if need.is_empty() {
+        return Vec::new();
+    }
+    // One canonical order, so nothing below depends on the order of `running`.
+    let mut pods: Vec<&OffloadPodView> = running.iter().collect();
+    pods.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut s = Selection::new(&need, pods);
+    let mut picks: Vec<Unit> = Vec::new();
+    for band in [Band::Low, Band::Medium, Band::High] {
+        let first_of_band = picks.len();
+        while !s.covered() {
+            let Some(unit) = s.best_unit(band) else { break };
+            s.take(&unit);
+            picks.push(unit);
+        }
+        if s.covered() {
+            s.put_back_unneeded(&mut picks, first_of_band);
+            break;
+        }
+    }
+    s.describe(&picks)
+}
+
+/// Running state of one selection: what is taken, what it frees, what is left per node.
+struct Selection<'a> {
+    deficit: Vec<i64>,
+    pods: Vec<&'a OffloadPodView>,
+    /// Requests of each pod over the deficit's resources, negatives as zero.
+    req: Vec<Vec<i64>>,
+    taken: Vec<bool>,
+    freed: Vec<i64>,
+    /// Offload pods not taken yet, per member node.
+    left_on_node: BTreeMap<&'a str, usize>,
+    hit_jobs: BTreeSet<&'a str>,
+}
+
+/// Rank of a unit inside its band, smaller first, in the preference order of the module docs:
+/// does not cover alone, pods in the unit (when it covers alone), does not empty a node, job
+/// not hit yet, fulfillment (highest first), deletion cost, offload pods left on its node, key.
+type Rank<'a> = (bool, usize, bool, bool, Reverse<Fulfillment>, i32, usize, &'a str);
+
+/// What is taken in one step: one pod, or a whole job for a gang core.
+#[derive(Debug, Clone)]
+struct Unit {
+    members: Vec<usize>,
+    whole_job: bool,
+}
+
+impl<'a> Selection<'a> {
+    fn new(need: &[(&str, i64)], pods: Vec<&'a OffloadPodView>) -> Self {
+        let req: Vec<Vec<i64>> =
+            pods.iter().map(|p| need.iter().map(|(name, _)| p.requests.get(name).max(0)).collect()).collect();
+        let mut left_on_node = BTreeMap::new();
+        for p in &pods {
+            *left_on_node.entry(p.member_node.as_str()).or_insert(0) += 1;
+        }
+        Self {
+            deficit: need.iter().map(|(_, v)| *v).collect(),
+            taken: vec![false; pods.len()],
+            freed: vec![0; need.len()],
+            pods,
+            req,
+            left_on_node,
+            hit_jobs: BTreeSet::new(),
+        }
+    }
+
+    fn remaining(&self, d: usize) -> i64 {
+        self.deficit[d].saturating_sub(self.freed[d])
+    }
+
+    fn covered(&self) -> bool {
+        (0..self.deficit.len()).all(|d| self.remaining(d) <= 0)
+    }
+
+    fn sum(&self, members: &[usize]) -> Vec<i64> {
+        let mut total = vec![0i64; self.deficit.len()];
+        for &i in members {
+            for (t, r) in total.iter_mut().zip(&self.req[i]) {
+                *t = t.saturating_add(*r);
+            }
+        }
+        total
+    }
+
+    /// Frees something the deficit still lacks.
+    fn helps(&self, amounts: &[i64]) -> bool {
+        amounts.iter().enumerate().any(|(d, a)| *a > 0 && self.remaining(d) > 0)
+    }
+
+    /// The best unit of `band` that helps, by the ranking in the module docs.
+    fn best_unit(&self, band: Band) -> Option<Unit> {
+        let units = match band {
+            Band::Medium => self.job_units(),
+            Band::Low | Band::High => self.pod_units(band),
+        };
+        units.into_iter().min_by_key(|u| self.rank(u))
+    }
+
+    /// Single pods of `band` that help, only the cheapest (by deletion cost) of each job.
+    fn pod_units(&self, band: Band) -> Vec<Unit> {
+        let helping: Vec<usize> = (0..self.pods.len())
+            .filter(|&i| !self.taken[i] && self.pods[i].band == band && self.helps(&self.req[i]))
+            .collect();
+        let mut cheapest: BTreeMap<&str, i32> = BTreeMap::new();
+        for &i in &helping {
+            let p = self.pods[i];
+            let c = cheapest.entry(p.job.as_str()).or_insert(p.deletion_cost);
+            *c = (*c).min(p.deletion_cost);
+        }
+        helping
+            .into_iter()
+            .filter(|&i| cheapest.get(self.pods[i].job.as_str()) == Some(&self.pods[i].deletion_cost))
+            .map(|i| Unit { members: vec![i], whole_job: false })
+            .collect()
+    }
+
+    /// Every job with a gang-core pod still running, as the unit of all its running pods.
+    fn job_units(&self) -> Vec<Unit> {
+        let mut jobs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, p) in self.pods.iter().enumerate() {
+            if !self.taken[i] {
+                jobs.entry(p.job.as_str()).or_default().push(i);
+            }
+        }
+        jobs.into_values()
+            .filter(|members| members.iter().any(|&i| self.pods[i].band == Band::Medium))
+            .filter(|members| self.helps(&self.sum(members)))
+            .map(|members| Unit { members, whole_job: true })
+            .collect()
+    }
+
+    /// Smaller is better; see [`Rank`].
+    fn rank(&self, unit: &Unit) -> Rank<'a> {
+        let total = self.sum(&unit.members);
+        let covers_alone = (0..self.deficit.len()).all(|d| total[d] >= self.remaining(d));
+        let Some(&first) = unit.members.first() else {
+            return (true, 0, true, true, Reverse(Fulfillment::new(0, 0, 0)), i32::MAX, usize::MAX, "");
+        };
+        let lead = self.pods[first];
+        let mut on_node: BTreeMap<&str, usize> = BTreeMap::new();
+        for &i in &unit.members {
+            *on_node.entry(self.pods[i].member_node.as_str()).or_insert(0) += 1;
+        }
+        let empties_node = on_node.iter().any(|(node, n)| self.left_on_node.get(node) == Some(n));
+        let cost = unit.members.iter().map(|&i| self.pods[i].deletion_cost).min().unwrap_or(0);
+        let left_on_node =
+            if unit.whole_job { 0 } else { self.left_on_node.get(lead.member_node.as_str()).copied().unwrap_or(0) };
+        (
+            !covers_alone,
+            if covers_alone { unit.members.len() } else { 0 },
+            !empties_node,
+            !self.hit_jobs.contains(lead.job.as_str()),
+            Reverse(lead.fulfillment()),
+            cost,
+            left_on_node,
+            lead.key.as_str(),
+        )
+    }
+
+    fn take(&mut self, unit: &Unit) {
+        for &i in &unit.members {
+            self.taken[i] = true;
+            for (f, r) in self.freed.iter_mut().zip(&self.req[i]) {
+                *f = f.saturating_add(*r);
+            }
+            let p = self.pods[i];
+            if let Some(n) = self.left_on_node.get_mut(p.member_node.as_str()) {
+                *n = n.saturating_sub(1);
+            }
+            self.hit_jobs.insert(p.job.as_str());
+        }
+    }
+
+    /// Drops units of the last band, latest first, while the rest still covers the deficit.
+    fn put_back_unneeded(&mut self, picks: &mut Vec<Unit>, first_of_band: usize) {
+        for idx in (first_of_band..picks.len()).rev() {
+            let sum = self.sum(&picks[idx].members);
+            let still_covered =
+                (0..self.deficit.len()).all(|d| self.freed[d].saturating_sub(sum[d]) >= self.deficit[d]);
+            if still_covered {
+                for (f, s) in self.freed.iter_mut().zip(&sum) {
+                    *f = f.saturating_sub(*s);
+                }
+                for &i in &picks[idx].members {
+                    self.taken[i] = false;
+                }
+                picks.remove(idx);
+            }
+        }
+    }
+
+    /// The victims with their reasons, worded from the final set (after put-back).
+    fn describe(&self, picks: &[Unit]) -> Vec<Victim> {
+        let chosen: BTreeSet<usize> = picks.iter().flat_map(|u| u.members.iter().copied()).collect();
+        let mut running_on: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut chosen_on: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, p) in self.pods.iter().enumerate() {
+            *running_on.entry(p.member_node.as_str()).or_insert(0) += 1;
+            if chosen.contains(&i) {
+                *chosen_on.entry(p.member_node.as_str()).or_insert(0) += 1;
+            }
+        }
+        let mut out = Vec::new();
+        for unit in picks {
+            for &i in &unit.members {
+                let p = self.pods[i];
+                let node = p.member_node.as_str();
+                let empties = running_on.get(node) == chosen_on.get(node);
+                let mut reason = if unit.whole_job {
+                    if p.band == Band::Medium {
+                        format!(
+                            "gang core of job {} (band medium): the whole job on this pool is reclaimed together",
+                            p.job
+                        )
+                    } else {
+                        format!("job {} loses its gang core: the whole job on this pool is reclaimed together", p.job)
+                    }
+                } else {
+                    let order = match p.band {
+                        Band::Low => "lowest band first",
+                        _ => "no lower-band pod left that frees what is needed",
+                    };
+                    format!(
+                        "band {} ({order}); job {} at fulfillment {}; pod-deletion-cost {}",
+                        p.band.as_str(),
+                        p.job,
+                        p.fulfillment(),
+                        p.deletion_cost
+                    )
+                };
+                if empties {
+                    reason.push_str(&format!("; empties member node {node}"));
+                }
+                out.push(Victim { key: p.key.clone(), job: p.job.clone(), band: p.band, reason });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tidepool_federation::capacity::GPU;
+
+    fn r(pairs: &[(&str, &str)]) -> Resources {
+        Resources::from_pairs(pairs.iter().copied()).unwrap()
+    }
+
+    /// `pod("ns/a", "job", Band::Low, "n1", &[("cpu", "2")])`, cost 0, job at 1/1..2.
+    fn pod(key: &str, job: &str, band: Band, node: &str, req: &[(&str, &str)]) -> OffloadPodView {
+        OffloadPodView {
+            key: key.into(),
+            job: job.into(),
+            band,
+            member_node: node.into(),
+            requests: r(req),
+            deletion_cost: 0,
+            job_fulfillment: (1, 1, 2),
+        }
+    }
+
+    fn keys(v: &[Victim]) -> Vec<&str> {
+        v.iter().map(|v| v.key.as_str()).collect()
+    }
+
+    fn sorted_keys(v: &[Victim]) -> Vec<&str> {
+        let mut k = keys(v);
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn an_empty_deficit_takes_nothing() {
+        let running = [pod("a", "j", Band::Low, "n1", &[("cpu", "1")])];
+        assert!(victims(&Resources::new(), &running).is_empty());
+        assert!(victims(&r(&[("cpu", "0"), ("memory", "-1Gi")]), &running).is_empty());
+    }
+
+    #[test]
+    fn the_low_band_goes_before_any_medium_pod() {
+        let running = [
+            pod("core", "j1", Band::Medium, "n1", &[("cpu", "8")]),
+            pod("elastic-1", "j2", Band::Low, "n2", &[("cpu", "1")]),
+            pod("elastic-2", "j2", Band::Low, "n2", &[("cpu", "1")]),
+        ];
+        let v = victims(&r(&[("cpu", "2")]), &running);
+        assert_eq!(sorted_keys(&v), ["elastic-1", "elastic-2"]);
+        assert!(v.iter().all(|v| v.band == Band::Low));
+    }
+
+    #[test]
+    fn the_medium_band_is_reached_only_when_low_pods_cannot_cover() {
+        let running = [
+            pod("core", "j1", Band::Medium, "n1", &[("cpu", "8")]),
+            pod("elastic", "j2", Band::Low, "n2", &[("cpu", "1")]),
+        ];
+        let v = victims(&r(&[("cpu", "4")]), &running);
+        assert_eq!(keys(&v), ["elastic", "core"]);
+    }
+
+    #[test]
+    fn a_gang_core_pod_takes_its_whole_job_with_it() {
+        let running = [
+            pod("j1-worker-0", "j1", Band::Medium, "n1", &[(GPU, "4")]),
+            pod("j1-worker-1", "j1", Band::Medium, "n2", &[(GPU, "4")]),
+            pod("j1-ps", "j1", Band::High, "n3", &[("cpu", "4")]),
+            pod("j1-elastic", "j1", Band::Low, "n3", &[("cpu", "1")]),
+            pod("j2-worker-0", "j2", Band::Medium, "n4", &[(GPU, "8")]),
+        ];
+        let v = victims(&r(&[(GPU, "2")]), &running);
+        // j2 alone covers the deficit with one pod; j1 would take four.
+        assert_eq!(keys(&v), ["j2-worker-0"]);
+        let v = victims(&r(&[(GPU, "10")]), &running);
+        assert_eq!(sorted_keys(&v), ["j1-elastic", "j1-ps", "j1-worker-0", "j1-worker-1", "j2-worker-0"]);
+        let ps = v.iter().find(|v| v.key == "j1-ps").unwrap();
+        assert!(ps.reason.contains("loses its gang core"), "{}", ps.reason);
+    }
+
+    #[test]
+    fn the_high_band_goes_last() {
+        let running = [
+            pod("ps", "j1", Band::High, "n1", &[("cpu", "4")]),
+            pod("core", "j2", Band::Medium, "n2", &[("cpu", "4")]),
+            pod("elastic", "j3", Band::Low, "n3", &[("cpu", "4")]),
+        ];
+        assert_eq!(keys(&victims(&r(&[("cpu", "4")]), &running)), ["elastic"]);
+        assert_eq!(keys(&victims(&r(&[("cpu", "8")]), &running)), ["elastic", "core"]);
+        let all = victims(&r(&[("cpu", "12")]), &running);
+        assert_eq!(keys(&all), ["elastic", "core", "ps"]);
+        assert!(all[2].reason.starts_with("band high (no lower-band pod left"), "{}", all[2].reason);
+    }
+
+    #[test]
+    fn ranking_inside_a_band() {
+        let cost = |mut p: OffloadPodView, c: i32| {
+            p.deletion_cost = c;
+            p
+        };
+        let fulfilled = |mut p: OffloadPodView, f: (u32, u32, u32)| {
+            p.job_fulfillment = f;
+            p
+        };
+        let cases: Vec<(&str, Resources, Vec<OffloadPodView>, Vec<&str>)> = vec![
+            (
+                "a pod that empties its member node goes before one that shares a node",
+                r(&[("cpu", "1")]),
+                vec![
+                    pod("a-shared", "j1", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("b-shared", "j2", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("z-alone", "j3", Band::Low, "n2", &[("cpu", "1")]),
+                ],
+                vec!["z-alone"],
+            ),
+            (
+                "a second pod comes from the job already hit",
+                r(&[("cpu", "2")]),
+                vec![
+                    pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("b", "j2", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("c", "j1", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("d", "j2", Band::Low, "n1", &[("cpu", "1")]),
+                ],
+                vec!["a", "c"],
+            ),
+            (
+                "the job with the highest fulfillment gives first",
+                r(&[("cpu", "1")]),
+                vec![
+                    fulfilled(pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]), (3, 2, 6)),
+                    fulfilled(pod("b", "j2", Band::Low, "n1", &[("cpu", "1")]), (5, 2, 6)),
+                    fulfilled(pod("c", "j3", Band::Low, "n1", &[("cpu", "1")]), (2, 2, 6)),
+                ],
+                vec!["b"],
+            ),
+            (
+                "within a job the lower pod-deletion-cost goes first, even if another pod would empty a node",
+                r(&[("cpu", "1")]),
+                vec![
+                    cost(pod("a-precious", "j1", Band::Low, "n1", &[("cpu", "1")]), 100),
+                    cost(pod("b-cheap", "j1", Band::Low, "n2", &[("cpu", "1")]), -5),
+                    pod("c-other", "j2", Band::Low, "n2", &[("cpu", "1")]),
+                ],
+                vec!["b-cheap"],
+            ),
+            (
+                "one pod that covers the deficit alone beats several small ones",
+                r(&[(GPU, "4")]),
+                vec![
+                    pod("a", "j1", Band::Low, "n1", &[(GPU, "1")]),
+                    pod("b", "j1", Band::Low, "n2", &[(GPU, "1")]),
+                    pod("c", "j1", Band::Low, "n3", &[(GPU, "1")]),
+                    pod("d", "j1", Band::Low, "n4", &[(GPU, "1")]),
+                    pod("e", "j2", Band::Low, "n5", &[(GPU, "4")]),
+                ],
+                vec!["e"],
+            ),
+            (
+                "pods that free nothing the deficit lacks are left alone",
+                r(&[(GPU, "1")]),
+                vec![
+                    pod("a-cpu", "j1", Band::Low, "n1", &[("cpu", "16")]),
+                    pod("b-gpu", "j2", Band::Medium, "n2", &[(GPU, "1")]),
+                ],
+                vec!["b-gpu"],
+            ),
+            (
+                "every resource of the deficit is covered",
+                r(&[("cpu", "4"), ("memory", "8Gi")]),
+                vec![
+                    pod("a", "j1", Band::Low, "n1", &[("cpu", "4"), ("memory", "1Gi")]),
+                    pod("b", "j1", Band::Low, "n1", &[("cpu", "1"), ("memory", "8Gi")]),
+                    pod("c", "j1", Band::Low, "n2", &[("cpu", "1"), ("memory", "1Gi")]),
+                ],
+                vec!["a", "b"],
+            ),
+            (
+                "victims no longer needed once later ones cover are put back",
+                r(&[("cpu", "2"), ("memory", "2Gi")]),
+                vec![
+                    fulfilled(pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]), (5, 2, 6)),
+                    pod("b", "j2", Band::Low, "n2", &[("cpu", "1"), ("memory", "1Gi")]),
+                    fulfilled(pod("c", "j3", Band::Low, "n3", &[("cpu", "2"), ("memory", "1Gi")]), (2, 2, 6)),
+                    pod("d", "j2", Band::Low, "n2", &[("memory", "1Gi")]),
+                ],
+                vec!["b", "c"],
+            ),
+            (
+                "a deficit larger than everything takes every pod that helps",
+                r(&[("cpu", "100")]),
+                vec![
+                    pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]),
+                    pod("b", "j1", Band::Low, "n1", &[("memory", "1Gi")]),
+                    pod("c", "j2", Band::High, "n2", &[("cpu", "1")]),
+                ],
+                vec!["a", "c"],
+            ),
+        ];
+        for (name, deficit, running, want) in cases {
+            assert_eq!(sorted_keys(&victims(&deficit, &running)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn reasons_name_the_band_the_job_and_an_emptied_node() {
+        let running = [pod("ns/a", "ns/job", Band::Low, "n1", &[("cpu", "1")])];
+        let v = victims(&r(&[("cpu", "1")]), &running);
+        assert_eq!(
+            v[0].reason,
+            "band low (lowest band first); job ns/job at fulfillment 0/1; pod-deletion-cost 0; empties member node n1"
+        );
+    }
+
+    // ---- properties ----
+
+    const NAMES: [&str; 3] = [GPU, "cpu", "memory"];
+
+    fn arb_running() -> impl Strategy<Value = Vec<OffloadPodView>> {
+        let job_state = proptest::collection::vec((0u32..4, 0u32..3, 0u32..4), 4);
+        let pods = proptest::collection::vec(
+            (
+                0usize..4,
+                prop_oneof![Just(Band::Low), Just(Band::Medium), Just(Band::High)],
+                0usize..4,
+                proptest::collection::vec(0i64..5, 3),
+                -1i32..2,
+            ),
+            0..12,
+        );
+        (job_state, pods).prop_map(|(jobs, pods)| {
+            pods.into_iter()
+                .enumerate()
+                .map(|(i, (job, band, node, req, cost))| {
+                    let (current, min, extra) = jobs[job];
+                    let mut requests = Resources::new();
+                    for (name, v) in NAMES.iter().zip(req) {
+                        requests.set(name, v * 1000);
+                    }
+                    OffloadPodView {
+                        key: format!("ns/p{i:02}"),
+                        job: format!("ns/j{job}"),
+                        band,
+                        member_node: format!("n{node}"),
+                        requests,
+                        deletion_cost: cost,
+                        job_fulfillment: (current, min, min + extra),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn arb_deficit() -> impl Strategy<Value = Resources> {
+        proptest::collection::vec(-2i64..12, 3).prop_map(|v| {
+            let mut d = Resources::new();
+            for (name, x) in NAMES.iter().zip(v) {
+                d.set(name, x * 1000);
+            }
+            d
+        })
+    }
+
+    fn freed<'a>(running: &'a [OffloadPodView], keys: impl IntoIterator<Item = &'a str>) -> Resources {
+        let keys: BTreeSet<&str> = keys.into_iter().collect();
+        let mut total = Resources::new();
+        for p in running.iter().filter(|p| keys.contains(p.key.as_str())) {
+            total.add(&p.requests);
+        }
+        total
+    }
+
+    fn covers(freed: &Resources, deficit: &Resources) -> bool {
+        deficit.iter().all(|(name, need)| need <= 0 || freed.get(name) >= need)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn the_deficit_is_covered_whenever_the_running_pods_can_cover_it(
+            deficit in arb_deficit(), running in arb_running(),
+        ) {
+            let v = victims(&deficit, &running);
+            let all = freed(&running, running.iter().map(|p| p.key.as_str()));
+            if covers(&all, &deficit) {
+                prop_assert!(covers(&freed(&running, keys(&v)), &deficit));
+            }
+            if deficit.iter().all(|(_, n)| n <= 0) {
+                prop_assert!(v.is_empty());
+            }
+            let unique: BTreeSet<&str> = keys(&v).into_iter().collect();
+            prop_assert_eq!(unique.len(), v.len(), "no pod is taken twice");
+        }
+
+        #[test]
+        fn a_higher_band_is_taken_only_when_lower_bands_cannot_help(
+            deficit in arb_deficit(), running in arb_running(),
+        ) {
+            let v = victims(&deficit, &running);
+            let medium_jobs: BTreeSet<&str> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            // A high pod taken with its job's gang core was taken at the medium stage.
+            let stage = |v: &Victim| {
+                if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+            };
+            let chosen: BTreeSet<&str> = keys(&v).into_iter().collect();
+            for victim in v.iter().filter(|x| stage(x) == x.band) {
+                let before = freed(&running, v.iter().filter(|u| stage(u) < victim.band).map(|u| u.key.as_str()));
+                for p in running.iter().filter(|p| p.band < victim.band && !chosen.contains(p.key.as_str())) {
+                    for (name, amount) in p.requests.iter() {
+                        let need = deficit.get(name);
+                        prop_assert!(
+                            amount <= 0 || need <= 0 || before.get(name) >= need,
+                            "{} ({:?}) taken while {} ({:?}) could still free {}", victim.key, victim.band, p.key, p.band, name
+                        );
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn medium_victims_always_come_with_their_whole_job(deficit in arb_deficit(), running in arb_running()) {
+            let v = victims(&deficit, &running);
+            let chosen: BTreeSet<&str> = keys(&v).into_iter().collect();
+            for victim in v.iter().filter(|v| v.band == Band::Medium) {
+                for p in running.iter().filter(|p| p.job == victim.job) {
+                    prop_assert!(chosen.contains(p.key.as_str()), "{} left behind by {}", p.key, victim.key);
+                }
+            }
+        }
+
+        #[test]
+        fn the_last_band_holds_no_victim_the_deficit_does_not_need(
+            deficit in arb_deficit(), running in arb_running(),
+        ) {
+            let v = victims(&deficit, &running);
+            let total = freed(&running, keys(&v));
+            let medium_jobs: BTreeSet<&str> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            let stage = |v: &Victim| {
+                if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+            };
+            let Some(top) = v.iter().map(stage).max() else { return Ok(()) };
+            if !covers(&total, &deficit) {
+                return Ok(());
+            }
+            for victim in v.iter().filter(|v| stage(v) == top) {
+                // A gang core goes back only with its whole job.
+                let unit: Vec<&str> = if top == Band::Medium {
+                    v.iter().filter(|u| u.job == victim.job).map(|u| u.key.as_str()).collect()
+                } else {
+                    vec![victim.key.as_str()]
+                };
+                let without = freed(&running, keys(&v).into_iter().filter(|k| !unit.contains(k)));
+                prop_assert!(!covers(&without, &deficit), "{} is not needed", victim.key);
+            }
+        }
+
+        #[test]
+        fn the_answer_does_not_depend_on_input_order(
+            deficit in arb_deficit(), running in arb_running(), seed in any::<u64>(),
+        ) {
+            let first = victims(&deficit, &running);
+            let mut shuffled = running.clone();
+            let mut s = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                shuffled.swap(i, (s % (i as u64 + 1)) as usize);
+            }
+            prop_assert_eq!(first, victims(&deficit, &shuffled));
+        }
+    }
+}

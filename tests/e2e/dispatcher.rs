@@ -1,0 +1,380 @@
+//! The dispatcher end to end: gangs admitted whole on one pool, from every gang source,
+//! elastic growth by band, unplaceable gangs explained, and no split after a crash.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tidepool_config::keys;
+
+use crate::harness::*;
+
+/// One tidepool bridging both members under this test's label and scheduler name.
+async fn setup(env: &Env, test: &str, ns: &str, members: &[&str]) -> (Client, Tidepool) {
+    let training = env.client("training").await;
+    env.install_crds(&training).await;
+    reset_members(&training, test).await;
+    ensure_namespace(&training, ns).await;
+    clear_pods(&training, ns).await;
+    for m in members {
+        let kubeconfig = std::fs::read(env.kubeconfig_path(m)).unwrap();
+        put_kubeconfig_secret(&training, ns, m, &kubeconfig).await;
+        apply_member(&training, &format!("{test}-{m}"), test, ns, m).await;
+    }
+    let tidepool = Tidepool::start(env, test, ns);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
+    for m in members {
+        let node = format!("tidepool-{test}-{m}");
+        wait_for(Duration::from_secs(60), &format!("virtual node {node}"), || {
+            let nodes = nodes.clone();
+            let node = node.clone();
+            async move { nodes.get_opt(&node).await.ok().flatten().map(|_| ()) }
+        })
+        .await;
+    }
+    (training, tidepool)
+}
+
+fn gang_pod(name: &str, scheduler: &str, gpus: u32, meta: serde_json::Value) -> Pod {
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string(), "cpu": "1", "memory": "1Gi"}}}]
+        }
+    }))
+    .unwrap();
+    let extra: kube::api::ObjectMeta = serde_json::from_value(meta).unwrap();
+    p.metadata.labels = extra.labels;
+    p.metadata.annotations = extra.annotations;
+    p
+}
+
+/// Pods of `names` once all are bound, by name → node.
+async fn wait_bound(pods: &Api<Pod>, names: &[String], timeout: Duration) -> BTreeMap<String, String> {
+    wait_for(timeout, &format!("pods bound: {names:?}"), || async move {
+        let mut out = BTreeMap::new();
+        for n in names {
+            let p = pods.get(n).await.ok()?;
+            out.insert(n.clone(), p.spec?.node_name?);
+        }
+        Some(out)
+    })
+    .await
+}
+
+async fn wait_running(pods: &Api<Pod>, names: &[String]) {
+    wait_for(Duration::from_secs(90), &format!("pods Running: {names:?}"), || async move {
+        for n in names {
+            if pods.get(n).await.ok()?.status?.phase.as_deref() != Some("Running") {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+}
+
+fn unschedulable_message(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .and_then(|c| c.message.clone())
+}
+
+async fn delete_all(pods: &Api<Pod>, names: &[String]) {
+    for n in names {
+        let _ = pods.delete(n, &DeleteParams::default()).await;
+    }
+    wait_for(Duration::from_secs(90), "pods deleted", || async move {
+        for n in names {
+            if pods.get_opt(n).await.ok()?.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_job_runs_as_one_gang_on_one_member() {
+    let env = Env::load();
+    let test = "dispatch-job";
+    let ns = "e2e-dispatch-job";
+    let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    let id = run_id();
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": format!("train-{id}")},
+        "spec": {
+            "parallelism": 4, "completions": 4, "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {keys::ANNOTATION_GANG: format!("train-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}},
+                "spec": {
+                    "schedulerName": scheduler_name(test),
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4", "memory": "8Gi"}}}]
+                }
+            }
+        }
+    }))
+    .unwrap();
+    let jobs = Api::<Job>::namespaced(training.clone(), ns);
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let lp = ListParams::default().labels(&format!("job-name=train-{id}"));
+    let names: Vec<String> = wait_for(Duration::from_secs(60), "4 job pods", || {
+        let (pods, lp) = (pods.clone(), lp.clone());
+        async move {
+            let l = pods.list(&lp).await.ok()?;
+            (l.items.len() == 4).then(|| l.items.iter().map(|p| p.metadata.name.clone().unwrap()).collect())
+        }
+    })
+    .await;
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    let nodes: BTreeSet<&String> = bound.values().collect();
+    assert_eq!(nodes.len(), 1, "gang split across pools: {bound:?}");
+    wait_running(&pods, &names).await;
+    for n in &names {
+        let p = pods.get(n).await.unwrap();
+        assert_eq!(p.labels()[keys::LABEL_BAND], "medium", "core pods are band medium");
+        assert_eq!(p.annotations()[keys::ANNOTATION_PLACEMENT], *bound[n]);
+    }
+    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..Default::default() };
+    jobs.delete(&format!("train-{id}"), &dp).await.unwrap();
+    delete_all(&pods, &names).await;
+}
+
+#[tokio::test]
+async fn of_two_gangs_competing_for_one_pool_one_runs_whole_and_the_other_waits_whole() {
+    let env = Env::load();
+    let test = "dispatch-compete";
+    let ns = "e2e-dispatch-compete";
+    // member-b: 4 nodes × 4 GPUs. Each gang takes 4 × 3 GPUs: only one fits (with room to
+    // spare for a stray pod of another test).
+    let (training, _tp) = setup(&env, test, ns, &["member-b"]).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let mut gangs: Vec<Vec<String>> = Vec::new();
+    for g in ["first", "second"] {
+        let mut names = Vec::new();
+        for i in 0..4 {
+            let name = format!("{g}-{id}-{i}");
+            let meta =
+                json!({"annotations": {keys::ANNOTATION_GANG: format!("{g}-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
+            pods.create(&PostParams::default(), &gang_pod(&name, &scheduler_name(test), 3, meta)).await.unwrap();
+            names.push(name);
+        }
+        gangs.push(names);
+        // The first gang is older: it goes first.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let bound = wait_bound(&pods, &gangs[0], Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1);
+    wait_running(&pods, &gangs[0]).await;
+    // The second gang waits whole, with the reason on every pod.
+    let msg = wait_for(Duration::from_secs(30), "second gang explained", || {
+        let (pods, names) = (pods.clone(), gangs[1].clone());
+        async move {
+            let mut msgs = Vec::new();
+            for n in &names {
+                let p = pods.get(n).await.ok()?;
+                assert!(p.spec.as_ref().unwrap().node_name.is_none(), "pod {n} of the waiting gang was bound");
+                msgs.push(unschedulable_message(&p)?);
+            }
+            msgs.into_iter().next()
+        }
+    })
+    .await;
+    assert!(msg.contains("nvidia.com/gpu"), "reason should name the missing resource: {msg}");
+    // Freeing the pool lets the second gang in, whole.
+    delete_all(&pods, &gangs[0]).await;
+    let bound = wait_bound(&pods, &gangs[1], Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1);
+    wait_running(&pods, &gangs[1]).await;
+    delete_all(&pods, &gangs[1]).await;
+}
+
+#[tokio::test]
+async fn an_8_gpu_pod_is_refused_where_the_free_gpus_are_spread_over_nodes() {
+    let env = Env::load();
+    let test = "dispatch-spread";
+    let ns = "e2e-dispatch-spread";
+    let (training, _tp) = setup(&env, test, ns, &["member-b"]).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let name = format!("big-{}", run_id());
+    pods.create(&PostParams::default(), &gang_pod(&name, &scheduler_name(test), 8, json!({}))).await.unwrap();
+    let msg = wait_for(Duration::from_secs(30), "8-GPU pod explained", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move { unschedulable_message(&pods.get(&name).await.ok()?) }
+    })
+    .await;
+    assert!(msg.contains('8') && msg.contains('4'), "message should say 8 needed, 4 largest free per node: {msg}");
+    assert!(pods.get(&name).await.unwrap().spec.unwrap().node_name.is_none());
+    delete_all(&pods, &[name]).await;
+}
+
+#[tokio::test]
+async fn elastic_pods_beyond_min_member_join_the_same_pool_as_band_low() {
+    let env = Env::load();
+    let test = "dispatch-elastic";
+    let ns = "e2e-dispatch-elastic";
+    let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let names: Vec<String> = (0..4).map(|i| format!("el-{id}-{i}")).collect();
+    for n in &names {
+        let meta =
+            json!({"annotations": {keys::ANNOTATION_GANG: format!("el-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, meta)).await.unwrap();
+    }
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "elastic pods left the gang's pool: {bound:?}");
+    wait_running(&pods, &names).await;
+    let mut bands = BTreeMap::new();
+    for n in &names {
+        let band = pods.get(n).await.unwrap().labels()[keys::LABEL_BAND].clone();
+        *bands.entry(band).or_insert(0) += 1;
+    }
+    assert_eq!(bands, BTreeMap::from([("low".to_string(), 2), ("medium".to_string(), 2)]));
+    delete_all(&pods, &names).await;
+}
+
+/// Installs a minimal CRD so PodGroups of `group` can be stored (tidepool reads only
+/// `spec.minMember`).
+async fn install_pod_group_crd(training: &Client, group: &str, version: &str) {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("podgroups.{group}")},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+            "versions": [{"name": version, "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap();
+    let api = Api::<CustomResourceDefinition>::all(training.clone());
+    api.patch(&format!("podgroups.{group}"), &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&crd))
+        .await
+        .unwrap();
+    let name = format!("podgroups.{group}");
+    wait_for(Duration::from_secs(30), "PodGroup CRD established", || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        }
+    })
+    .await;
+}
+
+async fn create_pod_group(training: &Client, ns: &str, group: &str, version: &str, name: &str, min: u32) {
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, "PodGroup");
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    let pg: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/{version}"), "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": ns}, "spec": {"minMember": min}
+    }))
+    .unwrap();
+    Api::<kube::api::DynamicObject>::namespaced_with(training.clone(), ns, &ar)
+        .create(&PostParams::default(), &pg)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
+    let env = Env::load();
+    let test = "dispatch-podgroups";
+    let ns = "e2e-dispatch-podgroups";
+    let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    install_pod_group_crd(&training, "scheduling.volcano.sh", "v1beta1").await;
+    install_pod_group_crd(&training, "scheduling.x-k8s.io", "v1alpha1").await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+
+    // A Volcano job: one parameter server and two workers, minMember 3.
+    let vc = format!("vc-{id}");
+    let ann = json!({"annotations": {keys::ANNOTATION_VOLCANO_GROUP: vc}});
+    let volcano: Vec<String> = ["ps-0", "worker-0", "worker-1"].iter().map(|r| format!("{vc}-{r}")).collect();
+    // Pods first: the gang must wait for its PodGroup, not guess its size.
+    for n in &volcano {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, ann.clone())).await.unwrap();
+    }
+    let msg = wait_for(Duration::from_secs(30), "gang waits for its PodGroup", || {
+        let (pods, n) = (pods.clone(), volcano[0].clone());
+        async move { unschedulable_message(&pods.get(&n).await.ok()?) }
+    })
+    .await;
+    assert!(msg.contains("not found"), "{msg}");
+    create_pod_group(&training, ns, "scheduling.volcano.sh", "v1beta1", &vc, 3).await;
+    let bound = wait_bound(&pods, &volcano, Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
+
+    // A PyTorchJob-shaped set: master + 3 workers in a sig-scheduling PodGroup of 4.
+    let pt = format!("pt-{id}");
+    create_pod_group(&training, ns, "scheduling.x-k8s.io", "v1alpha1", &pt, 4).await;
+    let label = json!({"labels": {keys::LABEL_POD_GROUP: pt, "training.kubeflow.org/job-name": pt}});
+    let torch: Vec<String> =
+        ["master-0", "worker-0", "worker-1", "worker-2"].iter().map(|r| format!("{pt}-{r}")).collect();
+    // Three of four: not enough, nothing binds.
+    for n in &torch[..3] {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, label.clone())).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in &torch[..3] {
+        assert!(pods.get(n).await.unwrap().spec.unwrap().node_name.is_none(), "{n} bound before its gang was complete");
+    }
+    pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
+    let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
+    wait_running(&pods, &torch).await;
+    delete_all(&pods, &volcano).await;
+    delete_all(&pods, &torch).await;
+}
+
+#[tokio::test]
+async fn a_crash_during_placement_never_splits_a_gang() {
+    let env = Env::load();
+    let test = "dispatch-crash";
+    let ns = "e2e-dispatch-crash";
+    let (training, mut tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let names: Vec<String> = (0..8).map(|i| format!("crash-{id}-{i}")).collect();
+    for n in &names {
+        let meta =
+            json!({"annotations": {keys::ANNOTATION_GANG: format!("crash-{id}"), keys::ANNOTATION_MIN_MEMBER: "8"}});
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, meta)).await.unwrap();
+    }
+    // Kill tidepool as soon as the placement is being recorded.
+    wait_for(Duration::from_secs(60), "placement recorded on a pod", || {
+        let (pods, names) = (pods.clone(), names.clone());
+        async move {
+            for n in &names {
+                if pods.get(n).await.ok()?.annotations().contains_key(keys::ANNOTATION_PLACEMENT) {
+                    return Some(());
+                }
+            }
+            None
+        }
+    })
+    .await;
+    tp.kill();
+    drop(tp);
+    let _tp = Tidepool::start(&env, test, ns);
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "gang split after a crash: {bound:?}");
+    wait_running(&pods, &names).await;
+    delete_all(&pods, &names).await;
+}
