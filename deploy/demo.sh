@@ -69,6 +69,44 @@ k -n team-a get pods -o wide
 echo "-- its offload copy in member-a, placed by member-a's own scheduler:"
 ka -n tp-team-a get pods -o wide
 
+say "an elastic training job (6 workers, gang of 4) placed whole on one pool"
+k apply -f deploy/examples/elastic-job.yaml
+for _ in $(seq 120); do
+  bound=$(k -n team-a get pods -l app=resnet -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true)
+  [[ "$bound" -ge 6 ]] && break; sleep 0.5
+done
+k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod -l app=resnet --timeout=90s
+k -n team-a get pods -l app=resnet -o wide -L tidepool.io/band
+node=$(k -n team-a get pods -l app=resnet -o jsonpath='{.items[0].spec.nodeName}')
+member=$(k get node "$node" -o jsonpath='{.metadata.labels.tidepool\.io/member}')
+case "$member" in member-a) MK=$MEMBER_A_KUBECONFIG ;; *) MK=$MEMBER_B_KUBECONFIG ;; esac
+km() { "$CP_BIN/kubectl" --kubeconfig "$MK" "$@"; }
+echo "-- the whole gang is on $node (member $member)"
+
+say "online traffic grows in $member: its HPA may now add 2 replicas of 2 GPUs"
+km create namespace online --dry-run=client -o yaml | km apply -f -
+for _ in $(seq 60); do km -n online get serviceaccount default >/dev/null 2>&1 && break; sleep 0.5; done
+km apply -f deploy/examples/online-service.yaml
+km -n online wait --for=jsonpath='{.status.currentReplicas}'=1 hpa/inference --timeout=60s
+km -n online patch hpa inference --type merge -p '{"spec":{"maxReplicas":3}}'
+echo "-- tidepool takes capacity back by band: elastic (low) workers get a checkpoint notice first"
+noticed=""
+for _ in $(seq 120); do
+  noticed=$(k -n team-a get pods -l app=resnet -o jsonpath='{range .items[?(@.metadata.annotations.tidepool\.io/reclaim-deadline)]}{.metadata.name}{" "}{end}')
+  [[ -n "$noticed" ]] && break; sleep 0.5
+done
+k -n team-a get pods -l app=resnet -o custom-columns='NAME:.metadata.name,BAND:.metadata.labels.tidepool\.io/band,PHASE:.status.phase,RECLAIM-DEADLINE:.metadata.annotations.tidepool\.io/reclaim-deadline'
+echo "-- each trainer checkpoints and acknowledges (it sees the notice in /etc/tidepool/annotations)"
+for p in $noticed; do k -n team-a annotate pod "$p" tidepool.io/checkpoint-done=true --overwrite; done
+for p in $noticed; do
+  k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed "pod/$p" --timeout=60s
+done
+k -n team-a get pods -l app=resnet -o custom-columns='NAME:.metadata.name,BAND:.metadata.labels.tidepool\.io/band,PHASE:.status.phase,REASON:.status.reason,MESSAGE:.status.message'
+k -n team-a get events --field-selector reason=ReclaimRequested -o custom-columns='OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message' 2>/dev/null | head -5 || true
+echo "-- the gang core (medium) keeps running; the Job's replacements for the reclaimed workers wait, explained:"
+sleep 3
+k -n team-a get pods -l app=resnet --field-selector=status.phase=Pending -o custom-columns='NAME:.metadata.name,WHY:.status.conditions[0].message'
+
 cat <<MSG
 
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:

@@ -108,3 +108,5 @@ pub const CONDITION_RECLAIM_REQUESTED: &str = "tidepool.io/ReclaimRequested";
 pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Reason of a training pod failed by reclaim.
 pub const REASON_RECLAIMED: &str = "Reclaimed";
+/// The online demand a reclaim notice answers (`nvidia.com/gpu=2`), for the final message.
+pub const ANNOTATION_RECLAIM_DEMAND: &str = "tidepool.io/reclaim-demand";

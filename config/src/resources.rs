@@ -151,6 +151,11 @@ impl Resources {
         }
     }
 
+    /// Only the amounts that are not zero (for messages: `nvidia.com/gpu=2`, not every name).
+    pub fn nonzero(&self) -> Resources {
+        Resources(self.0.iter().filter(|(_, v)| **v != 0).map(|(k, v)| (k.clone(), *v)).collect())
+    }
+
     /// Sets every negative amount to zero.
     pub fn clamp_non_negative(&mut self) {
         for v in self.0.values_mut() {

@@ -159,14 +159,18 @@ async fn notice(
     let deadline_text = deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
-    let patch = json!({ "metadata": { "annotations": { keys::ANNOTATION_RECLAIM_DEADLINE: deadline_text } } });
+    let patch = json!({ "metadata": { "annotations": {
+        keys::ANNOTATION_RECLAIM_DEADLINE: deadline_text,
+        keys::ANNOTATION_RECLAIM_DEMAND: deficit.nonzero().to_string(),
+    } } });
     if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
         warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
         return;
     }
     let message = format!(
-        "member {member} needs capacity back for online demand ({deficit}); checkpoint and exit, or set \
+        "member {member} needs capacity back for online demand ({}); checkpoint and exit, or set \
          annotation {} — deleted at {deadline_text} ({why})",
+        deficit.nonzero(),
         keys::ANNOTATION_CHECKPOINT_DONE
     );
     let status = json!({ "status": { "conditions": [{
@@ -191,13 +195,11 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestam
         if !(acked || exited || now >= deadline) {
             continue;
         }
-        let member = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .and_then(|n| n.strip_prefix("tidepool-"))
-            .unwrap_or("?")
-            .to_owned();
+        let member = node_of(p)
+            .and_then(|n| {
+                ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).map(|m| m.name.to_string())
+            })
+            .unwrap_or_else(|| node_of(p).unwrap_or("?").to_owned());
         let how = if acked {
             "checkpoint acknowledged"
         } else if exited {
@@ -205,7 +207,8 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestam
         } else {
             "checkpoint not acknowledged before the deadline"
         };
-        let message = format!("reclaimed for online demand in member {member}; {how}");
+        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str);
+        let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
         let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
         let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
         match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {

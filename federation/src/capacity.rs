@@ -504,7 +504,10 @@ mod tests {
         let mut p = policy(&[], 100);
         p.hpa_percent = 50;
         // (10 − 4) × 2 cpu × 50% = 6 cpu.
-        assert_eq!(under(&nodes, &[], &p, std::slice::from_ref(&hpa), "2026-11-30T12:00:00Z").capacity.get("cpu"), 58_000);
+        assert_eq!(
+            under(&nodes, &[], &p, std::slice::from_ref(&hpa), "2026-11-30T12:00:00Z").capacity.get("cpu"),
+            58_000
+        );
         // An HPA whose pods cannot land in the pool holds nothing back there.
         let elsewhere = HpaView { node_selector: BTreeMap::from([("pool".into(), "cpu".into())]), ..hpa };
         assert_eq!(under(&nodes, &[], &p, &[elsewhere], "2026-11-30T12:00:00Z").capacity.get("cpu"), 64_000);

@@ -203,6 +203,9 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let session =
         Session::start(name.clone(), client, &mc.spec.effective_pools(), prefix, fingerprint, policy, mc.spec.paused);
+    if !session.wait_synced(Duration::from_secs(30)).await {
+        warn!("member watches not synced after 30 s; offering its pools anyway");
+    }
     let handle = session.handle.clone();
     tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     if let Ok(mut sessions) = ctx.sessions.lock() {

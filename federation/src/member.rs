@@ -232,6 +232,7 @@ impl Session {
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
         tokio::spawn(
             async move {
+                let mut computed = false;
                 loop {
                     tokio::select! {
                         () = stop.cancelled() => return,
@@ -248,8 +249,15 @@ impl Session {
                         _ => Vec::new(),
                     };
                     let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
+                    let first = !computed;
+                    computed = true;
                     for (selector, tx) in &senders {
                         let next = pool_capacity_under(&nodes, &pods, selector, &demand);
+                        if first {
+                            // Always announce the first result: consumers wait for it.
+                            tx.send_replace(next);
+                            continue;
+                        }
                         tx.send_if_modified(|cur| {
                             if *cur == next {
                                 return false;
@@ -268,6 +276,18 @@ impl Session {
             handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled, paused }),
             fingerprint,
         }
+    }
+}
+
+impl Session {
+    /// Waits until every pool's capacity has been computed once from complete watches, so
+    /// nobody sees a member with an empty pool that is merely not synced yet.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let all = futures::future::join_all(self.handle.pools.iter().map(|p| {
+            let mut rx = p.capacity.clone();
+            async move { rx.changed().await.is_ok() }
+        }));
+        tokio::time::timeout(timeout, all).await.is_ok_and(|r| r.into_iter().all(|ok| ok))
     }
 }
 

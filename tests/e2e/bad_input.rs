@@ -49,6 +49,10 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     );
     let exec = good_text.replace("users:", "users:\n- name: plugin\n  user:\n    exec: {command: /bin/true, apiVersion: client.authentication.k8s.io/v1}\n");
 
+    // Step 3 below creates this Secret; a previous run must not have left it.
+    let _ = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(training.clone(), NS)
+        .delete("not-there-yet", &DeleteParams::default())
+        .await;
     put_kubeconfig_secret(&training, NS, "good", &good).await;
     put_kubeconfig_secret(&training, NS, "garbage", b"apiVersion: v1\nclusters: [oops").await;
     put_kubeconfig_secret(&training, NS, "unreachable", unreachable.as_bytes()).await;

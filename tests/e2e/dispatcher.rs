@@ -214,9 +214,9 @@ async fn an_8_gpu_pod_is_refused_where_the_free_gpus_are_spread_over_nodes() {
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let name = format!("big-{}", run_id());
     pods.create(&PostParams::default(), &gang_pod(&name, &scheduler_name(test), 8, json!({}))).await.unwrap();
-    let msg = wait_for(Duration::from_secs(30), "8-GPU pod explained", || {
+    let msg = wait_for(Duration::from_secs(30), "8-GPU pod explained by the per-node fit", || {
         let (pods, name) = (pods.clone(), name.clone());
-        async move { unschedulable_message(&pods.get(&name).await.ok()?) }
+        async move { unschedulable_message(&pods.get(&name).await.ok()?).filter(|m| m.contains("one node")) }
     })
     .await;
     assert!(msg.contains('8') && msg.contains('4'), "message should say 8 needed, 4 largest free per node: {msg}");
