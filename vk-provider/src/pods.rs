@@ -197,9 +197,11 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
         if pod.status.as_ref().is_some_and(|s| s.host_ip.is_some()) {
-            // 3. It ran in the member and is gone without our deleting it.
-            let msg = format!("offload pod {member_ns}/{name} disappeared from member {}", member.name);
-            fail_pod(&ctx, &pod, "OffloadPodLost", &msg).await?;
+            // 3. It ran in the member and is gone without our deleting it: the member evicted
+            //    or preempted it (its last status, copied up, says which), or someone deleted it.
+            let (reason, why) = translate::member_disruption(pod.status.as_ref());
+            let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
+            fail_pod(&ctx, &pod, reason, &msg).await?;
             return Ok(Action::await_change());
         }
         // 4. Create the offload copy.
@@ -237,6 +239,15 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         if copy.metadata.deletion_timestamp.is_none() {
             delete_offload(member, copy, Some(0)).await?;
         }
+        return Ok(Action::await_change());
+    }
+
+    // 6a. The member is deleting the copy on its own (eviction, preemption by an online
+    //     pod): the training pod fails now, with the member's reason.
+    if copy.metadata.deletion_timestamp.is_some() {
+        let (reason, why) = translate::member_disruption(copy.status.as_ref());
+        let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
+        fail_pod(&ctx, &pod, reason, &msg).await?;
         return Ok(Action::await_change());
     }
 

@@ -192,6 +192,24 @@ pub fn keep_tidepool_conditions(desired: &mut PodStatus, current: Option<&PodSta
     }
 }
 
+/// Why an offload pod that ran vanished from its member, from the `DisruptionTarget`
+/// condition the member set before deleting it (copied up with its status): a reason for the
+/// training pod and a phrase for the message.
+pub fn member_disruption(status: Option<&PodStatus>) -> (&'static str, &'static str) {
+    let target = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget" && c.status == "True"))
+        .and_then(|c| c.reason.as_deref());
+    match target {
+        Some("PreemptionByScheduler") => ("PreemptedByMember", "was preempted by an online pod"),
+        Some("EvictionByEvictionAPI") => ("EvictedByMember", "was evicted"),
+        Some("DeletionByTaintManager") => ("EvictedByMember", "was evicted by a node taint"),
+        Some("TerminationByKubelet") => ("EvictedByMember", "was terminated by the member's kubelet"),
+        Some("DeletionByPodGC") => ("OffloadPodLost", "was garbage-collected"),
+        _ => ("OffloadPodLost", "disappeared"),
+    }
+}
+
 /// True when `offload` is the copy of `pod` (same origin UID).
 pub fn is_copy_of(offload: &Pod, pod: &Pod) -> bool {
     let origin = offload.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID));
@@ -350,6 +368,17 @@ mod tests {
         keep_tidepool_conditions(&mut desired, Some(&current));
         let types: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
         assert_eq!(types, [("Ready".into(), "True".into()), ("tidepool.io/ReclaimRequested".into(), "True".into())]);
+    }
+
+    #[test]
+    fn member_disruptions_keep_their_own_reason() {
+        let with = |reason: &str| -> PodStatus {
+            serde_json::from_value(json!({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason}]})).unwrap()
+        };
+        assert_eq!(member_disruption(Some(&with("PreemptionByScheduler"))).0, "PreemptedByMember");
+        assert_eq!(member_disruption(Some(&with("EvictionByEvictionAPI"))).0, "EvictedByMember");
+        assert_eq!(member_disruption(Some(&PodStatus::default())).0, "OffloadPodLost");
+        assert_eq!(member_disruption(None).0, "OffloadPodLost");
     }
 
     #[test]
