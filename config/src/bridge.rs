@@ -44,6 +44,9 @@ pub struct DispatcherConfig {
     pub deficit_hysteresis_seconds: u64,
     /// Time a reclaim victim gets between the checkpoint notice and its deletion, per band.
     pub reclaim_grace_seconds: BandSeconds,
+    /// A placed gang whose `minMember` pods are not all running within this time is rolled
+    /// back whole: never a partial gang for longer.
+    pub gang_timeout_seconds: u64,
 }
 
 /// A duration per band, in seconds.
@@ -77,6 +80,7 @@ impl Default for DispatcherConfig {
             scheduler_name: "tidepool".to_owned(),
             deficit_hysteresis_seconds: 5,
             reclaim_grace_seconds: BandSeconds::default(),
+            gang_timeout_seconds: 300,
         }
     }
 }
@@ -170,6 +174,9 @@ impl BridgeConfig {
         }
         if !crate::is_dns_subdomain(&self.dispatcher.scheduler_name) {
             errors.push(FieldError::new("dispatcher.schedulerName", "must be a DNS-1123 subdomain"));
+        }
+        if !(1..=86_400).contains(&self.dispatcher.gang_timeout_seconds) {
+            errors.push(FieldError::new("dispatcher.gangTimeoutSeconds", "must be between 1 and 86400"));
         }
         if self.dispatcher.deficit_hysteresis_seconds > 3600 {
             errors.push(FieldError::new("dispatcher.deficitHysteresisSeconds", "must be at most 3600"));

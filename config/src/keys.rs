@@ -89,6 +89,8 @@ impl Band {
 /// Annotation on training pods: the virtual node their gang was placed on. Written on every
 /// core pod before the first bind, so a restarted dispatcher never splits a gang.
 pub const ANNOTATION_PLACEMENT: &str = "tidepool.io/placement";
+/// When the placement was recorded (RFC 3339): the gang timeout counts from here.
+pub const ANNOTATION_PLACED_AT: &str = "tidepool.io/placed-at";
 /// Annotations naming the gang of a bare pod or a Job's pods, and its minimum size.
 pub const ANNOTATION_GANG: &str = "tidepool.io/gang";
 pub const ANNOTATION_MIN_MEMBER: &str = "tidepool.io/min-member";

@@ -107,6 +107,8 @@ struct GangState {
     pods: Vec<Arc<Pod>>,
     /// Virtual node recorded on any of its pods (annotation or binding).
     pinned: Option<String>,
+    /// Pods of the gang that completed: they count as having run.
+    succeeded: usize,
 }
 
 pub(crate) fn is_live(p: &Pod) -> bool {
@@ -133,8 +135,14 @@ async fn round(ctx: &Context) {
 
     // 3. Gangs of our pods.
     let mut gangs: BTreeMap<GangKey, GangState> = BTreeMap::new();
-    for p in all.iter().filter(|p| is_live(p)) {
+    for p in all.iter() {
         if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) != Some(ctx.scheduler_name.as_str()) {
+            continue;
+        }
+        if !is_live(p) {
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded") {
+                gangs.entry(gang::gang_of(p)).or_default().succeeded += 1;
+            }
             continue;
         }
         let g = gangs.entry(gang::gang_of(p)).or_default();
@@ -142,6 +150,12 @@ async fn round(ctx: &Context) {
             g.pinned = placement_of(p).map(str::to_owned);
         }
         g.pods.push(p.clone());
+    }
+    // A placed gang whose core is not running within its timeout is rolled back whole.
+    for (key, g) in &gangs {
+        if let Some(msg) = timed_out(ctx, key, g).await {
+            roll_back(ctx, g, &msg).await;
+        }
     }
     gangs.retain(|_, g| g.pods.iter().any(|p| node_of(p).is_none()));
     if gangs.is_empty() {
@@ -337,11 +351,10 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
                     return;
                 }
             }
-            let idx = pools.iter().position(|v| v.node == placement.node);
+            if let Some(i) = pools.iter().position(|v| v.node == placement.node) {
+                pools[i].reserve(&demand.pods, &placement.per_pod_member_node);
+            }
             for p in core {
-                if let Some(i) = idx {
-                    assume(&mut pools[i], &requests(p));
-                }
                 let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
                 bind(ctx, p, &placement.node, band).await;
             }
@@ -354,9 +367,48 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
     }
 }
 
+/// Says why a placed gang must be rolled back: its placement is older than the gang timeout
+/// and fewer than `minMember` of its pods run.
+async fn timed_out(ctx: &Context, key: &GangKey, g: &GangState) -> Option<String> {
+    let node = g.pinned.as_deref()?;
+    let placed_at: jiff::Timestamp =
+        g.pods.iter().filter_map(|p| p.annotations().get(keys::ANNOTATION_PLACED_AT)?.parse().ok()).min()?;
+    let timeout = ctx.config.dispatcher.gang_timeout_seconds;
+    let waited = jiff::Timestamp::now().duration_since(placed_at).as_secs();
+    if waited < timeout as i64 {
+        return None;
+    }
+    let min = min_member(ctx, key, &g.pods).await.ok()? as usize;
+    let running = g.succeeded
+        + g.pods
+            .iter()
+            .filter(|p| node_of(p).is_some() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+    (running < min).then(|| {
+        format!("gang {key}: {running} of its {min} pods running on {node} after {waited}s (timeout {timeout}s); rolled back whole so it can be placed again")
+    })
+}
+
+/// Fails every live pod of the gang (reason `GangTimeout`); vk-provider then removes their
+/// offload copies, and the owning controller (Job, PyTorchJob, …) creates fresh pods that
+/// form the gang again.
+async fn roll_back(ctx: &Context, g: &GangState, message: &str) {
+    warn!(message, "gang timed out");
+    for p in &g.pods {
+        let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
+        let status = json!({ "status": { "phase": "Failed", "reason": "GangTimeout", "message": message } });
+        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
+            Ok(_) => publish(ctx, p, EventType::Warning, "GangTimeout", message).await,
+            Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot roll back gang pod"),
+        }
+    }
+}
+
 async fn record_placement(ctx: &Context, pod: &Pod, node: &str) -> Result<(), kube::Error> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    let patch = json!({ "metadata": { "annotations": { keys::ANNOTATION_PLACEMENT: node } } });
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let patch =
+        json!({ "metadata": { "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now } } });
     api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(())
 }

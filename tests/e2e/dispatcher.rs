@@ -378,3 +378,63 @@ async fn a_crash_during_placement_never_splits_a_gang() {
     wait_running(&pods, &names).await;
     delete_all(&pods, &names).await;
 }
+
+#[tokio::test]
+async fn a_gang_the_member_leaves_pending_is_rolled_back_whole() {
+    let env = Env::load();
+    let test = "dispatch-timeout";
+    let ns = "e2e-dispatch-timeout";
+    let training = env.client("training").await;
+    env.install_crds(&training).await;
+    reset_members(&training, test).await;
+    ensure_namespace(&training, ns).await;
+    clear_pods(&training, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
+    apply_member(&training, &format!("{test}-member-b"), test, ns, "member-b").await;
+    let _tp = Tidepool::start_with(&env, test, ns, "gangTimeoutSeconds: 5");
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    // Two pods, one of which asks for a node label no member node has: the member's
+    // scheduler leaves that copy Pending, so the gang never runs whole.
+    let names: Vec<String> = (0..2).map(|i| format!("stuck-{id}-{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let meta =
+            json!({"annotations": {keys::ANNOTATION_GANG: format!("stuck-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
+        let mut p = gang_pod(n, &scheduler_name(test), 1, meta);
+        if i == 1 {
+            p.spec.as_mut().unwrap().node_selector =
+                Some(BTreeMap::from([("disktype".to_string(), "ssd".to_string())]));
+        }
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    for n in &names {
+        let msg = wait_for(Duration::from_secs(60), &format!("{n} rolled back"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move {
+                let s = pods.get(&n).await.ok()?.status?;
+                (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
+                    .then(|| s.message.unwrap_or_default())
+            }
+        })
+        .await;
+        assert!(msg.contains("1 of its 2 pods running"), "{msg}");
+    }
+    // Both offload copies are gone, the running one included.
+    let member = env.client("member-b").await;
+    let offload = Api::<Pod>::namespaced(member, &format!("tp-{ns}"));
+    wait_for(Duration::from_secs(60), "offload copies removed", || {
+        let (offload, names) = (offload.clone(), names.clone());
+        async move {
+            for n in &names {
+                if offload.get_opt(n).await.ok()?.is_some() {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    clear_pods(&training, ns).await;
+}
