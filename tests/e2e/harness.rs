@@ -229,6 +229,12 @@ impl Tidepool {
         Tidepool { child, log, _dir: dir }
     }
 
+    /// For the benchmark's memory readings (tests/bench shares this harness).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, as a crash would: no shutdown code runs.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -373,7 +373,10 @@ mod tests {
     #[test]
     fn member_disruptions_keep_their_own_reason() {
         let with = |reason: &str| -> PodStatus {
-            serde_json::from_value(json!({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason}]})).unwrap()
+            serde_json::from_value(
+                json!({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason}]}),
+            )
+            .unwrap()
         };
         assert_eq!(member_disruption(Some(&with("PreemptionByScheduler"))).0, "PreemptedByMember");
         assert_eq!(member_disruption(Some(&with("EvictionByEvictionAPI"))).0, "EvictedByMember");
