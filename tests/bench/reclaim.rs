@@ -1,0 +1,286 @@
+//! Benchmark program (not a test): reclaim through tidepool against native preemption in the
+//! member, in one run, on the local clusters. Prints tables; asserts nothing about speed.
+//!
+//! ```text
+//! TIDEPOOL_CLUSTER_ENV=/tmp/cp/cluster.env cargo bench --bench reclaim
+//! ```
+//! 1. Trials (BENCH_TRIALS, default 7): 8 elastic offload pods of 2 GPUs fill member-b; each
+//!    trial lets an online HPA grow by one 2-GPU replica and measures, from that change,
+//!    the checkpoint notice on a training pod (detect→notice, an upper bound: it includes the
+//!    member watch) and the offload pod's deletion (notice→gone, grace 0).
+//! 2. Time until 4 online replicas run after the Deployment scales, the same 8 offline pods
+//!    running (a) through tidepool and (b) directly in the member as low-priority pods that
+//!    the member's scheduler preempts natively.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../e2e/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tidepool_config::keys;
+
+const TEST: &str = "bench-reclaim";
+const NS: &str = "bench-reclaim";
+const ONLINE: &str = "bench-online";
+
+fn offline_pod(name: &str, scheduler: Option<&str>, priority_class: Option<&str>, gang: Option<&str>) -> Pod {
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                                 "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    }))
+    .unwrap();
+    let spec = p.spec.as_mut().unwrap();
+    spec.scheduler_name = scheduler.map(str::to_owned);
+    spec.priority_class_name = priority_class.map(str::to_owned);
+    if let Some(g) = gang {
+        p.metadata.annotations = Some(
+            [
+                (keys::ANNOTATION_GANG.to_owned(), g.to_owned()),
+                (keys::ANNOTATION_MIN_MEMBER.to_owned(), "1".to_owned()),
+            ]
+            .into(),
+        );
+    }
+    p
+}
+
+async fn until<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+async fn running(api: &Api<Pod>, lp: &ListParams) -> usize {
+    api.list(lp)
+        .await
+        .map(|l| {
+            l.items.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count()
+        })
+        .unwrap_or(0)
+}
+
+async fn reset(api: &Api<Pod>) {
+    let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    let _ = api.delete_collection(&dp, &ListParams::default()).await;
+    until(Duration::from_secs(120), || async {
+        api.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+}
+
+async fn online_setup(member: &Client, replicas: i32, max: i32) -> (Api<Deployment>, Api<HorizontalPodAutoscaler>) {
+    let deployments = Api::<Deployment>::namespaced(member.clone(), ONLINE);
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(member.clone(), ONLINE);
+    let _ = deployments.delete("online", &DeleteParams::default()).await;
+    let _ = hpas.delete("online", &DeleteParams::default()).await;
+    reset(&Api::<Pod>::namespaced(member.clone(), ONLINE)).await;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "online"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "online"}},
+                 "template": {"metadata": {"labels": {"app": "online"}},
+                              "spec": {"terminationGracePeriodSeconds": 0,
+                                       "containers": [{"name": "web", "image": "example.invalid/web:1",
+                                                       "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}
+    }))
+    .unwrap();
+    until(Duration::from_secs(30), || async { deployments.create(&PostParams::default(), &d).await.ok() })
+        .await
+        .unwrap();
+    let h: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "metadata": {"name": "online"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "online"},
+                 "minReplicas": 1, "maxReplicas": max,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}
+    }))
+    .unwrap();
+    hpas.create(&PostParams::default(), &h).await.unwrap();
+    // The headroom counts from the HPA's reported replicas: wait for its controller.
+    until(Duration::from_secs(60), || async {
+        (hpas.get("online").await.ok()?.status?.current_replicas? == replicas).then_some(())
+    })
+    .await
+    .expect("HPA controller reports current replicas");
+    (deployments, hpas)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[((v.len() as f64 - 1.0) * p).round() as usize] }
+}
+
+#[tokio::main]
+async fn main() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-b").await;
+    env.install_crds(&training).await;
+    reset_members(&training, TEST).await;
+    ensure_namespace(&training, NS).await;
+    clear_pods(&training, NS).await;
+    ensure_namespace(&member, ONLINE).await;
+    ensure_namespace(&member, NS).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(&training, NS, "member-b", &kubeconfig).await;
+    apply_member(&training, "bench-reclaim-b", TEST, NS, "member-b").await;
+    let settings = "deficitHysteresisSeconds: 0, reclaimGraceSeconds: {high: 0, medium: 0, low: 0}";
+    let _tp = Tidepool::start_with(&env, TEST, NS, settings);
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let offload = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let online_pods = Api::<Pod>::namespaced(member.clone(), ONLINE);
+    let trials: usize = std::env::var("BENCH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+
+    // 1. Trials: one HPA step, one victim each.
+    let (deployments, hpas) = online_setup(&member, 1, 1).await;
+    let names: Vec<String> = (0..7).map(|i| format!("off-{i}")).collect();
+    for n in &names {
+        pods.create(&PostParams::default(), &offline_pod(n, Some(&scheduler_name(TEST)), None, Some(n))).await.unwrap();
+    }
+    until(Duration::from_secs(120), || async {
+        let l = pods.list(&ListParams::default()).await.ok()?;
+        (l.items.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count()
+            == names.len())
+        .then_some(())
+    })
+    .await
+    .expect("offline pods running");
+    let (mut to_notice, mut to_gone) = (Vec::new(), Vec::new());
+    for trial in 0..trials.min(names.len()) {
+        let t0 = Instant::now();
+        let max = 2 + trial as i32;
+        hpas.patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"maxReplicas": max}})))
+            .await
+            .unwrap();
+        let victim = until(Duration::from_secs(30), || async {
+            let l = pods.list(&ListParams::default()).await.ok()?;
+            l.items
+                .iter()
+                .find(|p| {
+                    p.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE)
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .map(ResourceExt::name_any)
+        })
+        .await
+        .expect("a victim noticed");
+        let t_notice = t0.elapsed();
+        until(Duration::from_secs(30), || async { offload.get_opt(&victim).await.ok()?.is_none().then_some(()) })
+            .await
+            .expect("victim's offload pod deleted");
+        to_notice.push(t_notice.as_secs_f64() * 1000.0);
+        to_gone.push((t0.elapsed() - t_notice).as_secs_f64() * 1000.0);
+    }
+    println!("\n## Reclaim through tidepool, one HPA step per trial ({} trials, grace 0)\n", to_notice.len());
+    println!("| measure | p50 (ms) | p99 (ms) |");
+    println!("|---|---|---|");
+    println!(
+        "| HPA change → checkpoint notice on the training pod | {:.0} | {:.0} |",
+        pct(&mut to_notice, 0.5),
+        pct(&mut to_notice, 0.99)
+    );
+    println!(
+        "| notice → offload pod gone in the member | {:.0} | {:.0} |",
+        pct(&mut to_gone, 0.5),
+        pct(&mut to_gone, 0.99)
+    );
+    clear_pods(&training, NS).await;
+    reset(&offload).await;
+
+    // 2. Time until online pods run: tidepool vs native preemption.
+    let mut rows = Vec::new();
+    for path in ["tidepool", "native"] {
+        let (deployments2, hpas2) = online_setup(&member, 1, 1).await;
+        let direct = Api::<Pod>::namespaced(member.clone(), NS);
+        let names: Vec<String> = (0..7).map(|i| format!("{path}-{i}")).collect();
+        if path == "tidepool" {
+            for n in &names {
+                pods.create(&PostParams::default(), &offline_pod(n, Some(&scheduler_name(TEST)), None, Some(n)))
+                    .await
+                    .unwrap();
+            }
+        } else {
+            let pc: PriorityClass = serde_json::from_value(
+                json!({"metadata": {"name": "bench-offline-low"}, "value": -3000, "preemptionPolicy": "Never"}),
+            )
+            .unwrap();
+            let _ = Api::<PriorityClass>::all(member.clone()).create(&PostParams::default(), &pc).await;
+            for n in &names {
+                direct
+                    .create(&PostParams::default(), &offline_pod(n, None, Some("bench-offline-low"), None))
+                    .await
+                    .unwrap();
+            }
+        }
+        let offline_api = if path == "tidepool" { pods.clone() } else { direct.clone() };
+        until(Duration::from_secs(120), || async {
+            (running(&offline_api, &ListParams::default()).await == names.len()).then_some(())
+        })
+        .await
+        .expect("offline pods running");
+        // The online service grows by 4 replicas at once (its HPA allows it).
+        let t0 = Instant::now();
+        hpas2
+            .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"maxReplicas": 5}})))
+            .await
+            .unwrap();
+        deployments2
+            .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+            .await
+            .unwrap();
+        let lp = ListParams::default().labels("app=online");
+        until(Duration::from_secs(120), || async { (running(&online_pods, &lp).await == 5).then_some(()) })
+            .await
+            .expect("online pods running");
+        let t = t0.elapsed().as_secs_f64();
+        let reasons: std::collections::BTreeMap<String, usize> = if path == "tidepool" {
+            let mut m = std::collections::BTreeMap::new();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            for p in pods.list(&ListParams::default()).await.unwrap().items {
+                if let Some(r) = p.status.and_then(|s| s.reason) {
+                    *m.entry(r).or_insert(0) += 1;
+                }
+            }
+            m
+        } else {
+            [("PreemptedNatively".to_string(), names.len() - running(&direct, &ListParams::default()).await)].into()
+        };
+        rows.push((path, t, reasons));
+        clear_pods(&training, NS).await;
+        reset(&offload).await;
+        reset(&direct).await;
+        let _ = deployments2.delete("online", &DeleteParams::default()).await;
+    }
+    println!("\n## Time until 4 more online replicas run (7 offline 2-GPU pods on 16 GPUs, 1 online replica)\n");
+    println!("| path | online pods running after (s) | how the offline pods left |");
+    println!("|---|---|---|");
+    for (path, t, reasons) in &rows {
+        println!("| {path} | {t:.2} | {reasons:?} |");
+    }
+    if let [(_, tide, _), (_, native, _)] = rows.as_slice() {
+        println!("\ntidepool / native = {:.2}×", tide / native);
+    }
+    let _ = deployments.delete("online", &DeleteParams::default()).await;
+    Api::<tidepool_config::MemberCluster>::all(training.clone())
+        .delete("bench-reclaim-b", &DeleteParams::default())
+        .await
+        .unwrap();
+}
