@@ -31,6 +31,8 @@ pub struct BridgeConfig {
     /// How often (seconds) the virtual nodes' leases are renewed; their duration is 4×.
     pub lease_renew_seconds: u64,
     pub dispatcher: DispatcherConfig,
+    /// What the offload policy lets through that it denies by default. Unset: nothing.
+    pub policy: PolicyAllow,
 }
 
 /// The elastic dispatcher's settings.
@@ -95,6 +97,50 @@ pub struct KubeletConfig {
     pub port: u16,
 }
 
+/// Exceptions to the offload policy, which denies by default every way a pod could reach past
+/// its sandbox onto a member's hosts (see `tidepool_vk::policy`). Each switch lifts one rule
+/// for every pod this instance offloads; all are off by default.
+///
+/// Lifting a rule here is not enough on its own: offload namespaces are created with the
+/// PodSecurity `baseline` level, which refuses most of the same things, so the member's admin
+/// has to relax that namespace too. Both sides of the federation must agree to host access.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PolicyAllow {
+    /// Privileged containers and the other ways out of the container sandbox: Unconfined
+    /// seccomp or AppArmor profiles, an Unmasked `/proc`, SELinux user/role/type options,
+    /// unsafe sysctls, Windows HostProcess.
+    pub privileged: bool,
+    /// Linux capabilities containers may add (`IPC_LOCK` for RDMA, say), written as the
+    /// kernel names them without the `CAP_` prefix. Empty: none.
+    pub capabilities: Vec<String>,
+    /// `hostNetwork`, `hostPID` and `hostIPC`.
+    pub host_namespaces: bool,
+    /// `hostPath` volumes.
+    pub host_path: bool,
+    /// Container ports with a `hostPort`.
+    pub host_ports: bool,
+    /// PersistentVolumeClaim and generic ephemeral volumes. Tidepool does not provision claims
+    /// in members: with this on, the claims must already exist in the offload namespace.
+    pub persistent_volume_claims: bool,
+}
+
+impl PolicyAllow {
+    fn validate(&self, errors: &mut Vec<FieldError>) {
+        for (i, cap) in self.capabilities.iter().enumerate() {
+            let path = format!("policy.capabilities[{i}]");
+            if cap.eq_ignore_ascii_case("ALL") {
+                errors.push(FieldError::new(path, "ALL is every capability: list the ones pods need"));
+            } else if let Some(bare) = cap.strip_prefix("CAP_") {
+                errors.push(FieldError::new(path, format!("write {bare}, without the CAP_ prefix, as pod specs do")));
+            } else if cap.is_empty() || !cap.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            {
+                errors.push(FieldError::new(path, "must be a capability name in upper case, like NET_ADMIN"));
+            }
+        }
+    }
+}
+
 impl Default for BridgeConfig {
     fn default() -> Self {
         Self {
@@ -106,6 +152,7 @@ impl Default for BridgeConfig {
             kubelet: KubeletConfig::default(),
             lease_renew_seconds: 10,
             dispatcher: DispatcherConfig::default(),
+            policy: PolicyAllow::default(),
         }
     }
 }
@@ -193,6 +240,7 @@ impl BridgeConfig {
         if !(1..=60).contains(&self.lease_renew_seconds) {
             errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));
         }
+        self.policy.validate(&mut errors);
         errors
     }
 }
@@ -226,6 +274,41 @@ mod tests {
         let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
         let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds"]);
+    }
+
+    #[test]
+    fn the_policy_section_is_optional_and_denies_everything_by_default() {
+        let c = BridgeConfig::parse("clusterName: train-1\n").unwrap();
+        assert_eq!(c.policy, PolicyAllow::default());
+        assert!(!c.policy.privileged && !c.policy.host_namespaces && !c.policy.host_path);
+        assert!(!c.policy.host_ports && !c.policy.persistent_volume_claims && c.policy.capabilities.is_empty());
+    }
+
+    #[test]
+    fn the_policy_section_lifts_single_rules() {
+        let c = BridgeConfig::parse("policy: {persistentVolumeClaims: true, capabilities: [IPC_LOCK]}\n").unwrap();
+        assert!(c.policy.persistent_volume_claims);
+        assert_eq!(c.policy.capabilities, ["IPC_LOCK"]);
+        assert!(!c.policy.privileged);
+    }
+
+    #[test]
+    fn a_typo_in_the_policy_section_is_an_error() {
+        let err = BridgeConfig::parse("policy: {hostPaths: true}\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `hostPaths`"), "{err}");
+    }
+
+    #[test]
+    fn capabilities_must_be_named_as_pod_specs_name_them() {
+        let err = BridgeConfig::parse("policy: {capabilities: [NET_ADMIN, ALL, CAP_SYS_ADMIN, net_raw, \"\"]}\n")
+            .unwrap_err();
+        let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["policy.capabilities[1]", "policy.capabilities[2]", "policy.capabilities[3]", "policy.capabilities[4]"]
+        );
+        assert!(errors[1].message.contains("write SYS_ADMIN"), "{}", errors[1]);
     }
 
     #[test]

@@ -28,6 +28,15 @@ pub const LABEL_BAND: &str = "tidepool.io/band";
 /// Annotations on an offload pod naming its origin.
 pub const ANNOTATION_ORIGIN_NAMESPACE: &str = "tidepool.io/origin-namespace";
 pub const ANNOTATION_ORIGIN_NAME: &str = "tidepool.io/origin-name";
+/// Label (value `true`) on the ConfigMaps and Secrets tidepool copied into an offload
+/// namespace. With the origin cluster and member labels it is what the collector selects:
+/// it never deletes an object without all three.
+pub const LABEL_REFLECTED: &str = "tidepool.io/reflected";
+/// Annotation on a reflected copy: the `resourceVersion` of the training object it was made
+/// from. The copy is current while the source still has it, so syncing reads no contents.
+pub const ANNOTATION_ORIGIN_RESOURCE_VERSION: &str = "tidepool.io/origin-resource-version";
+/// Reason of a training pod the offload policy refused (and of its Event).
+pub const REASON_OFFLOAD_POLICY: &str = "OffloadPolicy";
 /// Label on member namespaces tidepool created, so it never touches others.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "tidepool";

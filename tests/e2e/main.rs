@@ -10,3 +10,4 @@ mod dispatcher;
 mod harness;
 mod reclaim;
 mod skeleton;
+mod vk_features;

@@ -2,12 +2,18 @@
 //! training cluster, and pods bound to those nodes run as offload pods in the member.
 //!
 //! Owns: virtual Node objects and their Leases ([`node`]), pod translation ([`translate`],
-//! pure), the pod controller that creates, deletes and mirrors offload pods ([`pods`]).
-//! Does not own: member connections and capacity (federation), deciding which pod goes to
-//! which node (dispatcher). Start at [`VirtualKubelet::start`].
+//! pure), the offload policy ([`policy`], pure), reflection of the ConfigMaps and Secrets
+//! pods reference ([`reflect`] pure, [`copies`] I/O), the pod controller that creates,
+//! deletes and mirrors offload pods ([`pods`]), and garbage collection in members
+//! ([`collect`]). Does not own: member connections and capacity (federation), deciding which
+//! pod goes to which node (dispatcher). Start at [`VirtualKubelet::start`].
 
+pub mod collect;
+pub mod copies;
 pub mod node;
 pub mod pods;
+pub mod policy;
+pub mod reflect;
 pub mod translate;
 
 use std::sync::Arc;

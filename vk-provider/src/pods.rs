@@ -1,8 +1,13 @@
 //! The pod controller: training pods bound to a virtual node ⇄ offload pods in its member.
 //!
-//! Reconciles are triggered by training pod changes and by offload pod changes (each member's
+//! Reconciles are triggered by training pod changes, by offload pod changes (each member's
 //! offload watch maps a member pod back to its training pod by the origin annotations), and
-//! read the member's state from that watch's cache: steady state costs the member no reads.
+//! by changes of the ConfigMaps and Secrets a pod references (see [`crate::copies`]). They
+//! read the member's state from those watches' caches: steady state costs the member no reads.
+//!
+//! Before an offload pod is created, the pod must pass the offload policy
+//! ([`crate::policy`]) and everything it references must be copied into the member
+//! ([`crate::reflect`]). Each member session also runs a collector ([`crate::collect`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,33 +27,64 @@ use tidepool_config::{BridgeConfig, MemberName, keys};
 use tidepool_federation::{MemberHandle, Members, PoolHandle};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
 
-use crate::Error;
+use crate::copies::{self, Change, MetaStores, Outcome};
+use crate::reflect::{self, Source};
 use crate::translate::{self, Target};
+use crate::{Error, collect, policy};
 
 /// Safety-net resync of every pod on a virtual node.
 const RESYNC: Duration = Duration::from_secs(300);
+/// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
+/// sooner.
+const MISSING_RETRY: Duration = Duration::from_secs(30);
 
 pub(crate) struct Context {
-    training: Client,
+    pub(crate) training: Client,
     config: Arc<BridgeConfig>,
     members: watch::Receiver<Members>,
     offload: Mutex<HashMap<MemberName, OffloadWatch>>,
     namespaces: Mutex<HashSet<(MemberName, String)>>,
     recorder: Recorder,
+    /// The training pods: the controller's own cache, shared with the collector.
+    pub(crate) pods: Store<Pod>,
+    /// Metadata of every training ConfigMap and Secret: when a copy is stale.
+    sources: MetaStores,
 }
 
-/// The offload pods of one member session, cached.
+/// One member session, as the pod controller sees it.
 #[derive(Clone)]
-struct OffloadWatch {
-    member: Arc<MemberHandle>,
-    store: Store<Pod>,
+pub(crate) struct OffloadWatch {
+    pub(crate) member: Arc<MemberHandle>,
+    /// This instance's offload pods in the member.
+    pub(crate) store: Store<Pod>,
+    /// Metadata of this instance's reflected copies in the member.
+    pub(crate) copies: MetaStores,
+    /// Asks the collector for work now.
+    collect: mpsc::Sender<collect::Request>,
 }
 
 pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
     let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<Pod>>(1024);
+    let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
+    let (gone_tx, gone_rx) = mpsc::channel::<Pod>(1024);
     let recorder = Recorder::new(training.clone(), Reporter { controller: "tidepool".into(), instance: None });
+    // The controller's own watch, tapped for deletions: a pod deleted outright (grace period
+    // 0, forced, or by the pod garbage collector) never shows a deletion timestamp, and its
+    // offload copy must go at once rather than at the collector's next pass.
+    let (reader, writer) = reflector::store();
+    let training_pods = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(pod)) = event {
+                let _ = gone_tx.try_send(pod.clone());
+            }
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(training_pods, reader);
     let ctx = Arc::new(Context {
         training: training.clone(),
         config,
@@ -56,11 +92,18 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
         offload: Mutex::new(HashMap::new()),
         namespaces: Mutex::new(HashSet::new()),
         recorder,
+        pods: controller.store(),
+        // The training side's watches live as long as the process.
+        sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
     });
-    tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx));
+    tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
+    tokio::spawn(forward_deletions(ctx.clone(), gone_rx));
+    tokio::spawn(
+        follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
+    );
     // A member (re)connecting re-checks every pod: its pods may have waited for it.
     let member_changes = WatchStream::new(members).map(|_| ());
-    Controller::new(Api::<Pod>::all(training), watcher::Config::default())
+    controller
         .reconcile_on(ReceiverStream::new(trigger_rx))
         .reconcile_all_on(member_changes)
         .run(reconcile, error_policy, ctx)
@@ -82,7 +125,7 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
             watches.retain(|name, w| current.get(name).is_some_and(|m| Arc::ptr_eq(m, &w.member)));
             for (name, member) in &current {
                 if !watches.contains_key(name) {
-                    watches.insert(name.clone(), start_offload_watch(&ctx.config, member.clone(), trigger.clone()));
+                    watches.insert(name.clone(), start_offload_watch(&ctx, member.clone(), trigger.clone()));
                 }
             }
         }
@@ -92,36 +135,108 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
     }
 }
 
+/// Starts the watches of one member session (offload pods, reflected copies) and its
+/// collector; all end with the session.
 fn start_offload_watch(
-    config: &BridgeConfig,
+    ctx: &Arc<Context>,
     member: Arc<MemberHandle>,
     trigger: mpsc::Sender<ObjectRef<Pod>>,
 ) -> OffloadWatch {
+    let span = info_span!("offload_watch", member = %member.name);
+    let _entered = span.enter();
     let (store, writer) = reflector::store();
-    let selector =
-        format!("{}={},{}={}", keys::LABEL_ORIGIN_CLUSTER, config.cluster_name, keys::LABEL_ORIGIN_MEMBER, member.name);
+    let selector = format!(
+        "{}={},{}={}",
+        keys::LABEL_ORIGIN_CLUSTER,
+        ctx.config.cluster_name,
+        keys::LABEL_ORIGIN_MEMBER,
+        member.name
+    );
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
         .reflect(writer)
         .touched_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
+    let (collect_tx, collect_rx) = mpsc::channel::<collect::Request>(256);
+    let copy_selector = reflect::copy_selector(&ctx.config.cluster_name, member.name.as_str());
+    let (copy_tx, copy_rx) = mpsc::channel::<Change>(256);
+    let copies = MetaStores::copies(&member.client, &copy_selector, member.cancelled.clone(), copy_tx);
+    let watch = OffloadWatch { member: member.clone(), store: store.clone(), copies, collect: collect_tx.clone() };
+    let pod_trigger = trigger.clone();
     tokio::spawn(
         async move {
             let mut events = std::pin::pin!(events);
             while let Some(ev) = events.next().await {
                 match ev {
                     Ok(pod) => {
+                        if store.get(&ObjectRef::from_obj(&pod)).is_none() {
+                            // Gone from the member: its copies may be unused now.
+                            let _ = collect_tx.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
+                        }
                         if let Some(origin) = origin_of(&pod) {
-                            let _ = trigger.send(origin).await;
+                            let _ = pod_trigger.send(origin).await;
                         }
                     }
                     Err(e) => warn!(error = %e, "offload pod watch failed; retrying with backoff"),
                 }
             }
         }
-        .instrument(info_span!("offload_watch", member = %member.name)),
+        .in_current_span(),
     );
-    OffloadWatch { member, store }
+    tokio::spawn(follow_source_changes(ctx.clone(), copy_rx, Some(member.clone()), trigger).in_current_span());
+    tokio::spawn(collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
+    watch
+}
+
+/// Hands training pods that are gone to the collector of their member, which deletes their
+/// offload copy if there is one (after a normal deletion there is none left).
+async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Pod>) {
+    while let Some(pod) = gone.recv().await {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
+        let Some((watch, _)) = ctx.route(node) else { continue };
+        let (Some(namespace), Some(uid)) = (pod.metadata.namespace.as_deref(), pod.metadata.uid.clone()) else {
+            continue;
+        };
+        let request = collect::Request::Gone {
+            offload: ObjectRef::new(&pod.name_any())
+                .within(&translate::member_namespace(&watch.member.namespace_prefix, namespace)),
+            uid,
+        };
+        // Never wait on one member's collector; its periodic pass catches what is dropped.
+        let _ = watch.collect.try_send(request);
+    }
+}
+
+/// Turns ConfigMap and Secret changes into reconciles of the pods that reference them.
+/// Training side (`member` None): any change of a source. Member side: a copy deleted
+/// behind tidepool's back, named by its origin annotations.
+async fn follow_source_changes(
+    ctx: Arc<Context>,
+    mut changes: mpsc::Receiver<Change>,
+    member: Option<Arc<MemberHandle>>,
+    trigger: mpsc::Sender<ObjectRef<Pod>>,
+) {
+    while let Some(change) = changes.recv().await {
+        let pods = match (&change, &member) {
+            (Change::Applied(kind, meta) | Change::Deleted(kind, meta), None) => {
+                let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else { continue };
+                ctx.referencing(Some(ns), Some(&Source::new(*kind, name)), None)
+            }
+            (Change::Relisted, None) => ctx.referencing_any(),
+            (Change::Deleted(kind, meta), Some(member)) => {
+                let annotations = meta.annotations.as_ref();
+                let Some(ns) = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAMESPACE)) else { continue };
+                let Some(name) = meta.name.as_deref() else { continue };
+                ctx.referencing(Some(ns), Some(&Source::new(*kind, name)), Some(member))
+            }
+            (Change::Applied(..) | Change::Relisted, Some(_)) => continue,
+        };
+        for pod in pods {
+            if trigger.send(pod).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// The training pod an offload pod copies, from its origin annotations.
@@ -132,11 +247,93 @@ fn origin_of(offload: &Pod) -> Option<ObjectRef<Pod>> {
     Some(ObjectRef::new(name).within(ns))
 }
 
+/// Waits up to `limit` for `store`'s first full list; false if it does not come (or its
+/// watch is gone). `Store::wait_until_ready` wakes only the last of several tasks waiting at
+/// once (kube-runtime 5 keeps a single waker), so each wait is short and repeated rather
+/// than trusted to be woken.
+pub(crate) async fn listed<K>(store: &Store<K>, limit: Duration) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(ready) => return ready.is_ok(),
+            Err(_) if tokio::time::Instant::now() >= deadline => return false,
+            Err(_) => {}
+        }
+    }
+}
+
+/// A training pod that still runs or is still to run: not terminal, not being deleted.
+pub(crate) fn is_live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 impl Context {
+    /// Syncs copies from training namespace `origin` into `member_ns` of `watch`'s member.
+    fn reflection<'a>(
+        &'a self,
+        watch: &'a OffloadWatch,
+        origin: &'a str,
+        member_ns: &'a str,
+    ) -> copies::Reflection<'a> {
+        copies::Reflection {
+            training: &self.training,
+            sources: &self.sources,
+            member: &watch.member,
+            copies: &watch.copies,
+            cluster: &self.config.cluster_name,
+            origin_namespace: origin,
+            member_namespace: member_ns,
+        }
+    }
+
     /// The member session and pool behind a virtual node, with that session's offload cache.
     fn route(&self, node: &str) -> Option<(OffloadWatch, PoolHandle)> {
         let watches = self.offload.lock().ok()?;
         watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone())))
+    }
+
+    /// Live training pods in `namespace` on a virtual node (of `member`, or of any member)
+    /// that reference `source` (or, without one, anything at all).
+    fn referencing(
+        &self,
+        namespace: Option<&str>,
+        source: Option<&Source>,
+        member: Option<&MemberHandle>,
+    ) -> Vec<ObjectRef<Pod>> {
+        let nodes: HashSet<String> = match member {
+            Some(m) => m.pools.iter().map(|p| p.node.to_string()).collect(),
+            None => self
+                .offload
+                .lock()
+                .map(|w| w.values().flat_map(|w| w.member.pools.iter().map(|p| p.node.to_string())).collect())
+                .unwrap_or_default(),
+        };
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| namespace.is_none_or(|ns| p.metadata.namespace.as_deref() == Some(ns)))
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| nodes.contains(n)))
+            .filter(|p| is_live(p))
+            .filter(|p| {
+                let refs = p.spec.as_ref().map(reflect::references).unwrap_or_default();
+                match source {
+                    Some(s) => refs.contains_key(s),
+                    None => !refs.is_empty(),
+                }
+            })
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect()
+    }
+
+    /// Every live pod on a virtual node that references anything: after a relist, when
+    /// single changes may have been missed.
+    fn referencing_any(&self) -> Vec<ObjectRef<Pod>> {
+        self.referencing(None, None, None)
     }
 }
 
@@ -151,7 +348,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     };
     let member = &watch.member;
-    if tokio::time::timeout(Duration::from_secs(10), watch.store.wait_until_ready()).await.is_err() {
+    if !listed(&watch.store, Duration::from_secs(10)).await {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
@@ -180,6 +377,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             Err(e) => return Err(Error::training("finish pod deletion", e)),
         }
         info!(member = %member.name, "offload pod gone; training pod deletion finished");
+        // Copies made for a pod that never ran are not freed by an offload pod going away.
+        let _ = watch.collect.try_send(collect::Request::Copies(member_ns));
         return Ok(Action::await_change());
     }
 
@@ -204,7 +403,13 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             fail_pod(&ctx, &pod, reason, &msg).await?;
             return Ok(Action::await_change());
         }
-        // 4. Create the offload copy.
+        // 4. The offload policy: a refused pod fails here, before anything reaches the member.
+        if let Err(violation) = policy::check(&pod, &ctx.config.policy) {
+            let msg = format!("not offloaded to member {}: {violation}", member.name);
+            fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+            return Ok(Action::await_change());
+        }
+        // 5. Copy what it references into the member namespace.
         ensure_namespace(&ctx, member, &member_ns).await?;
         let target = Target {
             cluster: &ctx.config.cluster_name,
@@ -214,6 +419,26 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             band: translate::band_of(&pod),
         };
         let offload = translate::offload_pod(&pod, &target)?;
+        let reflection = ctx.reflection(&watch, &namespace, &member_ns);
+        match reflection.run(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?).await? {
+            Outcome::Ready => {}
+            Outcome::Missing(missing) => {
+                let msg = format!("waiting for {} before offloading to member {}", missing.join(", "), member.name);
+                publish(&ctx, &pod, EventType::Warning, "ReferenceMissing", &msg).await;
+                return Ok(Action::requeue(MISSING_RETRY));
+            }
+            Outcome::Refused(why) => {
+                let msg = format!("not offloaded to member {}: {why}", member.name);
+                fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+                return Ok(Action::await_change());
+            }
+            Outcome::Conflict(msg) => {
+                publish(&ctx, &pod, EventType::Warning, "ReflectionConflict", &msg).await;
+                return Ok(Action::requeue(Duration::from_secs(60)));
+            }
+            Outcome::Retry => return Ok(Action::requeue(Duration::from_secs(2))),
+        }
+        // 6. Create the offload copy.
         match Api::<Pod>::namespaced(member.client.clone(), &member_ns).create(&PostParams::default(), &offload).await {
             Ok(_) => {
                 info!(member = %member.name, "offload pod created");
@@ -234,7 +459,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(RESYNC));
     };
 
-    // 5. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
+    // 7. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
     if terminal {
         if copy.metadata.deletion_timestamp.is_none() {
             delete_offload(member, copy, Some(0)).await?;
@@ -242,7 +467,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    // 6a. The member is deleting the copy on its own (eviction, preemption by an online
+    // 8a. The member is deleting the copy on its own (eviction, preemption by an online
     //     pod): the training pod fails now, with the member's reason.
     if copy.metadata.deletion_timestamp.is_some() {
         let (reason, why) = translate::member_disruption(copy.status.as_ref());
@@ -251,20 +476,34 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    // 6. Notices written on the training pod travel down, so the trainer sees them in
+    // 8. Notices written on the training pod travel down, so the trainer sees them in
     //    /etc/tidepool/annotations.
     sync_notice(member, &pod, copy).await?;
 
-    // 7. Copy status up.
+    // 9. Keep its ConfigMap and Secret copies current while it runs.
+    let mut requeue = RESYNC;
+    if let Some(spec) = copy.spec.as_ref() {
+        match ctx.reflection(&watch, &namespace, &member_ns).run(spec).await? {
+            // A source deleted in training is deleted in the member too; the pod runs on,
+            // as it would with a kubelet of its own.
+            Outcome::Ready | Outcome::Missing(_) => {}
+            Outcome::Refused(msg) | Outcome::Conflict(msg) => {
+                publish(&ctx, &pod, EventType::Warning, "ReflectionFailed", &msg).await;
+            }
+            Outcome::Retry => requeue = Duration::from_secs(2),
+        }
+    }
+
+    // 10. Copy status up.
     let Some(member_status) = copy.status.as_ref() else {
-        return Ok(Action::requeue(RESYNC));
+        return Ok(Action::requeue(requeue));
     };
     let mut desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
     translate::keep_tidepool_conditions(&mut desired, pod.status.as_ref());
     if !translate::status_in_sync(pod.status.as_ref(), &desired) {
         patch_status(&ctx, &pod, &desired).await?;
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(requeue))
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy.
@@ -283,7 +522,7 @@ async fn sync_notice(member: &MemberHandle, pod: &Pod, copy: &Pod) -> Result<(),
     Ok(())
 }
 
-async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Option<u32>) -> Result<(), Error> {
+pub(crate) async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Option<u32>) -> Result<(), Error> {
     let ns = copy.namespace().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: grace,

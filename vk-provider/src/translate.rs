@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tidepool_config::keys;
 
@@ -101,17 +101,8 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
         s.service_account = None;
     }
     s.automount_service_account_token = Some(false);
-    let token_volumes: Vec<String> = s
-        .volumes
-        .iter()
-        .flatten()
-        .filter(|v| {
-            v.projected
-                .as_ref()
-                .is_some_and(|p| p.sources.iter().flatten().any(|src| src.service_account_token.is_some()))
-        })
-        .map(|v| v.name.clone())
-        .collect();
+    let token_volumes: Vec<String> =
+        s.volumes.iter().flatten().filter(|v| carries_training_token(v)).map(|v| v.name.clone()).collect();
     if let Some(volumes) = s.volumes.as_mut() {
         volumes.retain(|v| !token_volumes.contains(&v.name));
     }
@@ -120,8 +111,17 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
             mounts.retain(|m| !token_volumes.contains(&m.name));
         }
     }
+    // Debug containers someone added to the training pod belong to it: the API refuses a new
+    // pod that has any, and they were not meant to run in a member.
+    s.ephemeral_containers = None;
     add_annotations_volume(&mut s);
     s
+}
+
+/// True for a volume holding a service-account token of the training cluster (the projected
+/// `kube-api-access-*` volume): translation drops it, so nothing it references travels.
+pub fn carries_training_token(volume: &Volume) -> bool {
+    volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().any(|src| src.service_account_token.is_some()))
 }
 
 /// Band of a training pod: its `tidepool.io/band` label (written by the dispatcher), else
@@ -382,6 +382,15 @@ mod tests {
         assert_eq!(member_disruption(Some(&with("EvictionByEvictionAPI"))).0, "EvictedByMember");
         assert_eq!(member_disruption(Some(&PodStatus::default())).0, "OffloadPodLost");
         assert_eq!(member_disruption(None).0, "OffloadPodLost");
+    }
+
+    #[test]
+    fn debug_containers_stay_in_the_training_cluster() {
+        let mut pod = training_pod();
+        pod.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![serde_json::from_value(json!({"name": "debugger", "image": "busybox"})).unwrap()]);
+        let spec = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap();
+        assert_eq!(spec.ephemeral_containers, None);
     }
 
     #[test]

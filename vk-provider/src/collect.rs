@@ -1,0 +1,221 @@
+//! Garbage collection in members: offload pods whose training pod is gone (orphans, left by
+//! a force deletion, a node deletion, or anything that happened while tidepool was down),
+//! and reflected copies no pod uses any more.
+//!
+//! One collector per member session. It runs a full pass as soon as its caches are filled
+//! (so a restart cleans up at once), then every [`COLLECT_INTERVAL`]. Between passes it acts
+//! on events: a training pod deleted outright (grace period 0, forced, or by the pod garbage
+//! collector, so the pod controller never saw it terminating) loses its offload copy at
+//! once, and an offload pod going away gets its namespace's unused copies collected. It reads only caches
+//! (the training pods of the pod controller, the member's offload pods and copies) and it
+//! only ever touches objects that carry this instance's origin-cluster and member labels.
+//! A pod looks orphaned when its origin UID is not in the training cache; before deleting
+//! it, the collector asks the training API, so a cache that lags cannot cost a running pod.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tidepool_config::keys;
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+use tracing::{debug, info, warn};
+
+use crate::copies;
+use crate::pods::{Context, OffloadWatch, delete_offload, is_live, listed};
+use crate::reflect::{self, Source};
+use crate::translate;
+
+/// Time between two full passes. Orphans are rare (the pod controller deletes offload pods
+/// itself); this is the safety net, so a minute of delay costs little.
+pub const COLLECT_INTERVAL: Duration = Duration::from_secs(60);
+/// How long one wait for a cache lasts before the session is checked again.
+const CACHE_WAIT: Duration = Duration::from_secs(5);
+
+/// The offload pods whose training pod (by origin UID) is not among `live`. Pods without an
+/// origin UID are not tidepool's copies and pods already being deleted are done: neither is
+/// returned. Pure.
+pub fn orphans<'a>(offload: impl IntoIterator<Item = &'a Pod>, live: &HashSet<&str>) -> Vec<&'a Pod> {
+    offload
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| origin_uid(p).is_some_and(|uid| !live.contains(uid)))
+        .collect()
+}
+
+fn origin_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata.labels.as_ref()?.get(keys::LABEL_ORIGIN_UID).map(String::as_str)
+}
+
+/// Work for a collector besides its periodic pass.
+#[derive(Debug)]
+pub(crate) enum Request {
+    /// Collect the copies of one member namespace: an offload pod there went away.
+    Copies(String),
+    /// The training pod with `uid` was deleted outright: delete `offload`, its copy's
+    /// place in the member, if it holds that pod's copy.
+    Gone { offload: ObjectRef<Pod>, uid: String },
+}
+
+/// Runs one member session's collector until the session ends.
+pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mpsc::Receiver<Request>) {
+    let stop = watch.member.cancelled.clone();
+    // Everything looks orphaned to a collector with an empty cache: wait for full lists.
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        if listed(&ctx.pods, CACHE_WAIT).await && listed(&watch.store, CACHE_WAIT).await {
+            break;
+        }
+    }
+    let mut tick = tokio::time::interval(COLLECT_INTERVAL);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {
+                collect_orphans(&ctx, &watch).await;
+                collect_copies(&ctx, &watch, None).await;
+            }
+            Some(request) = requests.recv() => match request {
+                Request::Copies(namespace) => collect_copies(&ctx, &watch, Some(&namespace)).await,
+                Request::Gone { offload, uid } => {
+                    let copy = watch.store.get(&offload).filter(|p| origin_uid(p) == Some(uid.as_str()));
+                    if let Some(copy) = copy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+                        collect_orphan(&ctx, &watch, &copy).await;
+                    }
+                }
+            },
+        }
+    }
+}
+
+async fn collect_orphans(ctx: &Context, watch: &OffloadWatch) {
+    let training = ctx.pods.state();
+    let live: HashSet<&str> = training.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+    let offload = watch.store.state();
+    for pod in orphans(offload.iter().map(AsRef::as_ref), &live) {
+        collect_orphan(ctx, watch, pod).await;
+    }
+}
+
+/// Deletes `pod` unless the training API says its origin still exists.
+async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &Pod) {
+    let name = pod.name_any();
+    let namespace = pod.namespace().unwrap_or_default();
+    match still_there(ctx, pod).await {
+        Ok(true) => {
+            debug!(member = %watch.member.name, pod = %name, namespace, "origin found in training; not an orphan");
+            return;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            warn!(member = %watch.member.name, pod = %name, namespace, error = %e, "cannot confirm orphan; next pass");
+            return;
+        }
+    }
+    // No deletion with a grace period reached this pod from training: it gets its own, as
+    // a kubelet gives a pod deleted under it.
+    match delete_offload(&watch.member, pod, None).await {
+        Ok(()) => {
+            info!(member = %watch.member.name, pod = %name, namespace, "orphan offload pod deleted: its training pod is gone")
+        }
+        Err(e) => {
+            warn!(member = %watch.member.name, pod = %name, namespace, error = %e, "cannot delete orphan offload pod")
+        }
+    }
+}
+
+/// Whether the training API still has the origin of `offload` (same UID). Without origin
+/// annotations there is nothing to ask, and the training cache has already answered.
+async fn still_there(ctx: &Context, offload: &Pod) -> Result<bool, kube::Error> {
+    let annotations = offload.meta().annotations.as_ref();
+    let origin_ns = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAMESPACE));
+    let origin_name = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAME));
+    let (Some(ns), Some(name)) = (origin_ns, origin_name) else { return Ok(false) };
+    let found = Api::<Pod>::namespaced(ctx.training.clone(), ns).get_opt(name).await?;
+    Ok(found.is_some_and(|p| p.metadata.uid.as_deref() == origin_uid(offload)))
+}
+
+/// Deletes this member's copies (in `only` namespace, or all) that neither an offload pod
+/// in the member nor a live training pod headed for this member references.
+async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>) {
+    let member = &watch.member;
+    if !watch.copies.ready().await {
+        // Without the list of copies there is nothing to compare; the next pass retries.
+        debug!(member = %member.name, "reflected copies not listed yet; not collecting them");
+        return;
+    }
+    let wanted = |ns: &str| only.is_none_or(|o| o == ns);
+    let mut used: HashSet<(String, Source)> = HashSet::new();
+    for pod in watch.store.state() {
+        let ns = pod.namespace().unwrap_or_default();
+        if wanted(&ns)
+            && let Some(spec) = pod.spec.as_ref()
+        {
+            used.extend(reflect::references(spec).into_keys().map(|s| (ns.clone(), s)));
+        }
+    }
+    // Pods bound here whose offload copy is not created yet use their copies too.
+    for pod in ctx.pods.state() {
+        let Some(spec) = pod.spec.as_ref() else { continue };
+        let routed = spec.node_name.as_deref().is_some_and(|n| member.pool_for_node(n).is_some());
+        let ns = translate::member_namespace(&member.namespace_prefix, &pod.namespace().unwrap_or_default());
+        if routed && is_live(&pod) && wanted(&ns) {
+            used.extend(reflect::references(spec).into_keys().map(|s| (ns.clone(), s)));
+        }
+    }
+    let copies = watch.copies.all();
+    debug!(member = %member.name, namespace = only, used = used.len(), copies = copies.len(), "collecting reflected copies");
+    for (kind, meta) in copies {
+        let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else { continue };
+        if !wanted(ns) || used.contains(&(ns.to_owned(), Source::new(kind, name))) {
+            continue;
+        }
+        if let Err(e) = copies::delete_copy(member, kind, &meta).await {
+            warn!(member = %member.name, kind = %kind, name, namespace = ns, error = %e, "cannot delete unused reflected copy");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn offload(name: &str, uid: Option<&str>, deleting: bool) -> Pod {
+        let mut labels = serde_json::Map::new();
+        if let Some(uid) = uid {
+            labels.insert(keys::LABEL_ORIGIN_UID.into(), json!(uid));
+        }
+        let mut meta = json!({"name": name, "namespace": "tp-team-a", "labels": labels});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-11-29T10:00:00Z");
+        }
+        serde_json::from_value(json!({"metadata": meta})).unwrap()
+    }
+
+    #[test]
+    fn only_copies_of_vanished_pods_are_orphans() {
+        let pods = [
+            offload("alive", Some("uid-1"), false),
+            offload("gone", Some("uid-2"), false),
+            offload("gone-and-going", Some("uid-3"), true),
+            offload("not-a-copy", None, false),
+        ];
+        let live = HashSet::from(["uid-1", "uid-9"]);
+        let names: Vec<_> = orphans(&pods, &live).into_iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["gone"]);
+    }
+
+    #[test]
+    fn with_every_origin_alive_nothing_is_an_orphan() {
+        let pods = [offload("a", Some("uid-1"), false), offload("b", Some("uid-2"), false)];
+        assert!(orphans(&pods, &HashSet::from(["uid-1", "uid-2"])).is_empty());
+    }
+}

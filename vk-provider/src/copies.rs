@@ -1,0 +1,382 @@
+//! Reflection, the I/O: copies the ConfigMaps and Secrets an offload pod references into its
+//! member namespace and keeps them current. What to copy, and how a copy looks, is decided
+//! in [`crate::reflect`]; deleting copies nothing uses is [`crate::collect`]'s.
+//!
+//! Both sides are watched by metadata only: the training side tells when a source changed
+//! (its `resourceVersion`), the member side which copies exist and which version each was
+//! made from. Contents are read from the training API only to make a copy, so tidepool holds
+//! no Secret data beyond that moment, and a consistent copy costs no API call at all. Secret
+//! contents are never logged: only kinds and names are.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tidepool_federation::MemberHandle;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::Error;
+use crate::pods::listed;
+use crate::reflect::{self, CopyTarget, Kind, Source};
+
+/// How long a sync waits for the metadata caches after a (re)start before retrying later.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// Metadata of ConfigMaps and Secrets seen through one watch each.
+#[derive(Clone)]
+pub(crate) struct MetaStores {
+    config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    secrets: Store<PartialObjectMeta<Secret>>,
+}
+
+/// A change seen by a metadata watch (after its initial list).
+#[derive(Debug)]
+pub(crate) enum Change {
+    Applied(Kind, ObjectMeta),
+    Deleted(Kind, ObjectMeta),
+    /// The watch listed everything again (start, or after falling behind): changes in
+    /// between were not seen one by one.
+    Relisted,
+}
+
+impl MetaStores {
+    /// Starts metadata watches of the training cluster's ConfigMaps and Secrets, all
+    /// namespaces, until `stop`. Only identity and version are kept: annotations can hold
+    /// contents (`kubectl apply` puts a whole Secret in `last-applied-configuration`).
+    pub(crate) fn sources(client: &Client, stop: CancellationToken, changes: mpsc::Sender<Change>) -> MetaStores {
+        Self::watch(client, watcher::Config::default(), Trim::ToVersion, stop, changes)
+    }
+
+    /// Starts metadata watches of the copies labelled `selector` in a member, until `stop`.
+    /// Their labels and annotations are tidepool's own, and kept.
+    pub(crate) fn copies(
+        client: &Client,
+        selector: &str,
+        stop: CancellationToken,
+        changes: mpsc::Sender<Change>,
+    ) -> MetaStores {
+        Self::watch(client, watcher::Config::default().labels(selector), Trim::ManagedFields, stop, changes)
+    }
+
+    fn watch(
+        client: &Client,
+        config: watcher::Config,
+        trim: Trim,
+        stop: CancellationToken,
+        changes: mpsc::Sender<Change>,
+    ) -> MetaStores {
+        MetaStores {
+            config_maps: spawn_watch(
+                Api::all(client.clone()),
+                config.clone(),
+                Kind::ConfigMap,
+                trim,
+                stop.clone(),
+                changes.clone(),
+            ),
+            secrets: spawn_watch(Api::all(client.clone()), config, Kind::Secret, trim, stop, changes),
+        }
+    }
+
+    /// Metadata of `kind` `namespace/name`, if it exists.
+    pub(crate) fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<ObjectMeta> {
+        match kind {
+            Kind::ConfigMap => {
+                self.config_maps.get(&ObjectRef::new(name).within(namespace)).map(|o| o.metadata.clone())
+            }
+            Kind::Secret => self.secrets.get(&ObjectRef::new(name).within(namespace)).map(|o| o.metadata.clone()),
+        }
+    }
+
+    /// Every object seen, with its kind.
+    pub(crate) fn all(&self) -> Vec<(Kind, ObjectMeta)> {
+        let cms = self.config_maps.state().into_iter().map(|o| (Kind::ConfigMap, o.metadata.clone()));
+        let secrets = self.secrets.state().into_iter().map(|o| (Kind::Secret, o.metadata.clone()));
+        cms.chain(secrets).collect()
+    }
+
+    /// Waits until both caches hold a full list; false if they do not within `CACHE_WAIT`.
+    pub(crate) async fn ready(&self) -> bool {
+        listed(&self.config_maps, CACHE_WAIT).await && listed(&self.secrets, CACHE_WAIT).await
+    }
+}
+
+/// What of an object's metadata a cache drops.
+#[derive(Debug, Clone, Copy)]
+enum Trim {
+    /// Everything but name, namespace, UID and resource version.
+    ToVersion,
+    /// Only the managed fields, which nothing here reads.
+    ManagedFields,
+}
+
+/// `api` on `PartialObjectMeta<K>` makes metadata-only requests.
+fn spawn_watch<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    kind: Kind,
+    trim: Trim,
+    stop: CancellationToken,
+    changes: mpsc::Sender<Change>,
+) -> Store<PartialObjectMeta<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api, config)
+        .default_backoff()
+        .modify(move |o| {
+            let m = &mut o.metadata;
+            m.managed_fields = None;
+            if let Trim::ToVersion = trim {
+                (m.annotations, m.labels, m.owner_references, m.finalizers) = (None, None, None, None);
+            }
+        })
+        .reflect(writer)
+        .take_until(stop.cancelled_owned());
+    let task = async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let change = match event {
+                Ok(watcher::Event::Apply(o)) => Change::Applied(kind, o.metadata),
+                Ok(watcher::Event::Delete(o)) => Change::Deleted(kind, o.metadata),
+                Ok(watcher::Event::InitDone) => Change::Relisted,
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+                Err(e) => {
+                    warn!(error = %e, "metadata watch failed; retrying with backoff");
+                    continue;
+                }
+            };
+            if changes.send(change).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::spawn(task.instrument(tracing::info_span!("metadata_watch", kind = %kind)));
+    store
+}
+
+/// Result of syncing one pod's copies.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Every source that exists is copied and current.
+    Ready,
+    /// Required sources that do not exist in training, described for an Event.
+    Missing(Vec<String>),
+    /// A source that must not travel; the message names the field that references it.
+    Refused(String),
+    /// The member has an object of that name that tidepool did not copy.
+    Conflict(String),
+    /// The caches are not ready or a copy changed under us: try again shortly.
+    Retry,
+}
+
+/// Where one pod's copies go.
+pub(crate) struct Reflection<'a> {
+    pub training: &'a Client,
+    /// Training-side metadata.
+    pub sources: &'a MetaStores,
+    pub member: &'a MemberHandle,
+    /// Member-side metadata of this instance's copies.
+    pub copies: &'a MetaStores,
+    pub cluster: &'a str,
+    pub origin_namespace: &'a str,
+    pub member_namespace: &'a str,
+}
+
+impl Reflection<'_> {
+    /// Makes the member namespace hold a current copy of every source `spec` references
+    /// that exists in training, and no copy of one that does not (a deleted source is
+    /// deleted in the member too). Writes nothing when all copies are current.
+    pub(crate) async fn run(&self, spec: &PodSpec) -> Result<Outcome, Error> {
+        let refs = reflect::references(spec);
+        if refs.is_empty() {
+            return Ok(Outcome::Ready);
+        }
+        if !self.sources.ready().await || !self.copies.ready().await {
+            return Ok(Outcome::Retry);
+        }
+        let mut missing = Vec::new();
+        for (source, usage) in &refs {
+            let describe = || format!("{} {}/{} ({})", source.kind, self.origin_namespace, source.name, usage.field);
+            let copy = self.copies.get(source.kind, self.member_namespace, &source.name);
+            let Some(origin) = self.sources.get(source.kind, self.origin_namespace, &source.name) else {
+                if let Some(copy) = copy {
+                    self.delete(source, &copy).await?;
+                }
+                if usage.required {
+                    missing.push(describe());
+                }
+                continue;
+            };
+            if copy.as_ref().is_some_and(|c| reflect::is_current(c, &origin)) {
+                continue;
+            }
+            match self.copy(source, copy.as_ref()).await? {
+                Written::Done => {}
+                Written::SourceGone if usage.required => missing.push(describe()),
+                Written::SourceGone => {}
+                Written::Refused(why) => {
+                    return Ok(Outcome::Refused(format!(
+                        "{}: {} {}/{} {why}",
+                        usage.field, source.kind, self.origin_namespace, source.name
+                    )));
+                }
+                Written::Conflict => {
+                    return Ok(Outcome::Conflict(format!(
+                        "member {} already has {} {}/{} that tidepool did not copy; it is not overwritten",
+                        self.member.name, source.kind, self.member_namespace, source.name
+                    )));
+                }
+                Written::Stale => return Ok(Outcome::Retry),
+            }
+        }
+        Ok(if missing.is_empty() { Outcome::Ready } else { Outcome::Missing(missing) })
+    }
+
+    /// Reads the source and writes its copy; `current` is the copy's metadata if one exists.
+    async fn copy(&self, source: &Source, current: Option<&ObjectMeta>) -> Result<Written, Error> {
+        let target =
+            CopyTarget { cluster: self.cluster, member: self.member.name.as_str(), namespace: self.member_namespace };
+        match source.kind {
+            Kind::ConfigMap => {
+                let api = Api::<ConfigMap>::namespaced(self.training.clone(), self.origin_namespace);
+                let Some(origin) = api.get_opt(&source.name).await.map_err(|e| Error::training("read ConfigMap", e))?
+                else {
+                    return Ok(Written::SourceGone);
+                };
+                match reflect::config_map_copy(&origin, &target) {
+                    Ok(copy) => self.put(source, copy, current).await,
+                    Err(e) => Ok(Written::Refused(e.to_string())),
+                }
+            }
+            Kind::Secret => {
+                let api = Api::<Secret>::namespaced(self.training.clone(), self.origin_namespace);
+                let Some(origin) = api.get_opt(&source.name).await.map_err(|e| Error::training("read Secret", e))?
+                else {
+                    return Ok(Written::SourceGone);
+                };
+                match reflect::secret_copy(&origin, &target) {
+                    Ok(copy) => self.put(source, copy, current).await,
+                    Err(e) => Ok(Written::Refused(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Creates the copy, or replaces ours (the whole object, so keys removed in training go
+    /// in the member too). Never touches an object this instance did not copy.
+    async fn put<K>(&self, source: &Source, mut copy: K, current: Option<&ObjectMeta>) -> Result<Written, Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Serialize + DeserializeOwned + Debug,
+    {
+        let api = Api::<K>::namespaced(self.member.client.clone(), self.member_namespace);
+        let name = &source.name;
+        let version = match current {
+            Some(meta) => meta.resource_version.clone(),
+            None => match api.create(&PostParams::default(), &copy).await {
+                Ok(_) => {
+                    info!(member = %self.member.name, kind = %source.kind, name, namespace = self.member_namespace, "reflected copy created");
+                    return Ok(Written::Done);
+                }
+                Err(e) if tidepool_federation::api_code(&e, &[409]) => {
+                    // Not in our cache: either the cache lags behind our own write, or the
+                    // object is someone else's.
+                    let existing = api.get_opt(name).await.map_err(|e| self.member_error("read reflected copy", e))?;
+                    match existing {
+                        Some(o) if reflect::is_ours(o.meta(), self.cluster, self.member.name.as_str()) => {
+                            o.meta().resource_version.clone()
+                        }
+                        Some(_) => return Ok(Written::Conflict),
+                        None => return Ok(Written::Stale),
+                    }
+                }
+                Err(e) if tidepool_federation::api_code(&e, &[404]) => return Ok(Written::Stale),
+                Err(e) => return Err(self.member_error("create reflected copy", e)),
+            },
+        };
+        // Optimistic concurrency on the version we saw: a concurrent change makes this a
+        // conflict and the next sync starts from the new state.
+        copy.meta_mut().resource_version = version;
+        match api.replace(name, &PostParams::default(), &copy).await {
+            Ok(_) => {
+                info!(member = %self.member.name, kind = %source.kind, name, namespace = self.member_namespace, "reflected copy updated");
+                Ok(Written::Done)
+            }
+            Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => Ok(Written::Stale),
+            Err(e) if tidepool_federation::api_code(&e, &[422]) => {
+                // An immutable field (a Secret's type) changed with the source: replace the
+                // copy as a whole.
+                debug!(member = %self.member.name, kind = %source.kind, name, "reflected copy cannot be updated in place; recreating");
+                match api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(e) if tidepool_federation::api_code(&e, &[404]) => {}
+                    Err(e) => return Err(self.member_error("delete reflected copy", e)),
+                }
+                copy.meta_mut().resource_version = None;
+                match api.create(&PostParams::default(), &copy).await {
+                    Ok(_) => Ok(Written::Done),
+                    Err(e) if tidepool_federation::api_code(&e, &[409]) => Ok(Written::Stale),
+                    Err(e) => Err(self.member_error("create reflected copy", e)),
+                }
+            }
+            Err(e) => Err(self.member_error("update reflected copy", e)),
+        }
+    }
+
+    async fn delete(&self, source: &Source, copy: &ObjectMeta) -> Result<(), Error> {
+        delete_copy(self.member, source.kind, copy).await
+    }
+
+    fn member_error(&self, what: &'static str, e: kube::Error) -> Error {
+        Error::member(&self.member.name, what, e)
+    }
+}
+
+enum Written {
+    Done,
+    SourceGone,
+    Refused(String),
+    Conflict,
+    Stale,
+}
+
+/// Deletes a copy exactly as it was seen: if it changed since, it is left for the next pass.
+pub(crate) async fn delete_copy(member: &MemberHandle, kind: Kind, copy: &ObjectMeta) -> Result<(), Error> {
+    let (Some(name), Some(namespace)) = (copy.name.as_deref(), copy.namespace.as_deref()) else {
+        return Err(Error::MissingField("metadata.name"));
+    };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: copy.uid.clone(), resource_version: copy.resource_version.clone() }),
+        ..Default::default()
+    };
+    let result = match kind {
+        Kind::ConfigMap => {
+            Api::<ConfigMap>::namespaced(member.client.clone(), namespace).delete(name, &dp).await.map(|_| ())
+        }
+        Kind::Secret => Api::<Secret>::namespaced(member.client.clone(), namespace).delete(name, &dp).await.map(|_| ()),
+    };
+    match result {
+        Ok(()) => {
+            info!(member = %member.name, kind = %kind, name, namespace, "reflected copy deleted");
+            Ok(())
+        }
+        Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {
+            debug!(member = %member.name, kind = %kind, name, namespace, error = %e, "reflected copy changed or gone; left for the next pass");
+            Ok(())
+        }
+        Err(e) => Err(Error::member(&member.name, "delete reflected copy", e)),
+    }
+}
