@@ -50,6 +50,18 @@ pub(crate) struct Context {
     pod_groups: moka::future::Cache<(GangSource, String), Result<u32, String>>,
     /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
     explained: std::sync::Mutex<HashMap<String, String>>,
+    /// Gangs above band `low` that found no room in the last round: reclaim may preempt
+    /// lower-band pods for them.
+    pub(crate) preempt: std::sync::Mutex<Vec<PreemptRequest>>,
+}
+
+/// A pending gang that lower-band pods could make room for.
+#[derive(Debug, Clone)]
+pub(crate) struct PreemptRequest {
+    pub gang: String,
+    pub band: Band,
+    /// Requests of its whole core.
+    pub demand: Resources,
 }
 
 /// Runs the dispatcher until the runtime stops.
@@ -83,6 +95,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
         pods,
         pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
         explained: std::sync::Mutex::new(HashMap::new()),
+        preempt: std::sync::Mutex::new(Vec::new()),
     };
     if ctx.pods.wait_until_ready().await.is_err() {
         return;
@@ -196,11 +209,19 @@ async fn round(ctx: &Context) {
     let by_name: HashMap<String, GangKey> = gangs.keys().map(|k| (k.to_string(), k.clone())).collect();
 
     // 4–5. Admit in order.
+    let mut preempt = Vec::new();
     for entry in queue {
         let Some(key) = by_name.get(&entry.key) else { continue };
         let Some(g) = gangs.get(key) else { continue };
         let min = mins.get(key).copied().unwrap_or(1) as usize;
-        admit(ctx, key, g, min, &mut pools).await;
+        if let Some(demand) = admit(ctx, key, g, min, &mut pools).await
+            && entry.band > Band::Low
+        {
+            preempt.push(PreemptRequest { gang: key.to_string(), band: entry.band, demand });
+        }
+    }
+    if let Ok(mut p) = ctx.preempt.lock() {
+        *p = preempt;
     }
 }
 
@@ -290,7 +311,9 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
     }
 }
 
-async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &mut [PoolView]) {
+/// Admits what it can of one gang. Returns the core's total requests when a new gang found
+/// no pool (a candidate for preemption).
+async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &mut [PoolView]) -> Option<Resources> {
     let mut pending: Vec<&Arc<Pod>> = g.pods.iter().filter(|p| node_of(p).is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
     let bound = g.pods.len() - pending.len();
@@ -304,7 +327,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
                 &format!("gang {key} is placed on {node}, which is not offered right now"),
             )
             .await;
-            return;
+            return None;
         };
         let core_missing = min.saturating_sub(bound);
         let (core, elastic) = pending.split_at(core_missing.min(pending.len()));
@@ -330,14 +353,14 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
         for r in &admitted {
             assume(&mut pools[idx], r);
         }
-        return;
+        return None;
     }
 
     // A new gang: all of its core or nothing.
     if pending.len() < min {
         let msg = format!("gang {key} has {} of its {min} pods; waiting for the rest", pending.len());
         explain(ctx, pending.iter().map(|p| (*p).clone()).collect(), &msg).await;
-        return;
+        return None;
     }
     let core = &pending[..min];
     let demand = GangDemand { key: key.to_string(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
@@ -348,7 +371,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             for p in core {
                 if let Err(e) = record_placement(ctx, p, &placement.node).await {
                     warn!(gang = %key, error = %e, "cannot record placement; will retry");
-                    return;
+                    return None;
                 }
             }
             if let Some(i) = pools.iter().position(|v| v.node == placement.node) {
@@ -362,9 +385,13 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             publish(ctx, core[0], EventType::Normal, "Placed", &note).await;
         }
         Err(u) => {
-            explain(ctx, pending.iter().map(|p| (*p).clone()).collect(), &format!("gang {key}: {}", u.message)).await
+            explain(ctx, pending.iter().map(|p| (*p).clone()).collect(), &format!("gang {key}: {}", u.message)).await;
+            let mut total = Resources::new();
+            demand.pods.iter().for_each(|r| total.add(r));
+            return Some(total);
         }
     }
+    None
 }
 
 /// Says why a placed gang must be rolled back: its placement is older than the gang timeout

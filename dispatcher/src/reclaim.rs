@@ -44,6 +44,7 @@ pub(crate) async fn run(ctx: Arc<Context>) {
         let now = jiff::Timestamp::now();
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
+        preempt(&ctx, &pods, now).await;
         enforce_deadlines(&ctx, &pods, now).await;
     }
 }
@@ -138,8 +139,90 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
                     continue;
                 };
                 state.last_reclaim.insert(v.job.clone(), now);
-                notice(ctx, p, member.name.as_str(), &deficit, v.band, &v.reason, now).await;
+                let cause = format!("member {} needs capacity back for online demand", member.name);
+                notice(ctx, p, &cause, &deficit, v.band, &v.reason, now).await;
             }
+        }
+    }
+}
+
+fn key_of(p: &Pod) -> String {
+    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+}
+
+/// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
+/// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
+/// needs the least taken.
+async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
+    let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
+    pending.sort_by(|a, b| b.band.cmp(&a.band));
+    let members = ctx.members.borrow().clone();
+    for r in pending {
+        let mut best: Option<(Resources, String, Vec<OffloadPodView>, Vec<Arc<Pod>>)> = None;
+        let mut room = false;
+        'members: for member in members.values().filter(|m| !m.paused) {
+            for pool in &member.pools {
+                let node = pool.node.to_string();
+                let cap = pool.capacity.borrow().clone();
+                let placed = |p: &Pod| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
+                let on_node: Vec<Arc<Pod>> =
+                    pods.iter().filter(|p| node_of(p) == Some(node.as_str()) && placed(p)).cloned().collect();
+                // What is free, plus what pods under notice are about to free.
+                let mut available = cap.capacity.clone();
+                available.sub(&cap.used);
+                for p in on_node.iter().filter(|p| deadline_of(p).is_some()) {
+                    available.add(&requests(p));
+                }
+                let mut need = r.demand.clone();
+                need.sub(&available);
+                need.clamp_non_negative();
+                if need.is_empty() {
+                    // Enough is free or being freed here already: nothing more to take.
+                    room = true;
+                    break 'members;
+                }
+                let lower: Vec<&Arc<Pod>> =
+                    on_node.iter().filter(|p| is_live(p) && deadline_of(p).is_none() && band_of(p) < r.band).collect();
+                let mut takeable = Resources::new();
+                lower.iter().for_each(|p| takeable.add(&requests(p)));
+                if !need.fits_in(&takeable) {
+                    continue;
+                }
+                let views = lower
+                    .iter()
+                    .filter_map(|p| {
+                        Some(OffloadPodView {
+                            key: key_of(p),
+                            job: gang::gang_of(p).to_string(),
+                            band: band_of(p),
+                            member_node: cap.placed.get(p.metadata.uid.as_ref()?)?.clone(),
+                            requests: requests(p),
+                            deletion_cost: p
+                                .annotations()
+                                .get(keys::ANNOTATION_DELETION_COST)
+                                .and_then(|c| c.parse().ok())
+                                .unwrap_or(0),
+                            job_fulfillment: (1, 1, 1),
+                        })
+                    })
+                    .collect();
+                let smaller = best.as_ref().is_none_or(|(n, ..)| {
+                    (need.get(tidepool_federation::capacity::GPU), need.get("cpu"))
+                        < (n.get(tidepool_federation::capacity::GPU), n.get("cpu"))
+                });
+                if smaller {
+                    best = Some((need, node.clone(), views, on_node.clone()));
+                }
+            }
+        }
+        if room {
+            continue;
+        }
+        let Some((need, node, views, on_node)) = best else { continue };
+        for v in victims(&need, &views) {
+            let Some(p) = on_node.iter().find(|p| key_of(p) == v.key) else { continue };
+            let cause = format!("higher-band gang {} ({}) needs room on {node}", r.gang, r.band.as_str());
+            notice(ctx, p, &cause, &need, v.band, &v.reason, now).await;
         }
     }
 }
@@ -148,7 +231,7 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
 async fn notice(
     ctx: &Context,
     pod: &Pod,
-    member: &str,
+    cause: &str,
     deficit: &Resources,
     band: Band,
     why: &str,
@@ -168,8 +251,7 @@ async fn notice(
         return;
     }
     let message = format!(
-        "member {member} needs capacity back for online demand ({}); checkpoint and exit, or set \
-         annotation {} — deleted at {deadline_text} ({why})",
+        "{cause} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
         deficit.nonzero(),
         keys::ANNOTATION_CHECKPOINT_DONE
     );
@@ -180,7 +262,7 @@ async fn notice(
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
     }
-    info!(pod = %name, member, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
+    info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
     publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
 }
 

@@ -257,3 +257,91 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice() {
+    let env = Env::load();
+    let test = "preempt";
+    let ns = "e2e-preempt";
+    let training = env.client("training").await;
+    env.install_crds(&training).await;
+    reset_members(&training, test).await;
+    ensure_namespace(&training, ns).await;
+    clear_pods(&training, ns).await;
+    let pcs = Api::<PriorityClass>::all(training.clone());
+    let pc: PriorityClass =
+        serde_json::from_value(json!({"metadata": {"name": "e2e-training-high"}, "value": 2500})).unwrap();
+    match pcs.create(&PostParams::default(), &pc).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("{e}"),
+    }
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
+    apply_member(&training, "preempt-b", test, ns, "member-b").await;
+    let _tp = Tidepool::start_with(&env, test, ns, "reclaimGraceSeconds: {high: 30, medium: 30, low: 2}");
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let scheduler = scheduler_name(test);
+    let mk = |name: &str, gang: &str, min: &str, class: Option<&str>| {
+        let mut p = pod(
+            name,
+            2,
+            json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: min}}),
+            class,
+        );
+        p.spec.as_mut().unwrap().scheduler_name = Some(scheduler.clone());
+        p
+    };
+    // An elastic job fills member-b's 16 GPUs: 1 core pod (medium) + 7 elastic (low).
+    let filler: Vec<String> = (0..8).map(|i| format!("fill-{id}-{i}")).collect();
+    for n in &filler {
+        pods.create(&PostParams::default(), &mk(n, &format!("fill-{id}"), "1", None)).await.unwrap();
+    }
+    wait_for(Duration::from_secs(90), "filler running", || {
+        let (pods, filler) = (pods.clone(), filler.clone());
+        async move {
+            for n in &filler {
+                if phase(&pods, n).await?.0 != "Running" {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    // A high-band gang of 2 × 2 GPUs arrives: no room, so two low pods get a notice.
+    let high: Vec<String> = (0..2).map(|i| format!("high-{id}-{i}")).collect();
+    for n in &high {
+        pods.create(&PostParams::default(), &mk(n, &format!("high-{id}"), "2", Some("e2e-training-high")))
+            .await
+            .unwrap();
+    }
+    let bound = wait_for(Duration::from_secs(90), "high gang bound after preemption", || {
+        let (pods, high) = (pods.clone(), high.clone());
+        async move {
+            let mut nodes = Vec::new();
+            for n in &high {
+                nodes.push(pods.get(n).await.ok()?.spec?.node_name?);
+            }
+            Some(nodes)
+        }
+    })
+    .await;
+    assert!(bound.iter().all(|n| n == "tidepool-preempt-b"), "{bound:?}");
+    let mut reclaimed = Vec::new();
+    for n in &filler {
+        let p = pods.get(n).await.unwrap();
+        if p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(keys::REASON_RECLAIMED) {
+            assert_eq!(p.labels()[keys::LABEL_BAND], "low", "{n}: only lower-band pods are taken");
+            assert!(p.status.unwrap().message.unwrap().contains("acknowledged"));
+            reclaimed.push(n.clone());
+        }
+    }
+    assert_eq!(reclaimed.len(), 2, "exactly the room the gang needs is taken: {reclaimed:?}");
+    clear_pods(&training, ns).await;
+    Api::<tidepool_config::MemberCluster>::all(training.clone())
+        .delete("preempt-b", &DeleteParams::default())
+        .await
+        .unwrap();
+}
