@@ -146,6 +146,10 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
     }
 }
 
+/// A pool preemption could use: what must be taken, its virtual node, the lower-band pods
+/// there (as victim views and as pods).
+type Candidate = (Resources, String, Vec<OffloadPodView>, Vec<Arc<Pod>>);
+
 fn key_of(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
@@ -155,10 +159,10 @@ fn key_of(p: &Pod) -> String {
 /// needs the least taken.
 async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
     let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
-    pending.sort_by(|a, b| b.band.cmp(&a.band));
+    pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let members = ctx.members.borrow().clone();
     for r in pending {
-        let mut best: Option<(Resources, String, Vec<OffloadPodView>, Vec<Arc<Pod>>)> = None;
+        let mut best: Option<Candidate> = None;
         let mut room = false;
         'members: for member in members.values().filter(|m| !m.paused) {
             for pool in &member.pools {
