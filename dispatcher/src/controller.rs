@@ -36,6 +36,8 @@ use crate::plan::{self, GangDemand, PoolView};
 const TICK: Duration = Duration::from_secs(2);
 /// Coalesces bursts of pod events into one round.
 const COALESCE: Duration = Duration::from_millis(50);
+/// Pods of one gang labelled and bound at once.
+const BIND_CONCURRENCY: usize = 16;
 /// How long a PodGroup's `minMember` is cached.
 const POD_GROUP_TTL: Duration = Duration::from_secs(5);
 
@@ -367,9 +369,16 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
     match plan::place(&demand, pools) {
         Ok(placement) => {
             info!(gang = %key, node = %placement.node, pods = min, "gang placed");
-            // Record the placement on every core pod before binding any of them.
-            for p in core {
-                if let Err(e) = record_placement(ctx, p, &placement.node).await {
+            // Record the placement (and band) on every core pod before binding any of them;
+            // both steps run concurrently across the gang's pods.
+            let node = placement.node.as_str();
+            for chunk in core.chunks(BIND_CONCURRENCY) {
+                let recorded = futures::future::join_all(chunk.iter().map(|p| {
+                    let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+                    record_placement(ctx, p, node, band)
+                }))
+                .await;
+                if let Some(Err(e)) = recorded.into_iter().find(Result::is_err) {
                     warn!(gang = %key, error = %e, "cannot record placement; will retry");
                     return None;
                 }
@@ -377,9 +386,8 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             if let Some(i) = pools.iter().position(|v| v.node == placement.node) {
                 pools[i].reserve(&demand.pods, &placement.per_pod_member_node);
             }
-            for p in core {
-                let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
-                bind(ctx, p, &placement.node, band).await;
+            for chunk in core.chunks(BIND_CONCURRENCY) {
+                futures::future::join_all(chunk.iter().map(|p| create_binding(ctx, p, node))).await;
             }
             let note = format!("gang {key} ({min} pods) placed on {} (member {})", placement.node, placement.member);
             publish(ctx, core[0], EventType::Normal, "Placed", &note).await;
@@ -431,11 +439,13 @@ async fn roll_back(ctx: &Context, g: &GangState, message: &str) {
     }
 }
 
-async fn record_placement(ctx: &Context, pod: &Pod, node: &str) -> Result<(), kube::Error> {
+async fn record_placement(ctx: &Context, pod: &Pod, node: &str, band: Band) -> Result<(), kube::Error> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let patch =
-        json!({ "metadata": { "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now } } });
+    let patch = json!({ "metadata": {
+        "labels": { keys::LABEL_BAND: band.as_str() },
+        "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now },
+    } });
     api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(())
 }
@@ -451,6 +461,13 @@ async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
         warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
         return;
     }
+    create_binding(ctx, pod, node).await;
+}
+
+/// The Binding subresource: the pod is now the virtual node's (and vk-provider's).
+async fn create_binding(ctx: &Context, pod: &Pod, node: &str) {
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
+    let name = pod.name_any();
     let binding = Binding {
         metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
         target: ObjectReference {
@@ -462,7 +479,7 @@ async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
     };
     match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
         Ok(_) => {
-            debug!(pod = %name, node, band = band.as_str(), "bound");
+            debug!(pod = %name, node, "bound");
             if let (Some(uid), Ok(mut ex)) = (pod.metadata.uid.as_ref(), ctx.explained.lock()) {
                 ex.remove(uid);
             }

@@ -279,6 +279,7 @@ async fn main() {
         println!("\ntidepool / native = {:.2}×", tide / native);
     }
     let _ = deployments.delete("online", &DeleteParams::default()).await;
+    drain_pods(&training, NS).await;
     Api::<tidepool_config::MemberCluster>::all(training.clone())
         .delete("bench-reclaim-b", &DeleteParams::default())
         .await

@@ -137,6 +137,19 @@ pub async fn clear_pods(client: &Client, ns: &str) {
     .await;
 }
 
+/// Deletes every pod in a namespace the way a tenant would (graceful), and waits until they
+/// are gone: tidepool removes the offload copies first. Use before deleting a test's
+/// MemberCluster, so no offload pod outlives the session that could collect it.
+pub async fn drain_pods(client: &Client, ns: &str) {
+    let api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    api.delete_collection(&kube::api::DeleteParams::default(), &kube::api::ListParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(90), "pods drained through tidepool", || {
+        let api = api.clone();
+        async move { api.list(&kube::api::ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
+}
+
 /// Stores `kubeconfig` in Secret `ns/name` under key `kubeconfig` (replacing it).
 pub async fn put_kubeconfig_secret(client: &Client, ns: &str, name: &str, kubeconfig: &[u8]) {
     let secret = Secret {

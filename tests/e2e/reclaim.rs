@@ -251,7 +251,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
 
     deployments.delete("online", &DeleteParams::default()).await.unwrap();
     hpas.delete("online", &DeleteParams::default()).await.unwrap();
-    clear_pods(&training, NS).await;
+    drain_pods(&training, NS).await;
     Api::<tidepool_config::MemberCluster>::all(training.clone())
         .delete("reclaim-b", &DeleteParams::default())
         .await
@@ -339,7 +339,7 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
         }
     }
     assert_eq!(reclaimed.len(), 2, "exactly the room the gang needs is taken: {reclaimed:?}");
-    clear_pods(&training, ns).await;
+    drain_pods(&training, ns).await;
     Api::<tidepool_config::MemberCluster>::all(training.clone())
         .delete("preempt-b", &DeleteParams::default())
         .await
