@@ -25,7 +25,7 @@ use crate::gang;
 use crate::victims::{OffloadPodView, victims};
 
 /// How often deficits and deadlines are checked.
-const TICK: Duration = Duration::from_millis(200);
+const TICK: Duration = Duration::from_millis(100);
 
 /// In-memory only: timings that are safe to lose on restart (a restart just waits one more
 /// hysteresis window).
