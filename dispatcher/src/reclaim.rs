@@ -107,21 +107,8 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
                 .filter(|p| deadline_of(p).is_none())
                 .filter_map(|p| {
                     let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.clone();
-                    let job = gang::gang_of(p).to_string();
-                    let (min, current) = jobs.get(&job).copied().unwrap_or((1, 1));
-                    Some(OffloadPodView {
-                        key: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
-                        job,
-                        band: band_of(p),
-                        member_node,
-                        requests: requests(p),
-                        deletion_cost: p
-                            .annotations()
-                            .get(keys::ANNOTATION_DELETION_COST)
-                            .and_then(|c| c.parse().ok())
-                            .unwrap_or(0),
-                        job_fulfillment: (current, min, current),
-                    })
+                    let (min, current) = jobs.get(&gang::gang_of(p).to_string()).copied().unwrap_or((1, 1));
+                    Some(offload_view(p, member_node, (current, min, current)))
                 })
                 .collect();
             // At most one reclaim per job per hysteresis window, unless nothing else is left.
@@ -152,6 +139,19 @@ type Candidate = (Resources, String, Vec<OffloadPodView>, Vec<Arc<Pod>>);
 
 fn key_of(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+}
+
+/// A running offload pod as victim selection sees it.
+fn offload_view(p: &Pod, member_node: String, job_fulfillment: (u32, u32, u32)) -> OffloadPodView {
+    OffloadPodView {
+        key: key_of(p),
+        job: gang::gang_of(p).to_string(),
+        band: band_of(p),
+        member_node,
+        requests: requests(p),
+        deletion_cost: p.annotations().get(keys::ANNOTATION_DELETION_COST).and_then(|c| c.parse().ok()).unwrap_or(0),
+        job_fulfillment,
+    }
 }
 
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
@@ -195,19 +195,8 @@ async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
                 let views = lower
                     .iter()
                     .filter_map(|p| {
-                        Some(OffloadPodView {
-                            key: key_of(p),
-                            job: gang::gang_of(p).to_string(),
-                            band: band_of(p),
-                            member_node: cap.placed.get(p.metadata.uid.as_ref()?)?.clone(),
-                            requests: requests(p),
-                            deletion_cost: p
-                                .annotations()
-                                .get(keys::ANNOTATION_DELETION_COST)
-                                .and_then(|c| c.parse().ok())
-                                .unwrap_or(0),
-                            job_fulfillment: (1, 1, 1),
-                        })
+                        let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.clone();
+                        Some(offload_view(p, member_node, (1, 1, 1)))
                     })
                     .collect();
                 let smaller = best.as_ref().is_none_or(|(n, ..)| {

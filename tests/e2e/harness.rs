@@ -137,6 +137,20 @@ pub async fn clear_pods(client: &Client, ns: &str) {
     .await;
 }
 
+/// Creates a PriorityClass (if missing) in a cluster.
+pub async fn ensure_priority_class(client: &Client, name: &str, value: i32) {
+    let pc: k8s_openapi::api::scheduling::v1::PriorityClass =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "value": value})).unwrap();
+    match Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(client.clone())
+        .create(&PostParams::default(), &pc)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create PriorityClass {name}: {e}"),
+    }
+}
+
 /// Deletes every pod in a namespace the way a tenant would (graceful), and waits until they
 /// are gone: tidepool removes the offload copies first. Use before deleting a test's
 /// MemberCluster, so no offload pod outlives the session that could collect it.

@@ -8,7 +8,6 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -114,14 +113,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     .await;
 
     // A high-priority class in training: pods in 2001–3000 are band high.
-    let pcs = Api::<PriorityClass>::all(training.clone());
-    let pc: PriorityClass =
-        serde_json::from_value(json!({"metadata": {"name": "e2e-training-high"}, "value": 2500})).unwrap();
-    match pcs.create(&PostParams::default(), &pc).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("{e}"),
-    }
+    ensure_priority_class(&training, "e2e-training-high", 2500).await;
 
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-b", &kubeconfig).await;
@@ -268,14 +260,7 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     reset_members(&training, test).await;
     ensure_namespace(&training, ns).await;
     clear_pods(&training, ns).await;
-    let pcs = Api::<PriorityClass>::all(training.clone());
-    let pc: PriorityClass =
-        serde_json::from_value(json!({"metadata": {"name": "e2e-training-high"}, "value": 2500})).unwrap();
-    match pcs.create(&PostParams::default(), &pc).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("{e}"),
-    }
+    ensure_priority_class(&training, "e2e-training-high", 2500).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
     apply_member(&training, "preempt-b", test, ns, "member-b").await;
