@@ -107,6 +107,9 @@ echo "-- the gang core (medium) keeps running; the Job's replacements for the re
 sleep 3
 k -n team-a get pods -l app=resnet --field-selector=status.phase=Pending -o custom-columns='NAME:.metadata.name,WHY:.status.conditions[0].message'
 
+say "tidepool status"
+KUBECONFIG="$TRAINING_KUBECONFIG" "$root/target/debug/tidepool" status
+
 cat <<MSG
 
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:

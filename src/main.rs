@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod status;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
@@ -33,6 +35,12 @@ enum Command {
     Crds,
     /// Check a bridge configuration file and report every problem with its path.
     CheckConfig { file: PathBuf },
+    /// Members, pools (capacity / used / deficit), gangs and reclaims, as a terminal view.
+    Status {
+        /// Bridge configuration file (for the training kubeconfig and scheduler name).
+        #[arg(long, env = "TIDEPOOL_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +54,17 @@ fn main() -> anyhow::Result<()> {
             BridgeConfig::load(&file)?;
             println!("{}: ok", file.display());
             Ok(())
+        }
+        Command::Status { config } => {
+            let config = match config {
+                Some(path) => BridgeConfig::load(&path)?,
+                None => BridgeConfig::default(),
+            };
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+                let client = training_client(&config).await?;
+                print!("{}", status::render(client, &config.dispatcher.scheduler_name).await?);
+                anyhow::Ok(())
+            })
         }
         Command::Run { config, exit_on_stdin_eof } => {
             init_tracing();

@@ -147,6 +147,12 @@ pub struct PoolStatus {
     /// What the pool can lend (the virtual node's allocatable).
     #[serde(default)]
     pub capacity: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// What offload pods in the pool request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub used: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// What offload pods use beyond the capacity: what reclaim has to free.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deficit: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 impl MemberClusterSpec {

@@ -359,6 +359,8 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
                 virtual_node: node.clone(),
                 nodes: i32::try_from(c.nodes).unwrap_or(i32::MAX),
                 capacity: c.capacity.to_quantities(),
+                used: c.used.nonzero().to_quantities(),
+                deficit: c.deficit().nonzero().to_quantities(),
             }
         })
         .collect();
