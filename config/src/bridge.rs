@@ -30,6 +30,11 @@ pub struct BridgeConfig {
     pub kubelet: KubeletConfig,
     /// How often (seconds) the virtual nodes' leases are renewed; their duration is 4×.
     pub lease_renew_seconds: u64,
+    /// How long (seconds) a connected member may stay unreachable before the training pods
+    /// on its virtual nodes fail with reason `MemberLost`, so their controllers place them
+    /// elsewhere. Counted from the first failed probe; until then the pods are left alone,
+    /// since a short partition should not cost a running job its progress.
+    pub member_loss_timeout_seconds: u64,
     pub dispatcher: DispatcherConfig,
     /// What the offload policy lets through that it denies by default. Unset: nothing.
     pub policy: PolicyAllow,
@@ -151,6 +156,7 @@ impl Default for BridgeConfig {
             namespace_prefix: keys::DEFAULT_NAMESPACE_PREFIX.to_owned(),
             kubelet: KubeletConfig::default(),
             lease_renew_seconds: 10,
+            member_loss_timeout_seconds: 300,
             dispatcher: DispatcherConfig::default(),
             policy: PolicyAllow::default(),
         }
@@ -240,6 +246,9 @@ impl BridgeConfig {
         if !(1..=60).contains(&self.lease_renew_seconds) {
             errors.push(FieldError::new("leaseRenewSeconds", "must be between 1 and 60"));
         }
+        if !(1..=86_400).contains(&self.member_loss_timeout_seconds) {
+            errors.push(FieldError::new("memberLossTimeoutSeconds", "must be between 1 and 86400"));
+        }
         self.policy.validate(&mut errors);
         errors
     }
@@ -270,10 +279,13 @@ mod tests {
 
     #[test]
     fn every_invalid_field_is_reported_with_its_path() {
-        let err = BridgeConfig::parse("clusterName: Bad\nkubelet: {port: 0}\nleaseRenewSeconds: 0\n").unwrap_err();
+        let err = BridgeConfig::parse(
+            "clusterName: Bad\nkubelet: {port: 0}\nleaseRenewSeconds: 0\nmemberLossTimeoutSeconds: 0\n",
+        )
+        .unwrap_err();
         let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
         let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds"]);
+        assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds", "memberLossTimeoutSeconds"]);
     }
 
     #[test]

@@ -13,6 +13,18 @@ pub const LABEL_NODE_TYPE: &str = "type";
 pub const NODE_TYPE_VIRTUAL: &str = "virtual-kubelet";
 /// Taint on every virtual node: only pods that opt in land there.
 pub const TAINT_VIRTUAL: &str = "tidepool.io/virtual";
+/// NoSchedule taint on the virtual nodes of a member whose API server does not answer
+/// (tidepool's own, so the node lifecycle controller's `node.kubernetes.io/*` taints stay
+/// its own business).
+pub const TAINT_UNREACHABLE: &str = "tidepool.io/unreachable";
+/// NoSchedule taint on the virtual nodes of a member that answers but cannot be used: its
+/// credentials are refused or its Secret or spec no longer yields a working connection.
+pub const TAINT_NOT_READY: &str = "tidepool.io/not-ready";
+/// Reason of a training pod failed because its member stayed unreachable past
+/// `memberLossTimeoutSeconds` (and of its Event), and of the virtual node's Ready condition
+/// while the member is unreachable.
+pub const REASON_MEMBER_LOST: &str = "MemberLost";
+pub const REASON_MEMBER_UNREACHABLE: &str = "MemberUnreachable";
 
 /// Label on an offload pod: UID of the training pod it copies. The identity of the copy:
 /// creation is idempotent on it.

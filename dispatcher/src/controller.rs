@@ -243,7 +243,9 @@ fn pool_views(ctx: &Context, all: &[Arc<Pod>]) -> Vec<PoolView> {
                 used: cap.used.clone(),
                 free_per_node: cap.free_per_node.clone(),
                 gpu_product: cap.gpu_product.clone(),
-                schedulable: cap.nodes > 0,
+                // A paused member takes no new pods; nor does one that is unreachable or whose
+                // credentials are broken (its session lives on for the pods it runs).
+                schedulable: cap.nodes > 0 && !m.paused && m.health.borrow().is_healthy(),
             };
             for p in all.iter().filter(|p| is_live(p) && node_of(p) == Some(pool.node.as_str())) {
                 let in_flight = p.metadata.uid.as_ref().is_some_and(|u| !cap.placed.contains_key(u));

@@ -61,7 +61,9 @@ fn deadline_of(p: &Pod) -> Option<jiff::Timestamp> {
 async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: jiff::Timestamp) {
     let hysteresis = jiff::SignedDuration::from_secs(ctx.config.dispatcher.deficit_hysteresis_seconds as i64);
     let members = ctx.members.borrow().clone();
-    for member in members.values() {
+    // A member that does not answer shows a stale deficit: its pods are left as they are
+    // (DESIGN.md "Failure and security rules") until it answers or is lost.
+    for member in members.values().filter(|m| m.health.borrow().is_answering()) {
         for pool in &member.pools {
             let node = pool.node.to_string();
             let cap = pool.capacity.borrow().clone();
@@ -164,7 +166,8 @@ async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
     for r in pending {
         let mut best: Option<Candidate> = None;
         let mut room = false;
-        'members: for member in members.values().filter(|m| !m.paused) {
+        // Nothing can be freed on a member that does not answer: its pods stay as they are.
+        'members: for member in members.values().filter(|m| !m.paused && m.health.borrow().is_answering()) {
             for pool in &member.pools {
                 let node = pool.node.to_string();
                 let cap = pool.capacity.borrow().clone();

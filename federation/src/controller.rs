@@ -13,19 +13,19 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_config::crd::MemberClusterStatus;
 use tidepool_config::{BridgeConfig, MemberCluster, MemberName, keys};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, instrument, warn};
 
 use crate::capacity::PoolCapacity;
 use crate::kubeconfig;
-use crate::member::{MemberHandle, Session};
+use crate::member::{MemberHandle, Session, SessionOptions};
 use crate::{Error, Members};
 
 /// How long a member's API server gets to answer the first request.
@@ -40,6 +40,8 @@ pub(crate) struct Context {
     pub config: Arc<BridgeConfig>,
     pub sessions: Mutex<BTreeMap<MemberName, Session>>,
     pub members: watch::Sender<Members>,
+    /// Reconciles a member now: its session's health changed.
+    pub trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
 }
 
 /// Outcome of checking one member, written to its status.
@@ -48,15 +50,18 @@ struct Verdict {
     credentials: Option<(bool, &'static str, String)>,
     reachable: Option<(bool, &'static str, String)>,
     ready: (bool, &'static str, String),
+    /// Describes the health of the running session (rather than a failed attempt to start
+    /// one), so it must not be held against that session.
+    live: bool,
 }
 
 impl Verdict {
     fn not_ready(reason: &'static str, message: String) -> Self {
-        Self { credentials: None, reachable: None, ready: (false, reason, message) }
+        Self { credentials: None, reachable: None, ready: (false, reason, message), live: false }
     }
 }
 
-pub(crate) async fn run(ctx: Arc<Context>) {
+pub(crate) async fn run(ctx: Arc<Context>, triggers: mpsc::Receiver<ObjectRef<MemberCluster>>) {
     let api = Api::<MemberCluster>::all(ctx.training.clone());
     let mut cfg = watcher::Config::default();
     if let Some(selector) = &ctx.config.member_selector {
@@ -66,6 +71,7 @@ pub(crate) async fn run(ctx: Arc<Context>) {
     let store = controller.store();
     tokio::spawn(sweep(store, ctx.clone()));
     controller
+        .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggers))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -86,8 +92,8 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     let name = MemberName::new(mc.name_any());
     let verdict = connect(&mc, &name, &ctx).await?;
     let requeue = if verdict.ready.0 { RESYNC } else { RETRY };
-    if !verdict.ready.0 {
-        stop(&ctx, &name);
+    if !verdict.ready.0 && !verdict.live {
+        hold(&ctx, &name, &verdict.ready);
     }
     write_conditions(&mc, &ctx, verdict).await?;
     Ok(Action::requeue(requeue))
@@ -113,6 +119,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: Some((false, "SecretNotFound", msg.clone())),
                 reachable: None,
                 ready: (false, "SecretNotFound", msg),
+                live: false,
             });
         }
         Err(source) => {
@@ -126,13 +133,14 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
             credentials: Some((false, "KubeconfigMissing", msg.clone())),
             reachable: None,
             ready: (false, "KubeconfigMissing", msg),
+            live: false,
         });
     };
 
     // 3. Unchanged credentials and spec with a live session: nothing to do.
     let fingerprint = fingerprint(&bytes.0, mc);
     if let Some(handle) = current(ctx, name, &fingerprint) {
-        return Ok(ready_verdict(&handle));
+        return Ok(live_verdict(&handle, ctx.config.member_loss_timeout_seconds));
     }
 
     // 4. Vet the kubeconfig and dial the member.
@@ -144,6 +152,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: Some((false, e.reason(), msg.clone())),
                 reachable: None,
                 ready: (false, e.reason(), msg),
+                live: false,
             });
         }
     };
@@ -156,6 +165,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: Some((false, "KubeconfigInvalid", msg.clone())),
                 reachable: None,
                 ready: (false, "KubeconfigInvalid", msg),
+                live: false,
             });
         }
     };
@@ -168,6 +178,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: Some((false, "Unauthorized", msg.clone())),
                 reachable: Some((true, "Reachable", format!("{server} answered"))),
                 ready: (false, "Unauthorized", msg),
+                live: false,
             });
         }
         Ok(Err(e)) => {
@@ -176,6 +187,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: credentials_ok,
                 reachable: Some((false, "Unreachable", msg.clone())),
                 ready: (false, "Unreachable", msg),
+                live: false,
             });
         }
         Err(_) => {
@@ -184,6 +196,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
                 credentials: credentials_ok,
                 reachable: Some((false, "Unreachable", msg.clone())),
                 ready: (false, "Unreachable", msg),
+                live: false,
             });
         }
     }
@@ -195,19 +208,22 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
             credentials: credentials_ok,
             reachable: Some((true, "Reachable", format!("{server} answered"))),
             ready: (false, "BootstrapFailed", msg),
+            live: false,
         });
     }
 
     // 6. Start (or replace) the session and publish it.
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
-    let session =
-        Session::start(name.clone(), client, &mc.spec.effective_pools(), prefix, fingerprint, policy, mc.spec.paused);
+    let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
+    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout };
+    let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), fingerprint, policy, options);
     if !session.wait_synced(Duration::from_secs(30)).await {
         warn!("member watches not synced after 30 s; offering its pools anyway");
     }
     let handle = session.handle.clone();
     tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
+    tokio::spawn(follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
     if let Ok(mut sessions) = ctx.sessions.lock() {
         sessions.insert(name.clone(), session);
     }
@@ -220,12 +236,91 @@ fn ready_verdict(handle: &MemberHandle) -> Verdict {
         credentials: Some((true, "Valid", "kubeconfig accepted".to_owned())),
         reachable: Some((true, "Reachable", "member API server answers".to_owned())),
         ready: (true, "Connected", format!("{} pool(s) offered as virtual nodes", handle.pools.len())),
+        live: true,
     }
 }
 
+/// The verdict of a running session: what its prober last found.
+fn live_verdict(handle: &MemberHandle, loss_timeout_seconds: u64) -> Verdict {
+    let health = handle.health.borrow().clone();
+    let valid = Some((true, "Valid", "kubeconfig accepted".to_owned()));
+    if let Some(why) = health.unreachable {
+        let (reason, message) = if health.lost {
+            let msg = format!(
+                "member API server unreachable for more than {loss_timeout_seconds}s ({why}); \
+                 training pods on its virtual nodes failed with reason {}",
+                keys::REASON_MEMBER_LOST
+            );
+            (keys::REASON_MEMBER_LOST, msg)
+        } else {
+            let msg = format!("member API server unreachable ({why}); its virtual nodes take no new pods");
+            ("Unreachable", msg)
+        };
+        return Verdict {
+            credentials: valid,
+            reachable: Some((false, "Unreachable", why)),
+            ready: (false, reason, message),
+            live: true,
+        };
+    }
+    if let Some(why) = health.refused {
+        return Verdict {
+            credentials: Some((false, "Unauthorized", why.clone())),
+            reachable: Some((true, "Reachable", "member API server answers".to_owned())),
+            ready: (false, "Unauthorized", why),
+            live: true,
+        };
+    }
+    ready_verdict(handle)
+}
+
+/// The running session whose credentials and spec are `fingerprint`, if any. Finding it
+/// means the Secret and spec are usable again, so a hold put on the session is lifted.
 fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Option<Arc<MemberHandle>> {
     let sessions = ctx.sessions.lock().ok()?;
-    sessions.get(name).filter(|s| s.fingerprint == fingerprint).map(|s| s.handle.clone())
+    let session = sessions.get(name).filter(|s| s.fingerprint == fingerprint)?;
+    session.health.send_if_modified(|h| h.unusable.take().is_some());
+    Some(session.handle.clone())
+}
+
+/// A member whose Secret or spec no longer yields a working connection keeps its running
+/// session (and so its virtual nodes and offload pods), marked unusable: its nodes turn
+/// NotReady and tainted and nothing new is placed, instead of a node deleted and re-created
+/// on every flap of a Secret. Only a deleted or deselected `MemberCluster` ends a session
+/// (see [`sweep`]).
+fn hold(ctx: &Context, name: &MemberName, ready: &(bool, &'static str, String)) {
+    let Ok(sessions) = ctx.sessions.lock() else {
+        return;
+    };
+    if let Some(session) = sessions.get(name) {
+        let unusable = Some((ready.1.to_owned(), ready.2.clone()));
+        if session.health.send_if_modified(|h| {
+            let changed = h.unusable != unusable;
+            h.unusable = unusable.clone();
+            changed
+        }) {
+            warn!(reason = ready.1, "member session kept, but unusable until its Secret or spec is fixed");
+        }
+    }
+}
+
+/// Reconciles the member whenever its session's health changes, so its status follows an
+/// outage within a probe interval rather than at the next resync.
+async fn follow_health(
+    handle: Arc<MemberHandle>,
+    trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
+    member: ObjectRef<MemberCluster>,
+) {
+    let mut health = handle.health.clone();
+    loop {
+        tokio::select! {
+            () = handle.cancelled.cancelled() => return,
+            res = health.changed() => if res.is_err() { return },
+        }
+        if trigger.send(member.clone()).await.is_err() {
+            return;
+        }
+    }
 }
 
 fn fingerprint(kubeconfig: &[u8], mc: &MemberCluster) -> String {

@@ -11,6 +11,7 @@
 
 pub mod capacity;
 mod controller;
+pub mod health;
 pub mod kubeconfig;
 pub mod member;
 
@@ -21,6 +22,7 @@ use tidepool_config::{BridgeConfig, MemberName};
 use tokio::sync::watch;
 
 pub use capacity::PoolCapacity;
+pub use health::Health;
 pub use member::{MemberHandle, PoolHandle};
 
 /// Connected members by name.
@@ -48,13 +50,15 @@ impl Federation {
     /// Starts the `MemberCluster` controller; runs until the runtime stops.
     pub fn start(training: kube::Client, config: Arc<BridgeConfig>) -> Self {
         let (tx, rx) = watch::channel(Members::new());
+        let (trigger, triggers) = tokio::sync::mpsc::channel(256);
         let ctx = Arc::new(controller::Context {
             training,
             config,
             sessions: std::sync::Mutex::new(BTreeMap::new()),
             members: tx,
+            trigger,
         });
-        tokio::spawn(controller::run(ctx));
+        tokio::spawn(controller::run(ctx, triggers));
         Self { members: rx }
     }
 

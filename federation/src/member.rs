@@ -27,6 +27,7 @@ use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity, pod_requests,
     pool_capacity_under,
 };
+use crate::health::Health;
 
 /// Namespace, kind and name of an HPA's scale target.
 type WorkloadKey = (String, String, String);
@@ -99,6 +100,9 @@ pub struct MemberHandle {
     pub cancelled: CancellationToken,
     /// `spec.paused`: no new placements; running offload pods stay.
     pub paused: bool,
+    /// Reachability and usability, kept current by the session's prober and the controller.
+    /// The session outlives an outage: consumers read this and hold back instead.
+    pub health: watch::Receiver<Health>,
 }
 
 /// One pool of a member: one virtual node.
@@ -122,11 +126,23 @@ impl MemberHandle {
     }
 }
 
+/// Settings of a session that come from its `MemberCluster` and the bridge config.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionOptions {
+    /// Prefix of offload namespaces in the member.
+    pub namespace_prefix: String,
+    /// `spec.paused`.
+    pub paused: bool,
+    /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
+    pub loss_timeout: Duration,
+}
+
 /// Owns the watch tasks of one member; dropping it stops them.
 #[derive(Debug)]
 pub(crate) struct Session {
     pub handle: Arc<MemberHandle>,
     pub fingerprint: String,
+    pub health: watch::Sender<Health>,
 }
 
 impl Drop for Session {
@@ -145,12 +161,17 @@ impl Session {
         name: MemberName,
         client: Client,
         pools: &[PoolSpec],
-        namespace_prefix: String,
         fingerprint: String,
         policy: CapacityPolicy,
-        paused: bool,
+        options: SessionOptions,
     ) -> Session {
+        let SessionOptions { namespace_prefix, paused, loss_timeout } = options;
         let cancelled = CancellationToken::new();
+        let (health_tx, health) = watch::channel(Health::default());
+        tokio::spawn(
+            crate::health::run(client.clone(), health_tx.clone(), loss_timeout, cancelled.clone())
+                .instrument(info_span!("member_health", member = %name)),
+        );
         let changed = Arc::new(Notify::new());
         let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
         let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
@@ -273,8 +294,17 @@ impl Session {
         );
 
         Session {
-            handle: Arc::new(MemberHandle { name, client, namespace_prefix, pools: handles, cancelled, paused }),
+            handle: Arc::new(MemberHandle {
+                name,
+                client,
+                namespace_prefix,
+                pools: handles,
+                cancelled,
+                paused,
+                health,
+            }),
             fingerprint,
+            health: health_tx,
         }
     }
 }

@@ -109,12 +109,25 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     })
     .await;
 
-    // 4. Breaking a member that worked takes its node away and leaves the others alone.
+    // 4. Breaking a member that worked keeps its node, NotReady and tainted NoSchedule (no
+    //    node churn, no crash loop), and leaves the others alone.
     put_kubeconfig_secret(&training, NS, "not-there-yet", b"not a kubeconfig").await;
     wait_reason(&training, "e2e-bad-nosecret", "False", "KubeconfigInvalid").await;
-    wait_for(Duration::from_secs(30), "node of the broken member removed", || {
+    wait_for(Duration::from_secs(30), "node of the broken member NotReady and tainted", || {
         let nodes = nodes.clone();
-        async move { nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok()?.is_none().then_some(()) }
+        async move {
+            let node = nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok()??;
+            let tainted = node
+                .spec
+                .as_ref()?
+                .taints
+                .as_ref()?
+                .iter()
+                .any(|t| t.key == keys::TAINT_NOT_READY && t.effect == "NoSchedule");
+            let conditions = node.status?.conditions?;
+            let not_ready = conditions.iter().any(|c| c.type_ == "Ready" && c.status == "False");
+            (tainted && not_ready).then_some(())
+        }
     })
     .await;
     assert_eq!(pods.get(&worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
@@ -128,5 +141,11 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     for m in ["e2e-bad-good", "e2e-bad-nosecret", "e2e-bad-garbage", "e2e-bad-unreachable", "e2e-bad-exec"] {
         Api::<MemberCluster>::all(training.clone()).delete(m, &DeleteParams::default()).await.unwrap();
     }
+    // 5. Only deleting the MemberCluster takes the kept node away.
+    wait_for(Duration::from_secs(30), "node of the deleted member removed", || {
+        let nodes = nodes.clone();
+        async move { nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
     drop(tidepool);
 }

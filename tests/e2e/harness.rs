@@ -230,13 +230,19 @@ impl Tidepool {
     /// Like [`Tidepool::start`], with `dispatcher:` settings (YAML flow mapping entries,
     /// e.g. `deficitHysteresisSeconds: 1`) added to the config.
     pub fn start_with(env: &Env, test: &str, secret_ns: &str, dispatcher: &str) -> Tidepool {
+        Self::start_config(env, test, secret_ns, dispatcher, "")
+    }
+
+    /// Like [`Tidepool::start_with`], with top-level config lines added (YAML, e.g.
+    /// `memberLossTimeoutSeconds: 5`).
+    pub fn start_config(env: &Env, test: &str, secret_ns: &str, dispatcher: &str, top_level: &str) -> Tidepool {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("tidepool.yaml");
         std::fs::write(
             &config,
             format!(
                 "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n\
-                 dispatcher: {{schedulerName: {}{}}}\n",
+                 dispatcher: {{schedulerName: {}{}}}\n{top_level}\n",
                 env.kubeconfig_path("training").display(),
                 scheduler_name(test),
                 if dispatcher.is_empty() { String::new() } else { format!(", {dispatcher}") }

@@ -7,6 +7,7 @@
 
 mod bad_input;
 mod dispatcher;
+mod failover;
 mod harness;
 mod reclaim;
 mod skeleton;

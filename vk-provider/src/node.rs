@@ -1,5 +1,10 @@
-//! Virtual nodes: one Node per pool, its status following the pool's capacity, its Lease
-//! renewed so the node lifecycle controller keeps it Ready.
+//! Virtual nodes: one Node per pool, its status following the pool's capacity and its
+//! member's [`Health`], its Lease renewed so the node lifecycle controller keeps it Ready.
+//!
+//! A member that does not answer turns its nodes `Ready=Unknown` with a NoSchedule taint;
+//! one whose credentials or Secret are broken turns them `Ready=False`, tainted too. The
+//! nodes stay in both cases, with the pods bound to them: only a `MemberCluster` that is
+//! deleted or no longer selected takes its nodes away.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tidepool_config::{BridgeConfig, keys};
-use tidepool_federation::{MemberHandle, Members, PoolCapacity, PoolHandle};
+use tidepool_federation::{Health, MemberHandle, Members, PoolCapacity, PoolHandle};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -42,10 +47,50 @@ pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> 
     labels
 }
 
-/// Status of a virtual node: the pool's capacity as allocatable, Ready while the member is
-/// connected, addressed at tidepool's kubelet API.
-pub fn node_status(config: &BridgeConfig, capacity: &PoolCapacity, now: jiff::Timestamp) -> NodeStatus {
+/// The Ready condition's (status, reason, message) for a member's health.
+pub fn readiness(health: &Health) -> (&'static str, String, String) {
+    if let Some(why) = &health.unreachable {
+        let reason = if health.lost { keys::REASON_MEMBER_LOST } else { keys::REASON_MEMBER_UNREACHABLE };
+        return ("Unknown", reason.to_owned(), format!("member API server unreachable: {why}"));
+    }
+    if let Some(why) = &health.refused {
+        return ("False", "MemberCredentialsRefused".to_owned(), why.clone());
+    }
+    if let Some((reason, why)) = &health.unusable {
+        return ("False", reason.clone(), why.clone());
+    }
+    ("True", "KubeletReady".to_owned(), "member cluster connected".to_owned())
+}
+
+/// Taints of a virtual node: always [`keys::TAINT_VIRTUAL`], plus a NoSchedule taint while
+/// the member is unreachable or unusable (schedulers other than tidepool's dispatcher,
+/// which reads the member's health directly, must hold back too).
+pub fn node_taints(health: &Health) -> Vec<Taint> {
+    let taint = |key: &str| Taint {
+        key: key.to_owned(),
+        value: Some("true".to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    };
+    let mut taints = vec![taint(keys::TAINT_VIRTUAL)];
+    if health.unreachable.is_some() {
+        taints.push(taint(keys::TAINT_UNREACHABLE));
+    } else if !health.is_healthy() {
+        taints.push(taint(keys::TAINT_NOT_READY));
+    }
+    taints
+}
+
+/// Status of a virtual node: the pool's capacity as allocatable, Ready following the
+/// member's health, addressed at tidepool's kubelet API.
+pub fn node_status(
+    config: &BridgeConfig,
+    capacity: &PoolCapacity,
+    health: &Health,
+    now: jiff::Timestamp,
+) -> NodeStatus {
     let resources = capacity.capacity.to_quantities();
+    let ready = readiness(health);
     let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: type_.to_owned(),
         status: status.to_owned(),
@@ -58,7 +103,7 @@ pub fn node_status(config: &BridgeConfig, capacity: &PoolCapacity, now: jiff::Ti
         capacity: Some(resources.clone()),
         allocatable: Some(resources),
         conditions: Some(vec![
-            condition("Ready", "True", "KubeletReady", "member cluster connected"),
+            condition("Ready", ready.0, &ready.1, &ready.2),
             condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "capacity follows the member's surplus"),
             condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "capacity follows the member's surplus"),
             condition("PIDPressure", "False", "KubeletHasSufficientPID", "capacity follows the member's surplus"),
@@ -89,23 +134,21 @@ pub fn node_status(config: &BridgeConfig, capacity: &PoolCapacity, now: jiff::Ti
 }
 
 /// The whole Node object for creation (status is accepted on create for Nodes).
-pub fn virtual_node(config: &BridgeConfig, member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> Node {
+pub fn virtual_node(
+    config: &BridgeConfig,
+    member: &str,
+    pool: &PoolHandle,
+    capacity: &PoolCapacity,
+    health: &Health,
+) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(pool.node.to_string()),
             labels: Some(node_labels(member, pool, capacity)),
             ..Default::default()
         },
-        spec: Some(NodeSpec {
-            taints: Some(vec![Taint {
-                key: keys::TAINT_VIRTUAL.to_owned(),
-                value: Some("true".to_owned()),
-                effect: "NoSchedule".to_owned(),
-                time_added: None,
-            }]),
-            ..Default::default()
-        }),
-        status: Some(node_status(config, capacity, jiff::Timestamp::now())),
+        spec: Some(NodeSpec { taints: Some(node_taints(health)), ..Default::default() }),
+        status: Some(node_status(config, capacity, health, jiff::Timestamp::now())),
     }
 }
 
@@ -180,6 +223,7 @@ impl NodeTask {
         let mut lease_tick = tokio::time::interval(renew);
         let mut heartbeat = tokio::time::interval(STATUS_HEARTBEAT);
         let mut registered: Option<String> = None;
+        let mut health = self.member.health.clone();
         loop {
             // 1. register the node (once, or again after someone deleted it)
             if registered.is_none() {
@@ -195,7 +239,12 @@ impl NodeTask {
                     if res.is_err() { return; }
                     if let Err(e) = self.patch_status().await { warn!(error = %e, "cannot update virtual node status"); registered = None; }
                 }
-                // 3. lease renewal keeps the node Ready
+                // 3. the member's health changed: Ready condition and taints follow at once
+                res = health.changed() => {
+                    if res.is_err() { return; }
+                    if let Err(e) = self.sync_health().await { warn!(error = %e, "cannot update virtual node health"); registered = None; }
+                }
+                // 4. lease renewal: tidepool itself is alive, whatever the member's health
                 _ = lease_tick.tick() => {
                     if let Some(uid) = &registered
                         && let Err(e) = self.renew_lease(uid).await
@@ -203,9 +252,9 @@ impl NodeTask {
                         warn!(error = %e, "cannot renew virtual node lease");
                     }
                 }
-                // 4. periodic status heartbeat
+                // 5. periodic status heartbeat (and taints, in case a health change was missed)
                 _ = heartbeat.tick() => {
-                    if registered.is_some() && let Err(e) = self.patch_status().await {
+                    if registered.is_some() && let Err(e) = self.sync_health().await {
                         warn!(error = %e, "cannot update virtual node status");
                         registered = None;
                     }
@@ -219,7 +268,8 @@ impl NodeTask {
     async fn register(&mut self) -> Result<String, Error> {
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let node = virtual_node(&self.config, self.member.name.as_str(), &self.pool, &capacity);
+        let health = self.member.health.borrow().clone();
+        let node = virtual_node(&self.config, self.member.name.as_str(), &self.pool, &capacity, &health);
         let name = self.pool.node.to_string();
         let created = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -231,7 +281,7 @@ impl NodeTask {
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(labels))
                     .await
                     .map_err(|e| Error::training("update node labels", e))?;
-                self.patch_status().await?;
+                self.sync_health().await?;
                 api.get(&name).await.map_err(|e| Error::training("read node", e))?
             }
             Err(e) => return Err(Error::training("create node", e)),
@@ -239,9 +289,38 @@ impl NodeTask {
         created.metadata.uid.ok_or(Error::MissingUid)
     }
 
+    /// Brings the Ready condition and the health taints in line with the member's health.
+    async fn sync_health(&mut self) -> Result<(), Error> {
+        let health = self.member.health.borrow().clone();
+        let api = Api::<Node>::all(self.training.clone());
+        let node = api.get(self.pool.node.as_str()).await.map_err(|e| Error::training("read node", e))?;
+        let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        // Keep everyone else's taints; ours are exactly what the health says.
+        let ours = [keys::TAINT_VIRTUAL, keys::TAINT_UNREACHABLE, keys::TAINT_NOT_READY];
+        let mut taints: Vec<Taint> = current.iter().filter(|t| !ours.contains(&t.key.as_str())).cloned().collect();
+        taints.extend(node_taints(&health));
+        let same = |a: &[Taint], b: &[Taint]| {
+            a.len() == b.len() && a.iter().all(|t| b.iter().any(|u| u.key == t.key && u.effect == t.effect))
+        };
+        if !same(&current, &taints) {
+            // The resourceVersion makes this a compare-and-swap: a taint someone else added
+            // meanwhile is never overwritten (the next change or heartbeat tries again).
+            let patch = json!({
+                "metadata": { "resourceVersion": node.metadata.resource_version },
+                "spec": { "taints": taints },
+            });
+            api.patch(self.pool.node.as_str(), &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map_err(|e| Error::training("update node taints", e))?;
+            info!(healthy = health.is_healthy(), "virtual node taints updated");
+        }
+        self.patch_status().await
+    }
+
     async fn patch_status(&mut self) -> Result<(), Error> {
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let status = node_status(&self.config, &capacity, jiff::Timestamp::now());
+        let health = self.member.health.borrow().clone();
+        let status = node_status(&self.config, &capacity, &health, jiff::Timestamp::now());
         debug!(capacity = %capacity.capacity, "virtual node status");
         Api::<Node>::all(self.training.clone())
             .patch_status(
@@ -314,7 +393,7 @@ mod tests {
             gpu_product: Some("NVIDIA-H100".into()),
             ..Default::default()
         };
-        let node = virtual_node(&BridgeConfig::default(), "member-a", &pool(), &capacity);
+        let node = virtual_node(&BridgeConfig::default(), "member-a", &pool(), &capacity, &Health::default());
         let labels = node.metadata.labels.unwrap();
         assert_eq!(labels["type"], "virtual-kubelet");
         assert_eq!(labels[keys::LABEL_MEMBER], "member-a");
@@ -328,5 +407,48 @@ mod tests {
         assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
         let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "True");
+    }
+
+    #[test]
+    fn an_unhealthy_member_makes_its_nodes_not_ready_and_tainted() {
+        let cases = [
+            ("healthy", Health::default(), "True", "KubeletReady", None),
+            (
+                "unreachable",
+                Health { unreachable: Some("timeout".into()), ..Default::default() },
+                "Unknown",
+                keys::REASON_MEMBER_UNREACHABLE,
+                Some(keys::TAINT_UNREACHABLE),
+            ),
+            (
+                "lost",
+                Health { unreachable: Some("timeout".into()), lost: true, ..Default::default() },
+                "Unknown",
+                keys::REASON_MEMBER_LOST,
+                Some(keys::TAINT_UNREACHABLE),
+            ),
+            (
+                "refused credentials",
+                Health { refused: Some("401".into()), ..Default::default() },
+                "False",
+                "MemberCredentialsRefused",
+                Some(keys::TAINT_NOT_READY),
+            ),
+            (
+                "unusable Secret",
+                Health { unusable: Some(("KubeconfigInvalid".into(), "bad".into())), ..Default::default() },
+                "False",
+                "KubeconfigInvalid",
+                Some(keys::TAINT_NOT_READY),
+            ),
+        ];
+        for (name, health, status, reason, taint) in cases {
+            let (s, r, _) = readiness(&health);
+            assert_eq!((s, r.as_str()), (status, reason), "{name}");
+            let taints: Vec<String> = node_taints(&health).into_iter().map(|t| t.key).collect();
+            let mut want = vec![keys::TAINT_VIRTUAL.to_owned()];
+            want.extend(taint.map(str::to_owned));
+            assert_eq!(taints, want, "{name}");
+        }
     }
 }

@@ -183,9 +183,35 @@ fn start_offload_watch(
         }
         .in_current_span(),
     );
+    tokio::spawn(follow_health(ctx.clone(), member.clone(), trigger.clone()).in_current_span());
     tokio::spawn(follow_source_changes(ctx.clone(), copy_rx, Some(member.clone()), trigger).in_current_span());
     tokio::spawn(collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
     watch
+}
+
+/// Reconciles every pod on the member's virtual nodes when its health changes: an outage
+/// turning into a loss fails them, a recovery resumes their sync.
+async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mpsc::Sender<ObjectRef<Pod>>) {
+    let mut health = member.health.clone();
+    loop {
+        tokio::select! {
+            () = member.cancelled.cancelled() => return,
+            res = health.changed() => if res.is_err() { return },
+        }
+        let nodes: HashSet<&str> = member.pools.iter().map(|p| p.node.as_str()).collect();
+        let pods: Vec<ObjectRef<Pod>> = ctx
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| nodes.contains(n)))
+            .map(|p| ObjectRef::from_obj(&**p))
+            .collect();
+        for pod in pods {
+            if trigger.send(pod).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Hands training pods that are gone to the collector of their member, which deletes their
@@ -348,6 +374,24 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     };
     let member = &watch.member;
+    // 0. The member's health (see tidepool_federation::health). Lost past the loss timeout:
+    //    the pod fails so its controller places it elsewhere; its offload copy is deleted
+    //    by step 7 once the member answers again. Merely unreachable: nothing is touched,
+    //    here or in the member; the health changing back triggers every pod again.
+    let health = member.health.borrow().clone();
+    if health.lost && is_live(&pod) {
+        let msg = format!(
+            "member {} unreachable for more than {}s ({}); the pod is given up so it can run elsewhere",
+            member.name,
+            ctx.config.member_loss_timeout_seconds,
+            health.unreachable.as_deref().unwrap_or("no answer"),
+        );
+        fail_pod(&ctx, &pod, keys::REASON_MEMBER_LOST, &msg).await?;
+        return Ok(Action::await_change());
+    }
+    if !health.is_answering() {
+        return Ok(Action::requeue(RESYNC));
+    }
     if !listed(&watch.store, Duration::from_secs(10)).await {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }

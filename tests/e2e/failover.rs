@@ -1,0 +1,295 @@
+//! Health and failover: a test-owned TCP proxy between tidepool and member-b blackholes the
+//! member. Its virtual node turns `Ready=Unknown` and tainted while its offload pods run on
+//! untouched; on return everything converges without duplicates. Past the loss timeout the
+//! training pods fail `MemberLost`, and their offload copies go once the member is back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use tidepool_config::{MemberCluster, keys};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::harness::*;
+
+/// A TCP proxy on 127.0.0.1 that forwards to one API server, or blackholes: accepts and
+/// holds connections, reading and dropping every byte. Switching either way cuts every
+/// connection it carries, as a partition (or its end) does to streams that lost bytes.
+struct Proxy {
+    addr: SocketAddr,
+    blackhole: Arc<AtomicBool>,
+    epoch: Arc<watch::Sender<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let blackhole = Arc::new(AtomicBool::new(false));
+        let epoch = Arc::new(watch::channel(0u64).0);
+        let (hole, ep) = (blackhole.clone(), epoch.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let mut cut = ep.subscribe();
+                let holed = hole.load(Ordering::SeqCst);
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let work = async {
+                        if holed {
+                            let mut buf = vec![0u8; 16 * 1024];
+                            while matches!(inbound.read(&mut buf).await, Ok(n) if n > 0) {}
+                            return;
+                        }
+                        let Ok(mut out) = TcpStream::connect(&upstream).await else { return };
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    };
+                    tokio::select! {
+                        () = work => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, blackhole, epoch, task }
+    }
+
+    fn set_blackhole(&self, on: bool) {
+        self.blackhole.store(on, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.set_blackhole(true);
+    }
+}
+
+/// Member-b's kubeconfig, pointed at `proxy` (the API server's certificate names
+/// 127.0.0.1, so TLS still verifies).
+fn kubeconfig_via(env: &Env, proxy: &Proxy) -> Vec<u8> {
+    let text = std::fs::read_to_string(env.kubeconfig_path("member-b")).unwrap();
+    let server = env.var("MEMBER_B_SERVER");
+    assert!(text.contains(server), "member-b kubeconfig does not name {server}");
+    text.replace(server, &format!("https://{}", proxy.addr)).into_bytes()
+}
+
+fn condition(node: &Node, type_: &str) -> Option<(String, String)> {
+    let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
+}
+
+async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<String> {
+    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
+    mc.status?.conditions.into_iter().find(|c| c.type_ == type_).map(|c| c.status)
+}
+
+/// Sets up member `member` through a fresh proxy and a tidepool with `top_level` config, and
+/// runs one pod on it; returns the proxy, tidepool, pod name and the offload pod's UID.
+struct Setup {
+    proxy: Proxy,
+    _tidepool: Tidepool,
+    training: Client,
+    member_b: Client,
+    node: String,
+    worker: String,
+    offload_uid: String,
+    origin_uid: String,
+}
+
+async fn setup(test: &str, ns: &str, member: &str, top_level: &str) -> Setup {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    env.install_crds(&training).await;
+    reset_members(&training, test).await;
+    ensure_namespace(&training, ns).await;
+    clear_pods(&training, ns).await;
+    let upstream = env.var("MEMBER_B_SERVER").trim_start_matches("https://").to_owned();
+    let proxy = Proxy::start(upstream).await;
+    put_kubeconfig_secret(&training, ns, "member-b-proxied", &kubeconfig_via(&env, &proxy)).await;
+    apply_member(&training, member, test, ns, "member-b-proxied").await;
+    let tidepool = Tidepool::start_config(&env, test, ns, "", top_level);
+
+    let node = format!("tidepool-{member}");
+    let nodes = Api::<Node>::all(training.clone());
+    wait_for(Duration::from_secs(90), "virtual node Ready", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move {
+            let n = nodes.get_opt(&node).await.ok()??;
+            (condition(&n, "Ready")?.0 == "True").then_some(())
+        }
+    })
+    .await;
+
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let worker = format!("worker-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": worker},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let origin_uid = created.metadata.uid.unwrap();
+    wait_for(Duration::from_secs(60), "pod Running through the proxied member", || {
+        let (pods, worker) = (pods.clone(), worker.clone());
+        async move { (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{ns}")).get(&worker).await.unwrap();
+    let offload_uid = offload.metadata.uid.unwrap();
+    Setup { proxy, _tidepool: tidepool, training, member_b, node, worker, offload_uid, origin_uid }
+}
+
+async fn offload_copies(member_b: &Client, origin_uid: &str) -> Vec<Pod> {
+    let lp = ListParams::default().labels(&format!("{}={origin_uid}", keys::LABEL_ORIGIN_UID));
+    Api::<Pod>::all(member_b.clone()).list(&lp).await.unwrap().items
+}
+
+async fn teardown(s: &Setup, ns: &str, member: &str) {
+    let pods = Api::<Pod>::namespaced(s.training.clone(), ns);
+    let _ = pods.delete(&s.worker, &DeleteParams::default()).await;
+    wait_for(Duration::from_secs(60), "worker deleted", || {
+        let (pods, worker) = (pods.clone(), s.worker.clone());
+        async move { pods.get_opt(&worker).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    Api::<MemberCluster>::all(s.training.clone()).delete(member, &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplicates() {
+    const TEST: &str = "failover";
+    const NS: &str = "e2e-failover";
+    const MEMBER: &str = "e2e-fo-b";
+    let s = setup(TEST, NS, MEMBER, "").await;
+    let nodes = Api::<Node>::all(s.training.clone());
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+
+    // 1. Blackhole: the node turns Ready=Unknown and tainted, the member Reachable=False.
+    s.proxy.set_blackhole(true);
+    wait_for(Duration::from_secs(30), "virtual node Ready=Unknown with the unreachable taint", || {
+        let (nodes, node) = (nodes.clone(), s.node.clone());
+        async move {
+            let n = nodes.get_opt(&node).await.ok()??;
+            let (status, reason) = condition(&n, "Ready")?;
+            (status == "Unknown" && reason == keys::REASON_MEMBER_UNREACHABLE && has_taint(&n, keys::TAINT_UNREACHABLE))
+                .then_some(())
+        }
+    })
+    .await;
+    wait_for(Duration::from_secs(30), "MemberCluster Reachable=False and Ready=False", || async {
+        let reachable = member_condition(&s.training, MEMBER, keys::CONDITION_REACHABLE).await?;
+        let ready = member_condition(&s.training, MEMBER, keys::CONDITION_READY).await?;
+        (reachable == "False" && ready == "False").then_some(())
+    })
+    .await;
+
+    // 2. While it lasts, nothing is torn down: the offload pod is the same one, still
+    //    Running, and the training pod still Running.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let copies = offload_copies(&s.member_b, &s.origin_uid).await;
+    assert_eq!(copies.len(), 1, "offload copies during the outage: {copies:?}");
+    assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
+    assert!(copies[0].metadata.deletion_timestamp.is_none());
+    assert_eq!(copies[0].status.as_ref().and_then(|st| st.phase.as_deref()), Some("Running"));
+    assert_eq!(pods.get(&s.worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
+    assert!(nodes.get_opt(&s.node).await.unwrap().is_some(), "virtual node deleted during the outage");
+
+    // 3. Restored: node Ready, taint gone, member Ready, exactly the one offload pod.
+    s.proxy.set_blackhole(false);
+    wait_for(Duration::from_secs(90), "virtual node Ready again without the taint", || {
+        let (nodes, node) = (nodes.clone(), s.node.clone());
+        async move {
+            let n = nodes.get_opt(&node).await.ok()??;
+            (condition(&n, "Ready")?.0 == "True" && !has_taint(&n, keys::TAINT_UNREACHABLE)).then_some(())
+        }
+    })
+    .await;
+    wait_for(Duration::from_secs(60), "MemberCluster Ready again", || async {
+        (member_condition(&s.training, MEMBER, keys::CONDITION_READY).await? == "True").then_some(())
+    })
+    .await;
+    // Give a duplicate every chance to appear before counting.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let copies = offload_copies(&s.member_b, &s.origin_uid).await;
+    assert_eq!(copies.len(), 1, "offload copies after recovery: {copies:?}");
+    assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
+    assert_eq!(pods.get(&s.worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
+
+    teardown(&s, NS, MEMBER).await;
+    drop(s);
+}
+
+#[tokio::test]
+async fn a_member_lost_past_the_timeout_fails_its_pods_and_cleans_up_on_return() {
+    const TEST: &str = "failover-lost";
+    const NS: &str = "e2e-failover-lost";
+    const MEMBER: &str = "e2e-fol-b";
+    let s = setup(TEST, NS, MEMBER, "memberLossTimeoutSeconds: 5").await;
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+
+    // 1. Past the loss timeout the training pod fails MemberLost, with an Event.
+    s.proxy.set_blackhole(true);
+    let status = wait_for(Duration::from_secs(45), "training pod Failed with reason MemberLost", || {
+        let (pods, worker) = (pods.clone(), s.worker.clone());
+        async move {
+            let st = pods.get(&worker).await.ok()?.status?;
+            (st.phase.as_deref() == Some("Failed") && st.reason.as_deref() == Some(keys::REASON_MEMBER_LOST))
+                .then_some(st)
+        }
+    })
+    .await;
+    assert!(status.message.unwrap_or_default().contains(MEMBER));
+    let events = Api::<Event>::namespaced(s.training.clone(), NS);
+    wait_for(Duration::from_secs(20), "MemberLost Event", || {
+        let (events, worker) = (events.clone(), s.worker.clone());
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some(keys::REASON_MEMBER_LOST)
+                        && e.involved_object.name.as_deref() == Some(&worker)
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    // The member was not reachable: its copy is still there.
+    let copies = offload_copies(&s.member_b, &s.origin_uid).await;
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
+
+    // 2. Back: the copy of the failed pod is deleted, and the pod stays Failed.
+    s.proxy.set_blackhole(false);
+    wait_for(Duration::from_secs(90), "offload copy of the lost pod deleted", || async {
+        offload_copies(&s.member_b, &s.origin_uid).await.is_empty().then_some(())
+    })
+    .await;
+    let st = pods.get(&s.worker).await.unwrap().status.unwrap();
+    assert_eq!((st.phase.as_deref(), st.reason.as_deref()), (Some("Failed"), Some(keys::REASON_MEMBER_LOST)));
+
+    teardown(&s, NS, MEMBER).await;
+    drop(s);
+}
