@@ -16,6 +16,21 @@ pub mod victims;
 
 use std::sync::Arc;
 
+/// Helpers shared by the property tests.
+#[cfg(test)]
+pub(crate) mod testutil {
+    /// Deterministic Fisher–Yates shuffle (xorshift), so a failing case replays from its seed.
+    pub fn shuffle<T>(v: &mut [T], seed: u64) {
+        let mut s = seed | 1;
+        for i in (1..v.len()).rev() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            v.swap(i, (s % (i as u64 + 1)) as usize);
+        }
+    }
+}
+
 use tidepool_config::BridgeConfig;
 use tidepool_federation::Members;
 use tokio::sync::watch;

@@ -210,13 +210,7 @@ mod tests {
                 prop_assert!(w[0].band >= w[1].band);
             }
             let mut shuffled = entries;
-            let mut s = seed | 1;
-            for i in (1..shuffled.len()).rev() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                shuffled.swap(i, (s % (i as u64 + 1)) as usize);
-            }
+            crate::testutil::shuffle(&mut shuffled, seed);
             admission_order(&mut shuffled);
             prop_assert_eq!(sorted, shuffled);
         }

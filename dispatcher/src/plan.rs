@@ -911,13 +911,7 @@ mod tests {
             let first = place(&gang, &pools);
             prop_assert_eq!(&first, &place(&gang, &pools));
             let mut shuffled = pools.clone();
-            let mut s = seed | 1;
-            for i in (1..shuffled.len()).rev() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                shuffled.swap(i, (s % (i as u64 + 1)) as usize);
-            }
+            crate::testutil::shuffle(&mut shuffled, seed);
             prop_assert_eq!(first, place(&gang, &shuffled));
         }
 

@@ -677,13 +677,7 @@ mod tests {
         ) {
             let first = victims(&deficit, &running);
             let mut shuffled = running.clone();
-            let mut s = seed | 1;
-            for i in (1..shuffled.len()).rev() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                shuffled.swap(i, (s % (i as u64 + 1)) as usize);
-            }
+            crate::testutil::shuffle(&mut shuffled, seed);
             prop_assert_eq!(first, victims(&deficit, &shuffled));
         }
     }
