@@ -128,11 +128,8 @@ async fn main() {
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-a").await;
-    env.install_crds(&training).await;
-    reset_members(&training, TEST).await;
-    ensure_namespace(&training, NS).await;
+    prepare(&env, &training, TEST, NS).await;
     ensure_namespace(&member, NS).await;
-    clear_pods(&training, NS).await;
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     delete_pods(&direct_api).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();

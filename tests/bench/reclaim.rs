@@ -133,10 +133,7 @@ async fn main() {
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-b").await;
-    env.install_crds(&training).await;
-    reset_members(&training, TEST).await;
-    ensure_namespace(&training, NS).await;
-    clear_pods(&training, NS).await;
+    prepare(&env, &training, TEST, NS).await;
     ensure_namespace(&member, ONLINE).await;
     ensure_namespace(&member, NS).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();

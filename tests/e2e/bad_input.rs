@@ -33,10 +33,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     let env = Env::load();
     let training = env.client("training").await;
     let member_b = env.client("member-b").await;
-    env.install_crds(&training).await;
-    reset_members(&training, TEST).await;
-    ensure_namespace(&training, NS).await;
-    clear_pods(&training, NS).await;
+    prepare(&env, &training, TEST, NS).await;
 
     let good = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     let good_text = String::from_utf8(good.clone()).unwrap();

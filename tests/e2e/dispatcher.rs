@@ -17,10 +17,7 @@ use crate::harness::*;
 /// One tidepool bridging both members under this test's label and scheduler name.
 async fn setup(env: &Env, test: &str, ns: &str, members: &[&str]) -> (Client, Tidepool) {
     let training = env.client("training").await;
-    env.install_crds(&training).await;
-    reset_members(&training, test).await;
-    ensure_namespace(&training, ns).await;
-    clear_pods(&training, ns).await;
+    prepare(env, &training, test, ns).await;
     for m in members {
         let kubeconfig = std::fs::read(env.kubeconfig_path(m)).unwrap();
         put_kubeconfig_secret(&training, ns, m, &kubeconfig).await;
@@ -385,10 +382,7 @@ async fn a_gang_the_member_leaves_pending_is_rolled_back_whole() {
     let test = "dispatch-timeout";
     let ns = "e2e-dispatch-timeout";
     let training = env.client("training").await;
-    env.install_crds(&training).await;
-    reset_members(&training, test).await;
-    ensure_namespace(&training, ns).await;
-    clear_pods(&training, ns).await;
+    prepare(&env, &training, test, ns).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
     apply_member(&training, &format!("{test}-member-b"), test, ns, "member-b").await;

@@ -117,10 +117,7 @@ async fn setup(test: &str, ns: &str, member: &str, top_level: &str) -> Setup {
     let env = Env::load();
     let training = env.client("training").await;
     let member_b = env.client("member-b").await;
-    env.install_crds(&training).await;
-    reset_members(&training, test).await;
-    ensure_namespace(&training, ns).await;
-    clear_pods(&training, ns).await;
+    prepare(&env, &training, test, ns).await;
     let upstream = env.var("MEMBER_B_SERVER").trim_start_matches("https://").to_owned();
     let proxy = Proxy::start(upstream).await;
     put_kubeconfig_secret(&training, ns, "member-b-proxied", &kubeconfig_via(&env, &proxy)).await;

@@ -107,6 +107,15 @@ where
     }
 }
 
+/// A test's clean start in the training cluster: the CRD served, the MemberClusters and pods an
+/// earlier run of the same test left gone, its namespace there.
+pub async fn prepare(env: &Env, training: &Client, test: &str, ns: &str) {
+    env.install_crds(training).await;
+    reset_members(training, test).await;
+    ensure_namespace(training, ns).await;
+    clear_pods(training, ns).await;
+}
+
 /// Creates a namespace (if missing) in a cluster.
 pub async fn ensure_namespace(client: &Client, name: &str) {
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();

@@ -70,10 +70,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-b").await;
-    env.install_crds(&training).await;
-    reset_members(&training, TEST).await;
-    ensure_namespace(&training, NS).await;
-    clear_pods(&training, NS).await;
+    prepare(&env, &training, TEST, NS).await;
 
     // The online side of member-b (4 nodes × 4 GPUs): a Deployment of 2-GPU replicas with an
     // HPA. Created first, so its headroom is known before any training pod lands.
@@ -256,10 +253,7 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     let test = "preempt";
     let ns = "e2e-preempt";
     let training = env.client("training").await;
-    env.install_crds(&training).await;
-    reset_members(&training, test).await;
-    ensure_namespace(&training, ns).await;
-    clear_pods(&training, ns).await;
+    prepare(&env, &training, test, ns).await;
     ensure_priority_class(&training, "e2e-training-high", 2500).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;

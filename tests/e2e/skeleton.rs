@@ -43,10 +43,7 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-a").await;
-    env.install_crds(&training).await;
-    reset_members(&training, TEST).await;
-    ensure_namespace(&training, NS).await;
-    clear_pods(&training, NS).await;
+    prepare(&env, &training, TEST, NS).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
     apply_member(&training, MEMBER, TEST, NS, "member-a").await;
