@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod leader;
+mod serve;
 mod status;
 
 use anyhow::Context as _;
@@ -93,12 +95,54 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     let training = training_client(&config).await?;
     let version = training.apiserver_version().await.context("training cluster does not answer")?;
     info!(version = %version.git_version, cluster = %config.cluster_name, "connected to the training cluster");
-    let config = Arc::new(config);
+    if let Some(addr) = config.metrics.bind_address {
+        serve::start(addr).await?;
+    }
+    let shutdown = shutdown(exit_on_stdin_eof);
+    tokio::pin!(shutdown);
 
+    // A standby replica stops here until it leads: it starts no controller, so it writes
+    // nothing but the Lease.
+    let elector = config.leader_election.enabled.then(|| {
+        leader::Elector::new(training.clone(), &config.namespace, &config.leader_election, leader::identity())
+    });
+    match &elector {
+        Some(elector) => {
+            info!(identity = %elector.identity(), "waiting for the leader Lease");
+            tokio::select! {
+                () = elector.acquire() => {}
+                result = &mut shutdown => return result,
+            }
+        }
+        None => {
+            tidepool_config::metrics::metrics().leader.set(1);
+        }
+    }
+
+    let config = Arc::new(config);
     let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
     let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members());
     let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members());
 
+    let lost = async {
+        match &elector {
+            Some(elector) => elector.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = &mut shutdown => result?,
+        // Another replica may be active by now: stop at once, writing nothing more.
+        reason = lost => anyhow::bail!("{reason}; exiting so the replica restarts as a standby"),
+    }
+    if let Some(elector) = &elector {
+        elector.release().await;
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT, SIGTERM, or (for tests) standard input closing.
+async fn shutdown(exit_on_stdin_eof: bool) -> anyhow::Result<()> {
     let stdin_closed = async {
         if exit_on_stdin_eof {
             let mut buf = [0u8; 64];
@@ -135,7 +179,7 @@ async fn training_client(config: &BridgeConfig) -> anyhow::Result<kube::Client> 
         }
         None => kube::Config::infer().await.context("no training cluster credentials found")?,
     };
-    Ok(kube::Client::try_from(kube_config)?)
+    Ok(tidepool_federation::api_metrics::counted_client(kube_config, "training")?)
 }
 
 #[cfg(test)]

@@ -38,6 +38,43 @@ pub struct BridgeConfig {
     pub dispatcher: DispatcherConfig,
     /// What the offload policy lets through that it denies by default. Unset: nothing.
     pub policy: PolicyAllow,
+    pub leader_election: LeaderElectionConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// One active replica at a time, chosen through a `coordination.k8s.io` Lease in the training
+/// cluster. A standby replica only reads and renews nothing: it writes no object but the Lease.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LeaderElectionConfig {
+    /// Off: this process is always active (one replica, or tests).
+    pub enabled: bool,
+    /// Lease name, in the bridge `namespace`.
+    pub lease_name: String,
+    /// A leader that has not renewed for this long is replaced.
+    pub lease_duration_seconds: u64,
+    /// How often the leader renews and a standby retries.
+    pub retry_period_seconds: u64,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self { enabled: false, lease_name: "tidepool".into(), lease_duration_seconds: 10, retry_period_seconds: 2 }
+    }
+}
+
+/// The Prometheus endpoint (`/metrics`) and health probes (`/healthz`, `/readyz`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address and port to listen on; unset: no endpoint.
+    pub bind_address: Option<std::net::SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { bind_address: Some(std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9464)) }
+    }
 }
 
 /// The elastic dispatcher's settings.
@@ -159,6 +196,8 @@ impl Default for BridgeConfig {
             member_loss_timeout_seconds: 300,
             dispatcher: DispatcherConfig::default(),
             policy: PolicyAllow::default(),
+            leader_election: LeaderElectionConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -224,6 +263,19 @@ impl BridgeConfig {
         }
         if self.kubelet.node_address.is_unspecified() {
             errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
+        }
+        let le = &self.leader_election;
+        if !crate::is_dns_subdomain(&le.lease_name) {
+            errors.push(FieldError::new("leaderElection.leaseName", "must be a DNS-1123 subdomain"));
+        }
+        if !(2..=300).contains(&le.lease_duration_seconds) {
+            errors.push(FieldError::new("leaderElection.leaseDurationSeconds", "must be between 2 and 300"));
+        }
+        if le.retry_period_seconds == 0 || le.retry_period_seconds * 2 > le.lease_duration_seconds {
+            errors.push(FieldError::new(
+                "leaderElection.retryPeriodSeconds",
+                "must be at least 1 and at most half of leaseDurationSeconds",
+            ));
         }
         if !crate::is_dns_subdomain(&self.dispatcher.scheduler_name) {
             errors.push(FieldError::new("dispatcher.schedulerName", "must be a DNS-1123 subdomain"));

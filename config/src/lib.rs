@@ -11,6 +11,7 @@ pub mod bridge;
 pub mod crd;
 pub mod cron;
 pub mod keys;
+pub mod metrics;
 pub mod names;
 pub mod resources;
 

@@ -22,6 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_config::keys::{self, Band};
+use tidepool_config::metrics::{PlacementLabels, metrics};
 use tidepool_config::{BridgeConfig, Resources};
 use tidepool_federation::Members;
 use tidepool_federation::capacity::pod_requests;
@@ -106,7 +107,9 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     tokio::spawn(crate::reclaim::run(ctx.clone()));
     let mut members = members;
     loop {
+        let started = std::time::Instant::now();
         round(&ctx).await;
+        metrics().observe_sync("dispatch", started.elapsed());
         tokio::select! {
             () = changed.notified() => {}
             r = members.changed() => if r.is_err() { return },
@@ -173,6 +176,7 @@ async fn round(ctx: &Context) {
         }
     }
     gangs.retain(|_, g| g.pods.iter().any(|p| node_of(p).is_none()));
+    metrics().gangs_waiting.set(i64::try_from(gangs.len()).unwrap_or(i64::MAX));
     if gangs.is_empty() {
         return;
     }
@@ -208,6 +212,7 @@ async fn round(ctx: &Context) {
         });
     }
     admission_order(&mut queue);
+    metrics().set_queue_depth("gangs", queue.len());
     let by_name: HashMap<String, GangKey> = gangs.keys().map(|k| (k.to_string(), k.clone())).collect();
 
     // 4–5. Admit in order.
@@ -389,7 +394,11 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
                 pools[i].reserve(&demand.pods, &placement.per_pod_member_node);
             }
             for chunk in core.chunks(BIND_CONCURRENCY) {
-                futures::future::join_all(chunk.iter().map(|p| create_binding(ctx, p, node))).await;
+                futures::future::join_all(chunk.iter().map(|p| {
+                    let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+                    create_binding(ctx, p, node, band)
+                }))
+                .await;
             }
             let note = format!("gang {key} ({min} pods) placed on {} (member {})", placement.node, placement.member);
             publish(ctx, core[0], EventType::Normal, "Placed", &note).await;
@@ -431,6 +440,7 @@ async fn timed_out(ctx: &Context, key: &GangKey, g: &GangState) -> Option<String
 /// form the gang again.
 async fn roll_back(ctx: &Context, g: &GangState, message: &str) {
     warn!(message, "gang timed out");
+    metrics().gang_timeouts.inc();
     for p in &g.pods {
         let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
         let status = json!({ "status": { "phase": "Failed", "reason": "GangTimeout", "message": message } });
@@ -463,11 +473,11 @@ async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
         warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
         return;
     }
-    create_binding(ctx, pod, node).await;
+    create_binding(ctx, pod, node, band).await;
 }
 
 /// The Binding subresource: the pod is now the virtual node's (and vk-provider's).
-async fn create_binding(ctx: &Context, pod: &Pod, node: &str) {
+async fn create_binding(ctx: &Context, pod: &Pod, node: &str, band: Band) {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let binding = Binding {
@@ -482,6 +492,7 @@ async fn create_binding(ctx: &Context, pod: &Pod, node: &str) {
     match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
         Ok(_) => {
             debug!(pod = %name, node, "bound");
+            metrics().placements.get_or_create(&PlacementLabels { node: node.to_owned(), band: band.as_str() }).inc();
             if let (Some(uid), Ok(mut ex)) = (pod.metadata.uid.as_ref(), ctx.explained.lock()) {
                 ex.remove(uid);
             }

@@ -18,6 +18,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tidepool_config::Resources;
 use tidepool_config::keys::{self, Band};
+use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tracing::{info, warn};
 
 use crate::controller::{Context, is_live, node_of, publish, requests};
@@ -42,10 +43,12 @@ pub(crate) async fn run(ctx: Arc<Context>) {
     loop {
         tokio::time::sleep(TICK).await;
         let now = jiff::Timestamp::now();
+        let started = std::time::Instant::now();
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
         preempt(&ctx, &pods, now).await;
         enforce_deadlines(&ctx, &pods, now).await;
+        metrics().observe_sync("reclaim", started.elapsed());
     }
 }
 
@@ -259,6 +262,7 @@ async fn notice(
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
     }
     info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
+    metrics().reclaim_notices.get_or_create(&BandLabels { band: band.as_str() }).inc();
     publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
 }
 
@@ -292,6 +296,23 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestam
         match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
             Ok(_) => {
                 info!(pod = %p.name_any(), acked, "reclaimed");
+                let band = band_of(p);
+                let outcome = if acked {
+                    "acknowledged"
+                } else if exited {
+                    "exited"
+                } else {
+                    "deadline"
+                };
+                let labels = ReclaimLabels { member: member.clone(), band: band.as_str(), outcome };
+                metrics().reclaims.get_or_create(&labels).inc();
+                if acked {
+                    // The notice went out one grace period before the deadline.
+                    let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band) as i64;
+                    let noticed = deadline - jiff::SignedDuration::from_secs(grace);
+                    let waited = now.duration_since(noticed).as_secs_f64().max(0.0);
+                    metrics().checkpoint_ack_seconds.observe(waited);
+                }
                 publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
             }
             Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),

@@ -19,6 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_config::crd::MemberClusterStatus;
+use tidepool_config::metrics::{MemberLabels, metrics};
 use tidepool_config::{BridgeConfig, MemberCluster, MemberName, keys};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, instrument, warn};
@@ -89,13 +90,17 @@ fn error_policy(mc: Arc<MemberCluster>, error: &Error, _ctx: Arc<Context>) -> Ac
 
 #[instrument(skip_all, fields(member = %mc.name_any()))]
 async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
     let name = MemberName::new(mc.name_any());
     let verdict = connect(&mc, &name, &ctx).await?;
     let requeue = if verdict.ready.0 { RESYNC } else { RETRY };
+    let ready = MemberLabels { member: name.as_str().to_owned() };
+    metrics().member_ready.get_or_create(&ready).set(i64::from(verdict.ready.0));
     if !verdict.ready.0 && !verdict.live {
         hold(&ctx, &name, &verdict.ready);
     }
     write_conditions(&mc, &ctx, verdict).await?;
+    metrics().observe_sync("membercluster", started.elapsed());
     Ok(Action::requeue(requeue))
 }
 
@@ -157,7 +162,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         }
     };
     let server = config.cluster_url.to_string();
-    let client = match Client::try_from(config) {
+    let client = match crate::api_metrics::counted_client(config, name.as_str()) {
         Ok(c) => c,
         Err(e) => {
             let msg = format!("cannot build a client: {e}");
@@ -357,6 +362,7 @@ async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
             Err(_) => continue,
         };
         for name in gone {
+            metrics().forget_member(name.as_str());
             stop(&ctx, &name);
         }
     }

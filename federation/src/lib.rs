@@ -9,6 +9,7 @@
 //! Start at [`Federation::start`]; consumers subscribe to [`Federation::members`], a
 //! `watch` channel of connected members, each with a `watch` channel of capacity per pool.
 
+pub mod api_metrics;
 pub mod capacity;
 mod controller;
 pub mod health;

@@ -22,6 +22,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use tidepool_config::Resources;
+use tidepool_config::metrics::metrics;
 
 use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity, pod_requests,
@@ -245,10 +246,11 @@ impl Session {
                 node_selector: pool.node_selector.clone(),
                 capacity: rx,
             });
-            senders.push((pool.node_selector.clone(), tx));
+            senders.push((pool.name.clone(), pool.node_selector.clone(), tx));
         }
 
         let stop = cancelled.clone();
+        let member = name.clone();
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
         tokio::spawn(
@@ -256,7 +258,12 @@ impl Session {
                 let mut computed = false;
                 loop {
                     tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => {
+                            for (pool, _, _) in &senders {
+                                metrics().forget_pool(member.as_str(), pool);
+                            }
+                            return;
+                        }
                         () = changed.notified() => {}
                         () = tokio::time::sleep(clock) => {}
                     }
@@ -272,8 +279,10 @@ impl Session {
                     let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     let first = !computed;
                     computed = true;
-                    for (selector, tx) in &senders {
+                    let started = std::time::Instant::now();
+                    for (pool, selector, tx) in &senders {
                         let next = pool_capacity_under(&nodes, &pods, selector, &demand);
+                        metrics().set_pool(member.as_str(), pool, &next.capacity, &next.used, &next.deficit());
                         if first {
                             // Always announce the first result: consumers wait for it.
                             tx.send_replace(next);
@@ -288,6 +297,7 @@ impl Session {
                             true
                         });
                     }
+                    metrics().observe_sync("capacity", started.elapsed());
                 }
             }
             .instrument(info_span!("capacity", member = %name)),

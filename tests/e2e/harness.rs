@@ -228,6 +228,7 @@ pub fn scheduler_name(test: &str) -> String {
 pub struct Tidepool {
     child: std::process::Child,
     log: PathBuf,
+    metrics_port: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -247,10 +248,12 @@ impl Tidepool {
     pub fn start_config(env: &Env, test: &str, secret_ns: &str, dispatcher: &str, top_level: &str) -> Tidepool {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("tidepool.yaml");
+        let metrics_port = free_port();
         std::fs::write(
             &config,
             format!(
                 "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n\
+                 metrics: {{bindAddress: \"127.0.0.1:{metrics_port}\"}}\n\
                  dispatcher: {{schedulerName: {}{}}}\n{top_level}\n",
                 env.kubeconfig_path("training").display(),
                 scheduler_name(test),
@@ -268,7 +271,21 @@ impl Tidepool {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        Tidepool { child, log, _dir: dir }
+        Tidepool { child, log, metrics_port, _dir: dir }
+    }
+
+    /// The text of tidepool's `/metrics` (empty while it does not answer yet).
+    #[allow(dead_code)]
+    pub fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
+            return String::new();
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: tidepool\r\nConnection: close\r\n\r\n");
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
     }
 
     /// For the benchmark's memory readings (tests/bench shares this harness).
@@ -297,6 +314,31 @@ impl Drop for Tidepool {
             eprintln!("--- tidepool log ({}) ---\n{}", self.log.display(), self.log_tail());
         }
     }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The value of the series `name{labels}` in a metrics text, if present; `labels` is the
+/// exact label set as printed (`member="a",pool="p"`), or empty for an unlabelled series.
+#[allow(dead_code)]
+pub fn metric_value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() { name.to_owned() } else { format!("{name}{{{labels}}}") };
+    text.lines().find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The sum of every series of `name` whose labels contain all of `filters` (`verb="get"`).
+#[allow(dead_code)]
+pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = rest.strip_prefix('{')?.rsplit_once("} ")?;
+            filters.iter().all(|f| labels.split(',').any(|kv| kv == *f)).then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
 }
 
 pub fn tail(path: &Path, lines: usize) -> String {

@@ -23,6 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tidepool_config::metrics::metrics;
 use tidepool_config::{BridgeConfig, MemberName, keys};
 use tidepool_federation::{MemberHandle, Members, PoolHandle};
 use tokio::sync::{mpsc, watch};
@@ -98,6 +99,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     });
     tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
     tokio::spawn(forward_deletions(ctx.clone(), gone_rx));
+    tokio::spawn(report_queue_depth(trigger_tx.clone()));
     tokio::spawn(
         follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
     );
@@ -106,9 +108,24 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     controller
         .reconcile_on(ReceiverStream::new(trigger_rx))
         .reconcile_all_on(member_changes)
-        .run(reconcile, error_policy, ctx)
+        .run(timed_reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
+}
+
+/// Pod sync work queued by watches of members and sources, as a gauge, once a second.
+async fn report_queue_depth(trigger: mpsc::Sender<ObjectRef<Pod>>) {
+    while !trigger.is_closed() {
+        metrics().set_queue_depth("pod_triggers", trigger.max_capacity() - trigger.capacity());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn timed_reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile(pod, ctx).await;
+    metrics().observe_sync("pod", started.elapsed());
+    result
 }
 
 fn error_policy(pod: Arc<Pod>, error: &Error, _ctx: Arc<Context>) -> Action {
