@@ -196,4 +196,37 @@ mod tests {
             "{path} is out of date: run `cargo run -- crds > deploy/crds/memberclusters.yaml`"
         );
     }
+
+    /// Every metric the Grafana dashboard queries is one tidepool exports.
+    #[test]
+    fn dashboard_queries_only_exported_metrics() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/tidepool-dashboard.json");
+        let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let exported = tidepool_config::metrics::metrics().series_names();
+        let mut queried = Vec::new();
+        let panels = dashboard["panels"].as_array().unwrap();
+        for panel in panels {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap();
+                queried.extend(metric_names(expr));
+            }
+        }
+        assert!(queried.len() >= 20, "the dashboard should query tidepool's metrics: {queried:?}");
+        let missing: Vec<&String> = queried.iter().filter(|q| !exported.contains(q)).collect();
+        assert!(missing.is_empty(), "{path} queries metrics tidepool does not export: {missing:?}");
+        // And every exported family shows up somewhere on the dashboard.
+        let families: std::collections::BTreeSet<&str> =
+            exported.iter().map(|n| n.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count")).collect();
+        let unused: Vec<&&str> =
+            families.iter().filter(|f| !queried.iter().any(|q| q.starts_with(**f))).collect();
+        assert!(unused.is_empty(), "metrics missing from the dashboard: {unused:?}");
+    }
+
+    /// The `tidepool_*` identifiers in a PromQL expression.
+    fn metric_names(expr: &str) -> Vec<String> {
+        expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("tidepool_"))
+            .map(str::to_owned)
+            .collect()
+    }
 }
