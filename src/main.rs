@@ -70,10 +70,17 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Run { config, exit_on_stdin_eof } => {
             init_tracing();
-            let config = match config {
+            let mut config = match config {
                 Some(path) => BridgeConfig::load(&path)?,
                 None => BridgeConfig::default(),
             };
+            // In a Deployment the virtual nodes' address is the active replica's pod IP.
+            if let Ok(address) = std::env::var("TIDEPOOL_KUBELET_NODE_ADDRESS")
+                && !address.is_empty()
+            {
+                config.kubelet.node_address =
+                    address.parse().with_context(|| format!("TIDEPOOL_KUBELET_NODE_ADDRESS={address}: not an IP"))?;
+            }
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config, exit_on_stdin_eof))
         }
     }
@@ -189,12 +196,13 @@ mod tests {
     /// deploy/crds/ is generated from the Rust types; this fails when they drift.
     #[test]
     fn committed_crds_match_the_types() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crds/memberclusters.yaml");
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            committed == crds_yaml().unwrap(),
-            "{path} is out of date: run `cargo run -- crds > deploy/crds/memberclusters.yaml`"
-        );
+        for path in [
+            concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crds/memberclusters.yaml"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/tidepool/crds/memberclusters.yaml"),
+        ] {
+            let committed = std::fs::read_to_string(path).unwrap_or_default();
+            assert!(committed == crds_yaml().unwrap(), "{path} is out of date: run `cargo run -- crds > {path}`");
+        }
     }
 
     /// Every metric the Grafana dashboard queries is one tidepool exports.
@@ -215,10 +223,11 @@ mod tests {
         let missing: Vec<&String> = queried.iter().filter(|q| !exported.contains(q)).collect();
         assert!(missing.is_empty(), "{path} queries metrics tidepool does not export: {missing:?}");
         // And every exported family shows up somewhere on the dashboard.
-        let families: std::collections::BTreeSet<&str> =
-            exported.iter().map(|n| n.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count")).collect();
-        let unused: Vec<&&str> =
-            families.iter().filter(|f| !queried.iter().any(|q| q.starts_with(**f))).collect();
+        let families: std::collections::BTreeSet<&str> = exported
+            .iter()
+            .map(|n| n.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count"))
+            .collect();
+        let unused: Vec<&&str> = families.iter().filter(|f| !queried.iter().any(|q| q.starts_with(**f))).collect();
         assert!(unused.is_empty(), "metrics missing from the dashboard: {unused:?}");
     }
 

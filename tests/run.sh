@@ -17,6 +17,10 @@ echo "== building the local control plane (cached after the first run)" >&2
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN
 
+echo "== building helm, to render deploy/helm/tidepool (cached after the first run)" >&2
+TIDEPOOL_HELM=$(bash tests/tools/build-helm.sh | tail -n 1)
+export TIDEPOOL_HELM
+
 echo "== building tidepool and its tests" >&2
 cargo build --workspace --all-targets --locked
 

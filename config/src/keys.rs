@@ -53,6 +53,10 @@ pub const REASON_OFFLOAD_POLICY: &str = "OffloadPolicy";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "tidepool";
 
+/// The member-side ClusterRole (pods, ConfigMaps, Secrets) tidepool binds its own identity to
+/// in each offload namespace it creates; `deploy/helm/tidepool` (target=member) defines it.
+pub const OFFLOAD_CLUSTER_ROLE: &str = "tidepool-offload";
+
 /// Field manager for server-side apply and patches, per component.
 pub const MANAGER_FEDERATION: &str = "tidepool-federation";
 pub const MANAGER_VK: &str = "tidepool-vk";

@@ -246,6 +246,18 @@ impl Tidepool {
     /// Like [`Tidepool::start_with`], with top-level config lines added (YAML, e.g.
     /// `memberLossTimeoutSeconds: 5`).
     pub fn start_config(env: &Env, test: &str, secret_ns: &str, dispatcher: &str, top_level: &str) -> Tidepool {
+        Self::start_as(env, test, secret_ns, &env.kubeconfig_path("training"), dispatcher, top_level)
+    }
+
+    /// Like [`Tidepool::start_config`], reaching the training cluster with `kubeconfig`.
+    pub fn start_as(
+        _env: &Env,
+        test: &str,
+        secret_ns: &str,
+        kubeconfig: &Path,
+        dispatcher: &str,
+        top_level: &str,
+    ) -> Tidepool {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("tidepool.yaml");
         let metrics_port = free_port();
@@ -255,7 +267,7 @@ impl Tidepool {
                 "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n\
                  metrics: {{bindAddress: \"127.0.0.1:{metrics_port}\"}}\n\
                  dispatcher: {{schedulerName: {}{}}}\n{top_level}\n",
-                env.kubeconfig_path("training").display(),
+                kubeconfig.display(),
                 scheduler_name(test),
                 if dispatcher.is_empty() { String::new() } else { format!(", {dispatcher}") }
             ),

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
@@ -28,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::Error;
+use crate::access::OffloadAccess;
 use crate::pods::listed;
 use crate::reflect::{self, CopyTarget, Kind, Source};
 
@@ -57,17 +61,6 @@ impl MetaStores {
     /// contents (`kubectl apply` puts a whole Secret in `last-applied-configuration`).
     pub(crate) fn sources(client: &Client, stop: CancellationToken, changes: mpsc::Sender<Change>) -> MetaStores {
         Self::watch(client, watcher::Config::default(), Trim::ToVersion, stop, changes)
-    }
-
-    /// Starts metadata watches of the copies labelled `selector` in a member, until `stop`.
-    /// Their labels and annotations are tidepool's own, and kept.
-    pub(crate) fn copies(
-        client: &Client,
-        selector: &str,
-        stop: CancellationToken,
-        changes: mpsc::Sender<Change>,
-    ) -> MetaStores {
-        Self::watch(client, watcher::Config::default().labels(selector), Trim::ManagedFields, stop, changes)
     }
 
     fn watch(
@@ -110,6 +103,151 @@ impl MetaStores {
     /// Waits until both caches hold a full list; false if they do not within `CACHE_WAIT`.
     pub(crate) async fn ready(&self) -> bool {
         listed(&self.config_maps, CACHE_WAIT).await && listed(&self.secrets, CACHE_WAIT).await
+    }
+}
+
+/// Member-side metadata of this instance's copies, watched namespace by namespace: in a member
+/// tidepool may read ConfigMaps and Secrets only in the offload namespaces it created (its
+/// least-privilege role there is bound per namespace), never cluster-wide.
+#[derive(Clone)]
+pub(crate) struct MemberCopies {
+    client: Client,
+    selector: String,
+    stop: CancellationToken,
+    changes: mpsc::Sender<Change>,
+    /// This instance's offload namespaces in the member (label-selected watch).
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    by_namespace: Arc<Mutex<BTreeMap<String, MetaStores>>>,
+    access: Arc<OffloadAccess>,
+}
+
+impl MemberCopies {
+    /// Watches the copies labelled `copy_selector` in every offload namespace labelled
+    /// `namespace_selector`, until `stop`.
+    pub(crate) fn start(
+        client: &Client,
+        member: &str,
+        namespace_selector: &str,
+        copy_selector: &str,
+        stop: CancellationToken,
+        changes: mpsc::Sender<Change>,
+    ) -> Self {
+        let (namespaces, writer) = reflector::store();
+        let copies = Self {
+            client: client.clone(),
+            selector: copy_selector.to_owned(),
+            stop: stop.clone(),
+            changes,
+            namespaces,
+            by_namespace: Arc::default(),
+            access: Arc::new(OffloadAccess::new(client.clone(), member)),
+        };
+        let events = watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default().labels(namespace_selector),
+        )
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .take_until(stop.cancelled_owned());
+        let found = copies.clone();
+        tokio::spawn(
+            async move {
+                let mut events = std::pin::pin!(events);
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(ns) => {
+                            let found = found.clone();
+                            tokio::spawn(async move { found.enter(&ns.metadata.name.unwrap_or_default()).await });
+                        }
+                        Err(e) => warn!(error = %e, "offload namespace watch failed; retrying with backoff"),
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("offload_namespaces")),
+        );
+        copies
+    }
+
+    /// Makes this session's identity able to work in offload namespace `namespace` (binding
+    /// it to the offload role there) and watches the copies in it; once per namespace.
+    pub(crate) async fn enter(&self, namespace: &str) {
+        if namespace.is_empty() || self.stores(namespace).is_some() {
+            return;
+        }
+        self.access.bind(namespace).await;
+        self.watch_namespace(namespace);
+    }
+
+    /// Starts the watches of `namespace` if not yet running.
+    fn watch_namespace(&self, namespace: &str) {
+        let Ok(mut by_namespace) = self.by_namespace.lock() else { return };
+        if namespace.is_empty() || by_namespace.contains_key(namespace) {
+            return;
+        }
+        debug!(namespace, "watching reflected copies");
+        let api = |ns: &str| (Api::namespaced(self.client.clone(), ns), Api::namespaced(self.client.clone(), ns));
+        let (config_maps, secrets) = api(namespace);
+        let config = watcher::Config::default().labels(&self.selector);
+        let stores = MetaStores {
+            config_maps: spawn_watch(
+                config_maps,
+                config.clone(),
+                Kind::ConfigMap,
+                Trim::ManagedFields,
+                self.stop.clone(),
+                self.changes.clone(),
+            ),
+            secrets: spawn_watch(
+                secrets,
+                config,
+                Kind::Secret,
+                Trim::ManagedFields,
+                self.stop.clone(),
+                self.changes.clone(),
+            ),
+        };
+        by_namespace.insert(namespace.to_owned(), stores);
+    }
+
+    fn stores(&self, namespace: &str) -> Option<MetaStores> {
+        self.by_namespace.lock().ok()?.get(namespace).cloned()
+    }
+
+    /// Metadata of the copy `kind` `namespace/name`, if it exists.
+    pub(crate) fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<ObjectMeta> {
+        self.stores(namespace)?.get(kind, namespace, name)
+    }
+
+    /// Every copy seen, in every offload namespace.
+    pub(crate) fn all(&self) -> Vec<(Kind, ObjectMeta)> {
+        let stores: Vec<MetaStores> =
+            self.by_namespace.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        stores.iter().flat_map(MetaStores::all).collect()
+    }
+
+    /// Waits until the copies of `namespace` are listed (starting their watch if needed).
+    pub(crate) async fn ready_in(&self, namespace: &str) -> bool {
+        self.enter(namespace).await;
+        match self.stores(namespace) {
+            Some(stores) => stores.ready().await,
+            None => false,
+        }
+    }
+
+    /// Waits until the offload namespaces and the copies in each are listed.
+    pub(crate) async fn ready(&self) -> bool {
+        if !listed(&self.namespaces, CACHE_WAIT).await {
+            return false;
+        }
+        let stores: Vec<MetaStores> =
+            self.by_namespace.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        for s in stores {
+            if !s.ready().await {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -190,7 +328,7 @@ pub(crate) struct Reflection<'a> {
     pub sources: &'a MetaStores,
     pub member: &'a MemberHandle,
     /// Member-side metadata of this instance's copies.
-    pub copies: &'a MetaStores,
+    pub copies: &'a MemberCopies,
     pub cluster: &'a str,
     pub origin_namespace: &'a str,
     pub member_namespace: &'a str,
@@ -205,7 +343,7 @@ impl Reflection<'_> {
         if refs.is_empty() {
             return Ok(Outcome::Ready);
         }
-        if !self.sources.ready().await || !self.copies.ready().await {
+        if !self.sources.ready().await || !self.copies.ready_in(self.member_namespace).await {
             return Ok(Outcome::Retry);
         }
         let mut missing = Vec::new();

@@ -8,6 +8,7 @@
 //! ([`collect`]). Does not own: member connections and capacity (federation), deciding which
 //! pod goes to which node (dispatcher). Start at [`VirtualKubelet::start`].
 
+mod access;
 pub mod collect;
 pub mod copies;
 pub mod node;

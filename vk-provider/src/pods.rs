@@ -31,7 +31,7 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
 
-use crate::copies::{self, Change, MetaStores, Outcome};
+use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
 use crate::reflect::{self, Source};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
@@ -62,7 +62,7 @@ pub(crate) struct OffloadWatch {
     /// This instance's offload pods in the member.
     pub(crate) store: Store<Pod>,
     /// Metadata of this instance's reflected copies in the member.
-    pub(crate) copies: MetaStores,
+    pub(crate) copies: MemberCopies,
     /// Asks the collector for work now.
     collect: mpsc::Sender<collect::Request>,
 }
@@ -177,7 +177,21 @@ fn start_offload_watch(
     let (collect_tx, collect_rx) = mpsc::channel::<collect::Request>(256);
     let copy_selector = reflect::copy_selector(&ctx.config.cluster_name, member.name.as_str());
     let (copy_tx, copy_rx) = mpsc::channel::<Change>(256);
-    let copies = MetaStores::copies(&member.client, &copy_selector, member.cancelled.clone(), copy_tx);
+    let namespace_selector = format!(
+        "{}={},{}={}",
+        keys::LABEL_MANAGED_BY,
+        keys::MANAGED_BY,
+        keys::LABEL_ORIGIN_CLUSTER,
+        ctx.config.cluster_name
+    );
+    let copies = MemberCopies::start(
+        &member.client,
+        member.name.as_str(),
+        &namespace_selector,
+        &copy_selector,
+        member.cancelled.clone(),
+        copy_tx,
+    );
     let watch = OffloadWatch { member: member.clone(), store: store.clone(), copies, collect: collect_tx.clone() };
     let pod_trigger = trigger.clone();
     tokio::spawn(
@@ -471,7 +485,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
         // 5. Copy what it references into the member namespace.
-        ensure_namespace(&ctx, member, &member_ns).await?;
+        ensure_namespace(&ctx, &watch, &member_ns).await?;
         let target = Target {
             cluster: &ctx.config.cluster_name,
             member: member.name.as_str(),
@@ -603,7 +617,8 @@ pub(crate) async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Opt
     }
 }
 
-async fn ensure_namespace(ctx: &Context, member: &MemberHandle, ns: &str) -> Result<(), Error> {
+async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Result<(), Error> {
+    let member = &watch.member;
     let key = (member.name.clone(), ns.to_owned());
     if ctx.namespaces.lock().is_ok_and(|k| k.contains(&key)) {
         return Ok(());
@@ -631,6 +646,7 @@ async fn ensure_namespace(ctx: &Context, member: &MemberHandle, ns: &str) -> Res
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(Error::member(&member.name, "create offload namespace", e)),
     }
+    watch.copies.enter(ns).await;
     if let Ok(mut known) = ctx.namespaces.lock() {
         known.insert(key);
     }

@@ -1,0 +1,307 @@
+//! What `deploy/` ships: the Helm chart renders to the committed plain manifests, the API
+//! servers accept them (server-side dry run), and tidepool works under exactly the RBAC they
+//! grant, on both sides, while everything else it might try is forbidden.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use serde_json::json;
+use tidepool_config::{BridgeConfig, keys};
+
+use crate::harness::*;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/tidepool");
+const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/manifests");
+
+fn helm() -> PathBuf {
+    let path = std::env::var("TIDEPOOL_HELM").unwrap_or_else(|_| {
+        panic!(
+            "TIDEPOOL_HELM is not set: the deploy tests render the chart with helm. Run the README's test \
+             command (bash tests/run.sh), or build it with `bash tests/tools/build-helm.sh` and export \
+             TIDEPOOL_HELM=<its last line>"
+        )
+    });
+    PathBuf::from(path)
+}
+
+/// `helm template` of the chart for one side, as the plain manifests hold it.
+fn render(target: &str, namespace: &str, extra: &[&str]) -> String {
+    let out = std::process::Command::new(helm())
+        .args(["template", "tidepool", CHART, "--namespace", namespace, "--set", &format!("target={target}")])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn kubectl(env: &Env, cluster: &str, args: &[&str], stdin: &str) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(Path::new(env.var("CP_BIN")).join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path(cluster))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() { Ok(text) } else { Err(text) }
+}
+
+/// Every document of a rendered YAML stream.
+fn documents(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept_them() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    env.install_crds(&training).await;
+
+    let rendered = [
+        ("training.yaml", render("training", "tidepool-system", &["--include-crds"])),
+        ("member.yaml", render("member", "tidepool-member", &[])),
+    ];
+    for (file, text) in &rendered {
+        let committed = std::fs::read_to_string(Path::new(MANIFESTS).join(file)).unwrap_or_default();
+        assert!(
+            &committed == text,
+            "deploy/manifests/{file} differs from the chart: regenerate it with `bash deploy/render.sh`"
+        );
+    }
+
+    // The bridge config inside the ConfigMap is one tidepool accepts.
+    let docs = documents(&rendered[0].1);
+    let config = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .and_then(|d| d["data"]["tidepool.yaml"].as_str())
+        .expect("the training side renders a ConfigMap with tidepool.yaml");
+    let parsed = BridgeConfig::parse(config).unwrap_or_else(|e| panic!("chart config refused: {e:?}\n{config}"));
+    assert!(parsed.leader_election.enabled, "two replicas need leader election");
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(2));
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "Service",
+        "CustomResourceDefinition",
+    ] {
+        assert!(docs.iter().any(|d| d["kind"] == kind), "the training side lacks a {kind}");
+    }
+
+    // Server-side dry run: every object valid and admissible as rendered.
+    ensure_namespace(&training, "tidepool-system").await;
+    ensure_namespace(&member, "tidepool-member").await;
+    for (cluster, (file, text)) in ["training", "member-a"].iter().zip(&rendered) {
+        let expect = documents(text).len();
+        let out = kubectl(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], text)
+            .unwrap_or_else(|e| panic!("{cluster} refused {file}:\n{e}"));
+        let accepted = out.lines().filter(|l| l.contains("(server dry run)")).count();
+        assert_eq!(accepted, expect, "{cluster}: not every object of {file} accepted:\n{out}");
+    }
+}
+
+const TEST: &str = "least-privilege";
+const NS: &str = "e2e-least-privilege";
+const MEMBER: &str = "e2e-lp-a";
+const NODE: &str = "tidepool-e2e-lp-a";
+const MEMBER_NS: &str = "tidepool-member";
+
+/// A token for ServiceAccount `namespace/name`, from the TokenRequest API.
+async fn token(client: &Client, namespace: &str, name: &str) -> String {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { audiences: None, expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let api = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
+    let answer: TokenRequest = wait_for(Duration::from_secs(30), "service account token", || {
+        let api = api.clone();
+        let request = request.clone();
+        async move { api.create_subresource("token", name, &PostParams::default(), &request).await.ok() }
+    })
+    .await;
+    answer.status.unwrap().token.unwrap()
+}
+
+/// A kubeconfig that reaches `server` with a bearer token, everything embedded.
+fn token_kubeconfig(env: &Env, server: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = std::fs::read(Path::new(env.var("CP_PKI")).join("ca.crt")).unwrap();
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{server}\", certificate-authority-data: {ca}}}\n\
+         users:\n- name: u\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+    )
+}
+
+async fn client_from(kubeconfig: &str) -> Client {
+    let kubeconfig = Kubeconfig::from_yaml(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    prepare(&env, &training, TEST, NS).await;
+
+    // 1. Member side: the chart's identity and roles, applied for real; its token in a Secret.
+    ensure_namespace(&member, MEMBER_NS).await;
+    kubectl(&env, "member-a", &["apply", "-f", "-"], &render("member", MEMBER_NS, &[])).unwrap();
+    let member_token = token(&member, MEMBER_NS, "tidepool").await;
+    let member_kubeconfig = token_kubeconfig(&env, env.var("MEMBER_A_SERVER"), &member_token);
+    put_kubeconfig_secret(&training, NS, "member-a-least", member_kubeconfig.as_bytes()).await;
+
+    // 2. Training side: the chart's ServiceAccount and roles in NS (no replicas: the test runs
+    //    the binary itself, as that ServiceAccount).
+    kubectl(&env, "training", &["apply", "-f", "-"], &render("training", NS, &["--set", "replicas=0"])).unwrap();
+    let training_token = token(&training, NS, "tidepool").await;
+    let dir = tempfile::tempdir().unwrap();
+    let training_kubeconfig = dir.path().join("training.kubeconfig");
+    std::fs::write(&training_kubeconfig, token_kubeconfig(&env, env.var("TRAINING_SERVER"), &training_token)).unwrap();
+
+    apply_member(&training, MEMBER, TEST, NS, "member-a-least").await;
+    let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", "");
+
+    // 3. Everything works: virtual node, a pod with a ConfigMap and a Secret offloaded and
+    //    running, its copies reflected into the offload namespace.
+    let nodes = Api::<Node>::all(training.clone());
+    wait_for(Duration::from_secs(60), "virtual node under least privilege", || {
+        let nodes = nodes.clone();
+        async move { nodes.get_opt(NODE).await.ok().flatten() }
+    })
+    .await;
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let config: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "lp-config"}, "data": {"lr": "0.1"}})).unwrap();
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "lp-secret"}, "stringData": {"token": "s3cret"}})).unwrap();
+    let pp = PatchParams::apply("tidepool-e2e").force();
+    Api::<ConfigMap>::namespaced(training.clone(), NS).patch("lp-config", &pp, &Patch::Apply(&config)).await.unwrap();
+    Api::<Secret>::namespaced(training.clone(), NS).patch("lp-secret", &pp, &Patch::Apply(&secret)).await.unwrap();
+    let name = format!("lp-{}", run_id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                            "envFrom": [{"configMapRef": {"name": "lp-config"}}],
+                            "volumeMounts": [{"name": "s", "mountPath": "/etc/s"}],
+                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+            "volumes": [{"name": "s", "secret": {"secretName": "lp-secret"}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(Duration::from_secs(90), "pod Running through the least-privilege identities", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    let offload_ns = format!("tp-{NS}");
+    let lp_member = client_from(&member_kubeconfig).await;
+    // Its own offload namespace is readable to it, and holds the copies.
+    let copies = Api::<Secret>::namespaced(lp_member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
+    assert!(copies.items.iter().any(|s| s.metadata.name.as_deref() == Some("lp-secret")), "Secret not reflected");
+    let bindings =
+        Api::<RoleBinding>::namespaced(member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
+    assert!(
+        bindings.items.iter().any(|b| b.role_ref.name == keys::OFFLOAD_CLUSTER_ROLE
+            && b.subjects.iter().flatten().any(|s| s.name == "tidepool" && s.namespace.as_deref() == Some(MEMBER_NS))),
+        "no RoleBinding of the offload role for tidepool's member identity in {offload_ns}"
+    );
+
+    // Nothing tidepool did was refused.
+    let text = tidepool.scrape();
+    for cluster in ["training", MEMBER] {
+        let refused =
+            metric_sum(&text, "tidepool_api_requests_total", &[&format!("cluster=\"{cluster}\""), "code=\"403\""]);
+        assert_eq!(refused, 0.0, "tidepool was refused calls to {cluster} it needs:\n{text}\n{}", tidepool.log_tail());
+    }
+
+    // 4. What the identities must not do, they cannot.
+    forbidden(
+        Api::<Secret>::namespaced(lp_member.clone(), "kube-system").list(&ListParams::default()).await,
+        "member: Secrets of kube-system",
+    );
+    forbidden(
+        Api::<Secret>::namespaced(lp_member.clone(), "default").get("anything").await,
+        "member: a Secret in default",
+    );
+    forbidden(
+        Api::<ClusterRole>::all(lp_member.clone()).list(&ListParams::default()).await,
+        "member: list ClusterRoles",
+    );
+    forbidden(
+        Api::<RoleBinding>::namespaced(lp_member.clone(), "kube-system").list(&ListParams::default()).await,
+        "member: RoleBindings of kube-system",
+    );
+    forbidden(
+        Api::<Node>::all(lp_member.clone())
+            .patch(
+                "member-a-gpu-0",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await,
+        "member: patch a node",
+    );
+    let stray: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "stray"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )
+    .unwrap();
+    forbidden(
+        Api::<Pod>::namespaced(lp_member.clone(), "default").create(&PostParams::default(), &stray).await,
+        "member: a pod outside the offload namespaces",
+    );
+    forbidden(
+        Api::<ConfigMap>::namespaced(lp_member, "kube-system").list(&ListParams::default()).await,
+        "member: ConfigMaps of kube-system",
+    );
+    let lp_training = client_from(&std::fs::read_to_string(&training_kubeconfig).unwrap()).await;
+    forbidden(
+        Api::<ClusterRole>::all(lp_training.clone()).list(&ListParams::default()).await,
+        "training: list ClusterRoles",
+    );
+    forbidden(
+        Api::<Deployment>::namespaced(lp_training.clone(), NS).list(&ListParams::default()).await,
+        "training: Deployments",
+    );
+    forbidden(
+        Api::<RoleBinding>::namespaced(lp_training, "kube-system").list(&ListParams::default()).await,
+        "training: RoleBindings",
+    );
+
+    drain_pods(&training, NS).await;
+    drop(tidepool);
+}
