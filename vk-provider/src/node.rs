@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_config::{BridgeConfig, keys};
+use tidepool_config::{BridgeConfig, Resources, keys};
 use tidepool_federation::{Health, MemberHandle, Members, PoolCapacity, PoolHandle};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -81,6 +81,18 @@ pub fn node_taints(health: &Health) -> Vec<Taint> {
     taints
 }
 
+/// What a Node may advertise: the API server refuses fractional pods and extended resources
+/// (a watermark below 100 % or a fractional reserve would produce `33300m` pods), so every
+/// amount but CPU is rounded down to a whole unit.
+pub fn whole_units(capacity: &Resources) -> Resources {
+    let mut whole = Resources::new();
+    for (name, milli) in capacity.iter() {
+        let amount = if name == "cpu" { milli } else { milli - milli.rem_euclid(1000) };
+        whole.set(name, amount);
+    }
+    whole
+}
+
 /// Status of a virtual node: the pool's capacity as allocatable, Ready following the
 /// member's health, addressed at tidepool's kubelet API.
 pub fn node_status(
@@ -89,7 +101,7 @@ pub fn node_status(
     health: &Health,
     now: jiff::Timestamp,
 ) -> NodeStatus {
-    let resources = capacity.capacity.to_quantities();
+    let resources = whole_units(&capacity.capacity).to_quantities();
     let ready = readiness(health);
     let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: type_.to_owned(),
@@ -403,6 +415,16 @@ mod tests {
         assert_eq!((taint.key.as_str(), taint.effect.as_str()), (keys::TAINT_VIRTUAL, "NoSchedule"));
         let status = node.status.unwrap();
         assert_eq!(status.allocatable.unwrap()["nvidia.com/gpu"].0, "16");
+        let fractional = Resources::from_pairs([
+            ("cpu", "1500m"),
+            ("pods", "33300m"),
+            ("nvidia.com/gpu", "7.5"),
+            ("memory", "1001m"),
+        ])
+        .unwrap();
+        let whole = whole_units(&fractional).to_quantities();
+        let shown: Vec<(&str, &str)> = whole.iter().map(|(k, v)| (k.as_str(), v.0.as_str())).collect();
+        assert_eq!(shown, [("cpu", "1500m"), ("memory", "1"), ("nvidia.com/gpu", "7"), ("pods", "33")]);
         assert_eq!(status.addresses.unwrap()[0].address, "127.0.0.2");
         assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
         let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
