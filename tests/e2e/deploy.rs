@@ -121,6 +121,39 @@ async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept
     }
 }
 
+/// The examples in deploy/examples are valid: those whose API the local clusters serve pass a
+/// server-side dry run (member-side ones against a member); the PyTorchJob and Volcano Job,
+/// whose operators are not installed here, are well-formed and ask for tidepool.
+#[tokio::test]
+async fn the_examples_are_accepted_by_the_clusters_they_are_for() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    env.install_crds(&training).await;
+    for ns in ["team-a", "team-b", "tidepool-system"] {
+        ensure_namespace(&training, ns).await;
+    }
+    ensure_namespace(&member, "online").await;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 7, "examples missing: {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let docs = documents(&text);
+        let api = docs[0]["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if api.starts_with("kubeflow.org/") || api.starts_with("batch.volcano.sh/") {
+            assert!(text.contains("schedulerName: tidepool"), "{name} does not ask for tidepool");
+            continue;
+        }
+        let cluster = if name.starts_with("online") { "member-a" } else { "training" };
+        let out = kubectl(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], &text)
+            .unwrap_or_else(|e| panic!("{cluster} refused {name}:\n{e}"));
+        assert_eq!(out.matches("(server dry run)").count(), docs.len(), "{name}: {out}");
+    }
+}
+
 const TEST: &str = "least-privilege";
 const NS: &str = "e2e-least-privilege";
 const MEMBER: &str = "e2e-lp-a";
