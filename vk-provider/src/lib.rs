@@ -10,6 +10,7 @@
 
 pub mod collect;
 pub mod copies;
+pub mod kubelet;
 pub mod node;
 pub mod pods;
 pub mod policy;
