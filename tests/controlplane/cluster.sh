@@ -446,6 +446,8 @@ options:
   podPlayStageParallelism: 4
   podsOnNodeSyncParallelism: 1
   enablePodsOnNodeSyncListPager: true
+  # Logs, exec and attach on kwok's kubelet API (see write_kwok_debugging).
+  enableDebuggingHandlers: true
 EOF
     for f in "${stages[@]}"; do printf -- '---\n'; cat "$f"; done
   } >"$S/kwok.yaml"

@@ -9,6 +9,7 @@ mod bad_input;
 mod dispatcher;
 mod failover;
 mod harness;
+mod kubelet_api;
 mod reclaim;
 mod skeleton;
 mod vk_features;
