@@ -25,7 +25,7 @@ const NODE: &str = "tidepool-e2e-kapi-a";
 struct Setup {
     env: Env,
     pod: String,
-    _tidepool: Tidepool,
+    tidepool: Tidepool,
 }
 
 impl Setup {
@@ -64,7 +64,7 @@ impl Setup {
             }
         })
         .await;
-        Setup { env, pod, _tidepool: tidepool }
+        Setup { env, pod, tidepool }
     }
 
     /// `kubectl` on the training pod, and the same on its offload pod in member-a.
@@ -116,7 +116,28 @@ async fn kubectl_logs_and_exec_reach_the_offload_pod_through_tidepools_kubelet_a
     let (limited, _) = s.both(&["logs", "POD", "--limit-bytes=9"], None).await;
     assert_eq!(limited.1.len(), 9);
 
-    // 2. logs -f sees a line written after it started, then is stopped.
+    // 2. exec: output, stderr and stdin pass through; a failing command fails as in the member.
+    let (ok, _) = s.both(&["exec", "POD", "--", "sh", "-c", &format!("echo out-{id}; echo err-{id} >&2")], None).await;
+    assert_eq!(
+        (ok.0, ok.1.as_str(), ok.2.as_str()),
+        (0, format!("out-{id}\n").as_str(), format!("err-{id}\n").as_str())
+    );
+    // One line, not up to EOF: kwok's exec never closes the command's stdin.
+    let read = ["exec", "-i", "POD", "--", "sh", "-c", "read line; echo \"got $line\""];
+    let (piped, _) = s.both(&read, Some("through stdin\n")).await;
+    assert_eq!((piped.0, piped.1.as_str()), (0, "got through stdin\n"), "stderr: {}", piped.2);
+    // More than SPDY's default 64 KiB window each way, in case either side counted windows.
+    let big = "x".repeat(200_000);
+    let (echoed, _) =
+        s.both(&["exec", "-i", "POD", "--", "sh", "-c", "head -c 200000; head -c 300000 /dev/zero"], Some(&big)).await;
+    assert_eq!(echoed.0, 0, "stderr: {}", echoed.2);
+    assert_eq!(echoed.1.len(), 500_000);
+    assert!(echoed.1.starts_with(&big));
+    let (failed, direct) = s.both(&["exec", "POD", "--", "sh", "-c", "exit 3"], None).await;
+    assert_ne!(failed.0, 0, "a failing command must fail kubectl exec");
+    assert_eq!(failed.0, direct.0, "exit code differs from the member's own: {} vs {}", failed.2, direct.2);
+    assert!(failed.2.contains("exit status 3"), "no exit status in: {}", failed.2);
+    // 3. logs -f sees a line written after it started, then is stopped.
     let mut follow = tokio::process::Command::new(s.env.var("KUBECTL"))
         .arg("--kubeconfig")
         .arg(s.env.kubeconfig_path("training"))
@@ -137,21 +158,16 @@ async fn kubectl_logs_and_exec_reach_the_offload_pod_through_tidepools_kubelet_a
         .unwrap();
     assert_eq!(next.as_deref(), Some(later.as_str()));
     follow.kill().await.unwrap();
-
-    // 3. exec: output, stderr and stdin pass through; a failing command fails as in the member.
-    let (ok, _) = s.both(&["exec", "POD", "--", "sh", "-c", &format!("echo out-{id}; echo err-{id} >&2")], None).await;
-    assert_eq!(
-        (ok.0, ok.1.as_str(), ok.2.as_str()),
-        (0, format!("out-{id}\n").as_str(), format!("err-{id}\n").as_str())
-    );
-    // One line, not up to EOF: kwok's exec never closes the command's stdin.
-    let read = ["exec", "-i", "POD", "--", "sh", "-c", "read line; echo \"got $line\""];
-    let (piped, _) = s.both(&read, Some("through stdin\n")).await;
-    assert_eq!((piped.0, piped.1.as_str()), (0, "got through stdin\n"), "stderr: {}", piped.2);
-    let (failed, direct) = s.both(&["exec", "POD", "--", "sh", "-c", "exit 3"], None).await;
-    assert_ne!(failed.0, 0, "a failing command must fail kubectl exec");
-    assert_eq!(failed.0, direct.0, "exit code differs from the member's own: {} vs {}", failed.2, direct.2);
-    assert!(failed.2.contains("exit status 3"), "no exit status in: {}", failed.2);
+    // ... and the stream to the member ends with it.
+    wait_for(Duration::from_secs(10), "followed log stream closed in tidepool", || {
+        let closed = s
+            .tidepool
+            .log_tail()
+            .lines()
+            .any(|l| l.contains("log stream closed") && l.contains(&s.pod) && l.contains("true"));
+        async move { closed.then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -379,19 +379,20 @@ async fn read_frames<R: tokio::io::AsyncRead + Unpin>(
                 };
                 channels.insert(stream, channel);
                 let _ = out.send(Frame::SynReply { stream, flags: 0, headers: vec![] }).await;
-                if expected.iter().all(|c| channels.values().any(|have| have == c)) {
-                    if let Some(ready) = ready.take() {
-                        let ids = channels.iter().map(|(id, ch)| (*ch, *id)).collect();
-                        let _ = ready.send(ids);
-                    }
+                if expected.iter().all(|c| channels.values().any(|have| have == c))
+                    && let Some(ready) = ready.take()
+                {
+                    let ids = channels.iter().map(|(id, ch)| (*ch, *id)).collect();
+                    let _ = ready.send(ids);
                 }
             }
             Frame::Data { stream, flags, data } => match channels.get(&stream) {
                 Some(Channel::Stdin) => {
-                    if let Some(tx) = &stdin {
-                        if !data.is_empty() && tx.send(data).await.is_err() {
-                            stdin = None;
-                        }
+                    if let Some(tx) = &stdin
+                        && !data.is_empty()
+                        && tx.send(data).await.is_err()
+                    {
+                        stdin = None;
                     }
                     if flags & FLAG_FIN != 0 {
                         stdin = None;

@@ -3,7 +3,7 @@
 //! A client that goes away drops the response body, and with it the member request.
 
 use bytes::Bytes;
-use futures::AsyncReadExt;
+use futures::{AsyncReadExt, StreamExt};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper::{Response, StatusCode};
@@ -66,7 +66,8 @@ pub(crate) async fn serve(
         }
     };
     debug!(pod, namespace, container, member = %target.member.name, follow = params.follow, "streaming logs");
-    let chunks = futures::stream::unfold(Some(reader), |reader| async move {
+    let closed = Closed { pod: format!("{namespace}/{pod}"), follow: params.follow };
+    let chunks = futures::stream::unfold(Some(reader), move |reader| async move {
         let mut reader = reader?;
         let mut buf = vec![0u8; CHUNK];
         match reader.read(&mut buf).await {
@@ -78,9 +79,25 @@ pub(crate) async fn serve(
             Err(e) => Some((Err(e), None)),
         }
     });
+    // The guard goes with the body: dropped when the stream ends or the client goes away.
+    let chunks = chunks.inspect(move |_| {
+        let _ = &closed;
+    });
     let mut response = Response::new(StreamBody::new(chunks).boxed_unsync());
     response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
     response
+}
+
+/// Logs when a log stream ends, for whatever reason (end of log, client gone, error).
+struct Closed {
+    pod: String,
+    follow: bool,
+}
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        debug!(pod = %self.pod, follow = self.follow, "log stream closed");
+    }
 }
 
 #[cfg(test)]
