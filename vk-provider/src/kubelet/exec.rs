@@ -464,6 +464,68 @@ mod tests {
         assert!(Options::parse(Kind::Attach, &query_pairs("output=1")).is_ok());
     }
 
+    /// The API server's side of a session, over an in-memory pipe: it opens the streams,
+    /// pings, writes stdin and a resize, and closes stdin.
+    #[tokio::test]
+    async fn streams_are_answered_and_stdin_and_resize_passed_on() {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (out_tx, mut out_rx) = mpsc::channel(16);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (stdin_tx, mut stdin_rx) = mpsc::channel(4);
+        let (resize_tx, mut resize_rx) = mpsc::channel(4);
+        let expected = vec![Channel::Error, Channel::Stdin, Channel::Stdout, Channel::Resize];
+        let reader = tokio::spawn(read_frames(server, out_tx, expected, ready_tx, stdin_tx, resize_tx));
+
+        let mut codec = Codec::new();
+        let mut wire = BytesMut::new();
+        let syn = |stream: u32, kind: &str| Frame::SynStream {
+            stream,
+            associated: 0,
+            priority: 0,
+            flags: 0,
+            headers: vec![("streamType".into(), kind.into())],
+        };
+        for frame in [
+            syn(1, "error"),
+            syn(3, "stdin"),
+            syn(5, "stdout"),
+            syn(7, "bogus"),
+            syn(9, "resize"),
+            Frame::Ping { id: 11 },
+            Frame::Data { stream: 3, flags: 0, data: Bytes::from_static(b"input") },
+            Frame::Data { stream: 9, flags: 0, data: Bytes::from_static(br#"{"Width":120,"Height":40}"#) },
+            Frame::Data { stream: 3, flags: FLAG_FIN, data: Bytes::new() },
+        ] {
+            codec.encode(&frame, &mut wire).unwrap();
+        }
+        let mut client = client;
+        client.write_all(&wire).await.unwrap();
+
+        let ids = ready_rx.await.unwrap();
+        assert_eq!(
+            (ids[&Channel::Error], ids[&Channel::Stdin], ids[&Channel::Stdout], ids[&Channel::Resize]),
+            (1, 3, 5, 9)
+        );
+        let mut answers = Vec::new();
+        for _ in 0..6 {
+            answers.push(out_rx.recv().await.unwrap());
+        }
+        let replies: Vec<u32> = answers
+            .iter()
+            .filter_map(|f| if let Frame::SynReply { stream, .. } = f { Some(*stream) } else { None })
+            .collect();
+        assert_eq!(replies, [1, 3, 5, 9]);
+        assert!(answers.contains(&Frame::RstStream { stream: 7, status: spdy::RST_REFUSED_STREAM }));
+        assert!(answers.contains(&Frame::Ping { id: 11 }));
+        assert_eq!(stdin_rx.recv().await.unwrap(), Bytes::from_static(b"input"));
+        assert_eq!(stdin_rx.recv().await, None, "FIN on stdin closes it");
+        let size = resize_rx.recv().await.unwrap();
+        assert_eq!((size.width, size.height), (120, 40));
+
+        drop(client);
+        reader.await.unwrap();
+    }
+
     #[test]
     fn resize_messages_may_arrive_in_pieces() {
         let mut buf = br#"{"Width":80,"Height":24}{"Width":1"#.to_vec();
