@@ -410,12 +410,14 @@ start_kcm_and_scheduler() {
              --client-ca-file="$PKI/ca.crt" --authentication-skip-lookup=true)
   # The KCM is not optional: it creates the default ServiceAccount (ServiceAccount
   # admission) and lifts the not-ready taint from new nodes (node lifecycle).
+  # No --cluster-signing-* files: nothing here signs CSRs, and the four signers would each
+  # hold an inotify instance on the files. Those are few (128 per user by default) and kwok
+  # needs one per followed log (`kubectl logs -f`), so parallel cluster sets ran out.
   start "$c-kcm" "$BIN/kube-controller-manager" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of kcm "$c")" "${tls[@]}" \
     --leader-elect=false --cluster-name="$c" --controllers='*' \
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa-$c.key" \
-    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --use-service-account-credentials=false --node-monitor-grace-period=50s \
     --profiling=false
   start "$c-scheduler" "$BIN/kube-scheduler" \

@@ -156,6 +156,14 @@ async fn kubectl_logs_and_exec_reach_the_offload_pod_through_tidepools_kubelet_a
         .await
         .expect("logs -f did not show the appended line within 20 s")
         .unwrap();
+    // kwok writes this into the log when it cannot watch the file; the cause is the machine.
+    if next.as_deref().is_some_and(|l| l.contains("fsnotify watcher: too many open files")) {
+        panic!(
+            "kwok could not follow the log file: this user's inotify instances \
+             (/proc/sys/fs/inotify/max_user_instances) are all taken by other processes, \
+             often other local cluster sets running beside this one"
+        );
+    }
     assert_eq!(next.as_deref(), Some(later.as_str()));
     follow.kill().await.unwrap();
     // ... and the stream to the member ends with it.
