@@ -106,7 +106,10 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc<Cont
                 Err(_) => return debug!(%peer, "kubelet API handshake timed out"),
             };
             let service = hyper::service::service_fn(move |req| handle(ctx.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+            // The timer bounds how long a request's headers may take (hyper's default, 30 s).
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(tls), service);
             if let Err(error) = conn.with_upgrades().await {
                 debug!(%peer, %error, "kubelet API connection ended with an error");
             }
