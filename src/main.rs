@@ -128,6 +128,8 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
 
     let config = Arc::new(config);
     let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
+    // Before anything else runs: a kubelet API that cannot start is a configuration error.
+    tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
     let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members());
     let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members());
 

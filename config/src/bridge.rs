@@ -137,6 +137,49 @@ pub struct KubeletConfig {
     pub node_address: IpAddr,
     /// `daemonEndpoints.kubeletEndpoint.Port` of every virtual node.
     pub port: u16,
+    /// PEM serving certificate of the kubelet API; its SAN must hold `nodeAddress`, since
+    /// the API server checks it against the address it dials. The three files are set
+    /// together; without them the kubelet API is not served (`kubectl logs`/`exec` on
+    /// offloaded pods then fail).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tlsCertFile`.
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA bundle that signs the API server's kubelet client certificate
+    /// (`--kubelet-client-certificate`): a caller without a certificate from it is refused
+    /// at the TLS handshake.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl KubeletConfig {
+    /// Whether the kubelet API is to be served (all three files set; see `validate`).
+    pub fn serves(&self) -> bool {
+        self.tls_cert_file.is_some() && self.tls_key_file.is_some() && self.client_ca_file.is_some()
+    }
+
+    fn validate(&self, errors: &mut Vec<FieldError>) {
+        if self.port == 0 {
+            errors.push(FieldError::new("kubelet.port", "must not be 0"));
+        }
+        if self.node_address.is_unspecified() {
+            errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
+        }
+        let files = [
+            ("kubelet.tlsCertFile", &self.tls_cert_file),
+            ("kubelet.tlsKeyFile", &self.tls_key_file),
+            ("kubelet.clientCaFile", &self.client_ca_file),
+        ];
+        let set = files.iter().filter(|(_, f)| f.is_some()).count();
+        for (path, file) in files {
+            match file {
+                Some(f) if f.as_os_str().is_empty() => errors.push(FieldError::new(path, "must not be empty")),
+                None if set > 0 => errors.push(FieldError::new(
+                    path,
+                    "must be set too: tlsCertFile, tlsKeyFile and clientCaFile go together",
+                )),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Exceptions to the offload policy, which denies by default every way a pod could reach past
@@ -204,7 +247,13 @@ impl Default for BridgeConfig {
 
 impl Default for KubeletConfig {
     fn default() -> Self {
-        Self { node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), port: 10250 }
+        Self {
+            node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+            port: 10250,
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_ca_file: None,
+        }
     }
 }
 
@@ -258,12 +307,7 @@ impl BridgeConfig {
         if !valid_namespace_prefix(&self.namespace_prefix) {
             errors.push(FieldError::new("namespacePrefix", "must be lower-case letters, digits and '-', at most 20"));
         }
-        if self.kubelet.port == 0 {
-            errors.push(FieldError::new("kubelet.port", "must not be 0"));
-        }
-        if self.kubelet.node_address.is_unspecified() {
-            errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
-        }
+        self.kubelet.validate(&mut errors);
         let le = &self.leader_election;
         if !crate::is_dns_subdomain(&le.lease_name) {
             errors.push(FieldError::new("leaderElection.leaseName", "must be a DNS-1123 subdomain"));
@@ -373,6 +417,19 @@ mod tests {
             ["policy.capabilities[1]", "policy.capabilities[2]", "policy.capabilities[3]", "policy.capabilities[4]"]
         );
         assert!(errors[1].message.contains("write SYS_ADMIN"), "{}", errors[1]);
+    }
+
+    #[test]
+    fn the_kubelet_tls_files_go_together() {
+        let Err(ParseError::Invalid(errors)) = BridgeConfig::parse("kubelet: {tlsCertFile: /c.pem, tlsKeyFile: ''}\n")
+        else {
+            panic!("accepted");
+        };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["kubelet.tlsKeyFile", "kubelet.clientCaFile"]);
+        let c = BridgeConfig::parse("kubelet: {tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}\n").unwrap();
+        assert!(c.kubelet.serves());
+        assert!(!BridgeConfig::default().kubelet.serves());
     }
 
     #[test]

@@ -17,6 +17,8 @@
 # Ports (127.0.0.1 only, plus CP_PORT_OFFSET):
 #   etcd 2379 (client) 2380 (peer); kube-apiserver training 6443, member-a 6444,
 #   member-b 6445; kube-controller-manager 10257/10357/10457; kube-scheduler 10259/10359/10459.
+#   Kubelet APIs on their own loopback addresses: tidepool's 127.0.0.2:11250 (not started
+#   here: the tests run it), kwok's for member-a 127.0.0.3:11251, for member-b 127.0.0.4:11252.
 #   Runs side by side need offsets at least 3 apart and not 100 or 200 apart (e.g. 0, 10,
 #   20, ...): the controller-manager and scheduler ports of the clusters are 100 apart.
 #   `up` checks that every port is free first.
@@ -27,6 +29,9 @@
 #   member-{a,b}.token.kubeconfig       bearer token of user tidepool-member (system:masters)
 #   pki/                                ca.crt/key, apiserver, admin, apiserver-kubelet-client,
 #                                       vk-serving (tidepool's kubelet API), sa-<cluster>, tokens.csv
+#   pod-logs/<member>.log               what kwok serves as every member pod's container log
+#                                       (CRI log format; append to it to feed `logs -f`)
+#   exec/<member>/                      working directory of commands kwok runs for `exec`
 #   pids                                "name pid" per process; `down` kills only these
 #   logs/<name>.log                     one log per process
 #   .tidepool-cluster                   marker: `up` wipes a non-empty STATE_DIR only if present
@@ -196,8 +201,14 @@ port_of() {  # port_of COMPONENT CLUSTER
     apiserver) base=(6443 6444 6445) ;;
     kcm) base=(10257 10357 10457) ;;
     scheduler) base=(10259 10359 10459) ;;
+    kubelet) base=(11250 11251 11252) ;;   # training: tidepool's; members: kwok's
   esac
   case $2 in training) echo $((base[0] + OFF)) ;; member-a) echo $((base[1] + OFF)) ;; member-b) echo $((base[2] + OFF)) ;; esac
+}
+
+# Address of a cluster's kubelet API: its nodes' InternalIP (the apiserver dials it).
+kubelet_ip() {
+  case $1 in training) echo 127.0.0.2 ;; member-a) echo 127.0.0.3 ;; member-b) echo 127.0.0.4 ;; esac
 }
 
 # Reads the kernel's socket tables instead of probing, so nothing is sent to a listener
@@ -210,6 +221,7 @@ check_ports() {
     want[$(port_of apiserver "$c")]="$c kube-apiserver"
     want[$(port_of kcm "$c")]="$c kube-controller-manager"
     want[$(port_of scheduler "$c")]="$c kube-scheduler"
+    want[$(port_of kubelet "$c")]="$c kubelet API"
   done
   for f in /proc/net/tcp /proc/net/tcp6; do
     [[ -r $f ]] || continue
@@ -266,6 +278,11 @@ subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubern
     # node-name-validating apiserver would expect.
     sign vk-serving "/O=system:nodes/CN=system:node:tidepool" "$srv
 subjectAltName=IP:127.0.0.2,IP:127.0.0.1,DNS:localhost"
+    # kwok's kubelet API in each member, dialled at its nodes' InternalIP.
+    sign kwok-member-a "/CN=kwok-member-a" "$srv
+subjectAltName=IP:127.0.0.3"
+    sign kwok-member-b "/CN=kwok-member-b" "$srv
+subjectAltName=IP:127.0.0.4"
     for c in "${CLUSTERS[@]}"; do
       openssl genrsa -out "sa-$c.key" 2048
       openssl rsa -in "sa-$c.key" -pubout -out "sa-$c.pub"
@@ -393,12 +410,14 @@ start_kcm_and_scheduler() {
              --client-ca-file="$PKI/ca.crt" --authentication-skip-lookup=true)
   # The KCM is not optional: it creates the default ServiceAccount (ServiceAccount
   # admission) and lifts the not-ready taint from new nodes (node lifecycle).
+  # No --cluster-signing-* files: nothing here signs CSRs, and the four signers would each
+  # hold an inotify instance on the files. Those are few (128 per user by default) and kwok
+  # needs one per followed log (`kubectl logs -f`), so parallel cluster sets ran out.
   start "$c-kcm" "$BIN/kube-controller-manager" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of kcm "$c")" "${tls[@]}" \
     --leader-elect=false --cluster-name="$c" --controllers='*' \
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa-$c.key" \
-    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --use-service-account-credentials=false --node-monitor-grace-period=50s \
     --profiling=false
   start "$c-scheduler" "$BIN/kube-scheduler" \
@@ -429,15 +448,50 @@ options:
   podPlayStageParallelism: 4
   podsOnNodeSyncParallelism: 1
   enablePodsOnNodeSyncListPager: true
+  # Logs, exec and attach on kwok's kubelet API (see write_kwok_debugging).
+  enableDebuggingHandlers: true
 EOF
     for f in "${stages[@]}"; do printf -- '---\n'; cat "$f"; done
   } >"$S/kwok.yaml"
 }
 
 start_kwok() {
-  # HOME=STATE_DIR: kwok first loads ~/.kwok/kwok.yaml if present. No --node-ip and no
-  # --server-address: the fake nodes get no InternalIP, so nothing ever dials them.
-  start "$1-kwok" env HOME="$S" "$BIN/kwok" --kubeconfig="$S/$1.kubeconfig" --config="$S/kwok.yaml"
+  # HOME=STATE_DIR: kwok first loads ~/.kwok/kwok.yaml if present. --node-ip/--node-port
+  # become the InternalIP and kubelet port of its nodes (node-initialize stage), where the
+  # member apiserver dials kwok's kubelet API for logs and exec.
+  local c=$1
+  start "$c-kwok" env HOME="$S" "$BIN/kwok" --kubeconfig="$S/$c.kubeconfig" \
+    --config="$S/kwok.yaml" --config="$S/kwok-$c.yaml" \
+    --server-address="$(kubelet_ip "$c"):$(port_of kubelet "$c")" \
+    --node-ip="$(kubelet_ip "$c")" --node-port="$(port_of kubelet "$c")" \
+    --tls-cert-file="$PKI/kwok-$c.crt" --tls-private-key-file="$PKI/kwok-$c.key"
+}
+
+# What kwok's kubelet API answers for every pod of a member: the container log is one file
+# the tests append to, and exec runs the command here, in a scratch directory.
+write_kwok_debugging() {
+  local c=$1
+  mkdir -p "$S/pod-logs" "$S/exec/$c"
+  printf '%s stdout F %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%NZ)" "$c: log file ready" >"$S/pod-logs/$c.log"
+  cat >"$S/kwok-$c.yaml" <<EOF
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterLogs
+metadata:
+  name: all-pods
+spec:
+  logs:
+  - logsFile: $S/pod-logs/$c.log
+    follow: true
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
+  name: all-pods
+spec:
+  execs:
+  - local:
+      workDir: $S/exec/$c
+EOF
 }
 
 # Status is accepted on create (only updates need /status); kwok then adds the
@@ -519,8 +573,14 @@ write_env() {
     done
     for c in "${MEMBERS[@]}"; do
       var=${c^^}; var=${var//-/_}
-      printf 'export %s=%q\n' "${var}_TOKEN_KUBECONFIG" "$S/$c.token.kubeconfig"
+      printf 'export %s=%q\n' "${var}_TOKEN_KUBECONFIG" "$S/$c.token.kubeconfig" \
+        "${var}_POD_LOG" "$S/pod-logs/$c.log" "${var}_EXEC_DIR" "$S/exec/$c"
     done
+    # tidepool's kubelet API, as the training apiserver expects it (vk-serving has its SAN).
+    printf 'export %s=%q\n' TIDEPOOL_KUBELET_ADDRESS "$(kubelet_ip training)" \
+      TIDEPOOL_KUBELET_PORT "$(port_of kubelet training)" \
+      TIDEPOOL_KUBELET_CERT "$PKI/vk-serving.crt" TIDEPOOL_KUBELET_KEY "$PKI/vk-serving.key" \
+      TIDEPOOL_KUBELET_CLIENT_CA "$PKI/ca.crt" KUBECTL "$BIN/kubectl"
   } >"$S/cluster.env"
 }
 
@@ -564,7 +624,7 @@ cmd_up() {
   await 90 "default ServiceAccount exists" default_sa_exists "@-kcm @-apiserver etcd" "${CLUSTERS[@]}"
 
   write_kwok_config
-  for c in "${MEMBERS[@]}"; do start_kwok "$c"; done
+  for c in "${MEMBERS[@]}"; do write_kwok_debugging "$c"; start_kwok "$c"; done
   create_nodes
   await 60 "all nodes Ready and untainted" nodes_ready "@-kwok @-kcm @-apiserver etcd" "${MEMBERS[@]}"
 

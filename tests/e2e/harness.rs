@@ -358,3 +358,48 @@ pub fn tail(path: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// Top-level config lines that make tidepool serve its kubelet API where the training
+/// cluster's virtual nodes point, with the certificates `cluster.sh` made for it (pass them
+/// as `top_level` to [`Tidepool::start_config`]). Only one tidepool at a time can hold the port.
+#[allow(dead_code)] // tests/bench shares this harness
+pub fn kubelet_config(env: &Env) -> String {
+    format!(
+        "kubelet: {{nodeAddress: {}, port: {}, tlsCertFile: {}, tlsKeyFile: {}, clientCaFile: {}}}",
+        env.var("TIDEPOOL_KUBELET_ADDRESS"),
+        env.var("TIDEPOOL_KUBELET_PORT"),
+        env.var("TIDEPOOL_KUBELET_CERT"),
+        env.var("TIDEPOOL_KUBELET_KEY"),
+        env.var("TIDEPOOL_KUBELET_CLIENT_CA"),
+    )
+}
+
+/// Runs the clusters' `kubectl` against `cluster` (with `stdin` written to it, if given) and
+/// returns its exit code, stdout and stderr. Bounded: killed after 60 s.
+#[allow(dead_code)] // tests/bench shares this harness
+pub async fn kubectl(env: &Env, cluster: &str, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env.var("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path(cluster))
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).await.unwrap();
+        drop(pipe);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish in 60 s"))
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -10,6 +10,7 @@ mod deploy;
 mod dispatcher;
 mod failover;
 mod harness;
+mod kubelet_api;
 mod operations;
 mod reclaim;
 mod skeleton;

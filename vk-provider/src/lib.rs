@@ -11,6 +11,7 @@
 mod access;
 pub mod collect;
 pub mod copies;
+pub mod kubelet;
 pub mod node;
 pub mod pods;
 pub mod policy;

@@ -1,0 +1,236 @@
+//! Tidepool's kubelet API: the one HTTPS server behind every virtual node's
+//! `InternalIP:kubeletEndpoint.Port` (see [`crate::node`]), which the training cluster's API
+//! server calls for `kubectl logs`, `exec` and `attach` on offloaded pods.
+//!
+//! Requests are routed by pod, not by node: the training pod names its virtual node, the
+//! node its member session, and the pod's offload copy in that member ([`target`]) answers
+//! through the member's own API server — logs streamed back as they come ([`logs`]),
+//! exec/attach bridged from the SPDY streams the API server opens here ([`exec`], framing in
+//! [`spdy`]) to a WebSocket session on the member.
+//!
+//! Only callers with a client certificate from `kubelet.clientCaFile` get past the TLS
+//! handshake ([`tls`]).
+
+mod exec;
+mod logs;
+pub mod spdy;
+mod target;
+mod tls;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use tidepool_config::bridge::KubeletConfig;
+use tidepool_federation::Members;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+/// How long a client gets to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("kubelet.{field} {}: {message}", path.display())]
+    File { field: &'static str, path: PathBuf, message: String },
+    #[error("kubelet API TLS: {0}")]
+    Tls(String),
+    #[error("kubelet API cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What request handlers share.
+pub(crate) struct Context {
+    pub(crate) training: Client,
+    pub(crate) members: watch::Receiver<Members>,
+}
+
+/// Binds the kubelet API and serves it in the background until the runtime stops. `None`
+/// when the config does not ask for it (no TLS files: see `KubeletConfig::serves`).
+pub async fn start(
+    config: &KubeletConfig,
+    training: Client,
+    members: watch::Receiver<Members>,
+) -> Result<Option<SocketAddr>, ServeError> {
+    let (Some(cert), Some(key), Some(ca)) = (&config.tls_cert_file, &config.tls_key_file, &config.client_ca_file)
+    else {
+        warn!(
+            "kubelet.tlsCertFile/tlsKeyFile/clientCaFile not set: no kubelet API, so logs and exec of offloaded pods fail"
+        );
+        return Ok(None);
+    };
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert, key, ca)?));
+    let addr = SocketAddr::new(config.node_address, config.port);
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+    info!(%addr, "kubelet API listening");
+    let ctx = Arc::new(Context { training, members });
+    tokio::spawn(accept_loop(listener, acceptor, ctx));
+    Ok(Some(addr))
+}
+
+async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc<Context>) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                warn!(%error, "kubelet API accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return debug!(%peer, %error, "kubelet API handshake refused"),
+                Err(_) => return debug!(%peer, "kubelet API handshake timed out"),
+            };
+            let service = hyper::service::service_fn(move |req| handle(ctx.clone(), req));
+            // The timer bounds how long a request's headers may take (hyper's default, 30 s).
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = conn.with_upgrades().await {
+                debug!(%peer, %error, "kubelet API connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle(ctx: Arc<Context>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let query = query_pairs(req.uri().query().unwrap_or(""));
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    debug!(method = %req.method(), %path, "kubelet API request");
+    let response = match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
+        (&Method::GET, ["pods"]) => pods(&ctx).await,
+        (&Method::GET, ["containerLogs", ns, pod, container]) => logs::serve(&ctx, ns, pod, container, &query).await,
+        // Kubelets also accept the pod UID before the container name.
+        (_, [kind @ ("exec" | "attach"), ns, pod, container] | [kind @ ("exec" | "attach"), ns, pod, _, container]) => {
+            let kind = if *kind == "exec" { exec::Kind::Exec } else { exec::Kind::Attach };
+            let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
+            exec::serve(&ctx, kind, &ns, &pod, &container, &query, req).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found"),
+    };
+    Ok(response)
+}
+
+/// `GET /pods`: the training pods bound to tidepool's virtual nodes, as a PodList.
+async fn pods(ctx: &Context) -> Response<Body> {
+    let nodes: std::collections::HashSet<String> =
+        ctx.members.borrow().values().flat_map(|m| m.pools.iter().map(|p| p.node.to_string())).collect();
+    match Api::<Pod>::all(ctx.training.clone()).list(&ListParams::default()).await {
+        Ok(list) => {
+            let items: Vec<Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| nodes.contains(n)))
+                .collect();
+            let body = serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items});
+            let mut response = full(StatusCode::OK, Bytes::from(body.to_string()));
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(error) => text(StatusCode::BAD_GATEWAY, &format!("listing training pods: {error}")),
+    }
+}
+
+pub(crate) fn full(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Full::new(body).map_err(|never| match never {}).boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+pub(crate) fn text(status: StatusCode, message: &str) -> Response<Body> {
+    let mut response = full(status, Bytes::from(format!("{message}\n")));
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+/// `application/x-www-form-urlencoded` query pairs, in order (`command` repeats).
+pub(crate) fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => match (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The first value of `key` in `query`.
+pub(crate) fn param<'a>(query: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    query.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+/// A boolean query flag as Go's `strconv.ParseBool` reads it (absent: false).
+pub(crate) fn flag(query: &[(String, String)], key: &str) -> bool {
+    matches!(param(query, key), Some("1" | "t" | "T" | "true" | "TRUE" | "True"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_decoded_and_repeats_kept_in_order() {
+        let q = query_pairs("command=sh&command=-c&command=echo+a%20b%3B%25&input=1&bad=%zz&end=%4");
+        let commands: Vec<_> = q.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.as_str()).collect();
+        assert_eq!(commands, ["sh", "-c", "echo a b;%"]);
+        assert!(flag(&q, "input"));
+        assert!(!flag(&q, "output"));
+        assert_eq!(param(&q, "bad"), Some("%zz"));
+        assert_eq!(param(&q, "end"), Some("%4"));
+    }
+}
