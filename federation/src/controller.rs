@@ -157,7 +157,9 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         }
     };
     let server = config.cluster_url.to_string();
-    let client = match Client::try_from(config) {
+    let stats = Arc::new(crate::MemberStats::default());
+    let limits = mc.spec.rate_limits.clone().unwrap_or_default();
+    let client = match crate::throttle::client(config, &limits, stats.clone()) {
         Ok(c) => c,
         Err(e) => {
             let msg = format!("cannot build a client: {e}");
@@ -216,7 +218,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
-    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout };
+    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout, stats };
     let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), fingerprint, policy, options);
     if !session.wait_synced(Duration::from_secs(30)).await {
         warn!("member watches not synced after 30 s; offering its pools anyway");

@@ -14,6 +14,7 @@ mod controller;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod throttle;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 pub use capacity::PoolCapacity;
 pub use health::Health;
 pub use member::{MemberHandle, PoolHandle};
+pub use throttle::MemberStats;
 
 /// Connected members by name.
 pub type Members = BTreeMap<MemberName, Arc<MemberHandle>>;

@@ -103,6 +103,8 @@ pub struct MemberHandle {
     /// Reachability and usability, kept current by the session's prober and the controller.
     /// The session outlives an outage: consumers read this and hold back instead.
     pub health: watch::Receiver<Health>,
+    /// Calls made to the member and time spent waiting for its rate limit.
+    pub stats: Arc<crate::MemberStats>,
 }
 
 /// One pool of a member: one virtual node.
@@ -135,6 +137,8 @@ pub(crate) struct SessionOptions {
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
     pub loss_timeout: Duration,
+    /// Counters of the client's throttle layer.
+    pub stats: Arc<crate::MemberStats>,
 }
 
 /// Owns the watch tasks of one member; dropping it stops them.
@@ -165,7 +169,7 @@ impl Session {
         policy: CapacityPolicy,
         options: SessionOptions,
     ) -> Session {
-        let SessionOptions { namespace_prefix, paused, loss_timeout } = options;
+        let SessionOptions { namespace_prefix, paused, loss_timeout, stats } = options;
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         tokio::spawn(
@@ -302,6 +306,7 @@ impl Session {
                 cancelled,
                 paused,
                 health,
+                stats,
             }),
             fingerprint,
             health: health_tx,
