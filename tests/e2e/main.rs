@@ -11,4 +11,5 @@ mod failover;
 mod harness;
 mod reclaim;
 mod skeleton;
+mod throttle;
 mod vk_features;
