@@ -40,6 +40,8 @@ pub struct PodView {
     pub origin_uid: Option<String>,
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
+    /// `spec.priority`, resolved by the API server at admission.
+    pub priority: Option<i32>,
 }
 
 impl PodView {
@@ -207,6 +209,7 @@ impl PodView {
             offload: origin_uid.is_some(),
             origin_uid,
             node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+            priority: pod.spec.as_ref().and_then(|s| s.priority),
         }
     }
 }

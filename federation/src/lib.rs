@@ -14,6 +14,7 @@ mod controller;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod priority;
 pub mod throttle;
 
 use std::collections::BTreeMap;
@@ -53,7 +54,9 @@ impl Federation {
     pub fn start(training: kube::Client, config: Arc<BridgeConfig>) -> Self {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
+        let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
         let ctx = Arc::new(controller::Context {
+            recorder: kube::runtime::events::Recorder::new(training.clone(), reporter),
             training,
             config,
             sessions: std::sync::Mutex::new(BTreeMap::new()),

@@ -28,6 +28,7 @@ use crate::capacity::{
     pool_capacity_under,
 };
 use crate::health::Health;
+use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
 
 /// Namespace, kind and name of an HPA's scale target.
 type WorkloadKey = (String, String, String);
@@ -105,6 +106,8 @@ pub struct MemberHandle {
     pub health: watch::Receiver<Health>,
     /// Calls made to the member and time spent waiting for its rate limit.
     pub stats: Arc<crate::MemberStats>,
+    /// Online pods at or below the offload priorities, if any; set with the first capacity.
+    pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
 }
 
 /// One pool of a member: one virtual node.
@@ -252,6 +255,7 @@ impl Session {
             senders.push((pool.node_selector.clone(), tx));
         }
 
+        let (conflict_tx, conflict_rx) = watch::channel(None);
         let stop = cancelled.clone();
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
@@ -266,7 +270,15 @@ impl Session {
                     }
                     tokio::time::sleep(COALESCE).await;
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
-                        (Ok(n), Ok(p)) if n.synced && p.synced => (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>()),
+                        (Ok(n), Ok(p)) if n.synced && p.synced => {
+                            let conflict = priority_conflict(p.iter(), offload_ceiling());
+                            conflict_tx.send_if_modified(|cur| {
+                                let changed = *cur != conflict;
+                                *cur = conflict;
+                                changed
+                            });
+                            (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>())
+                        }
                         _ => continue,
                     };
                     let hpa_views = match (hpas.lock(), templates.lock()) {
@@ -307,6 +319,7 @@ impl Session {
                 paused,
                 health,
                 stats,
+                priority_conflict: conflict_rx,
             }),
             fingerprint,
             health: health_tx,
@@ -396,6 +409,10 @@ impl<K: Eq + Hash, V> ViewCache<K, V> {
 
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.live.values()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.live.iter()
     }
 
     pub fn get(&self, k: &K) -> Option<&V> {

@@ -9,6 +9,7 @@ mod bad_input;
 mod dispatcher;
 mod failover;
 mod harness;
+mod member_status;
 mod reclaim;
 mod skeleton;
 mod throttle;
