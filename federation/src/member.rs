@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use tidepool_config::Resources;
 
 use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity, pod_requests,
-    pool_capacity_under,
+    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
+    pod_requests, pool_capacity_under, worth_publishing,
 };
 use crate::health::Health;
 use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
@@ -262,11 +262,15 @@ impl Session {
         tokio::spawn(
             async move {
                 let mut computed = false;
+                // When each pool last published, and whether a small change is waiting.
+                let mut published = vec![tokio::time::Instant::now(); senders.len()];
+                let mut deferred = vec![false; senders.len()];
                 loop {
+                    let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
                     tokio::select! {
                         () = stop.cancelled() => return,
                         () = changed.notified() => {}
-                        () = tokio::time::sleep(clock) => {}
+                        () = tokio::time::sleep(wake) => {}
                     }
                     tokio::time::sleep(COALESCE).await;
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
@@ -288,21 +292,32 @@ impl Session {
                     let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     let first = !computed;
                     computed = true;
-                    for (selector, tx) in &senders {
+                    for (i, (selector, tx)) in senders.iter().enumerate() {
                         let next = pool_capacity_under(&nodes, &pods, selector, &demand);
                         if first {
                             // Always announce the first result: consumers wait for it.
                             tx.send_replace(next);
                             continue;
                         }
-                        tx.send_if_modified(|cur| {
+                        let now = tokio::time::Instant::now();
+                        let overdue = now.duration_since(published[i]) >= PUBLISH_MAX_INTERVAL;
+                        let sent = tx.send_if_modified(|cur| {
                             if *cur == next {
+                                deferred[i] = false;
+                                return false;
+                            }
+                            if !overdue && !worth_publishing(cur, &next) {
+                                deferred[i] = true;
                                 return false;
                             }
                             debug!(capacity = %next.capacity, used = %next.used, nodes = next.nodes, "pool capacity changed");
                             *cur = next;
                             true
                         });
+                        if sent {
+                            published[i] = now;
+                            deferred[i] = false;
+                        }
                     }
                 }
             }
