@@ -162,6 +162,16 @@ impl Drop for Session {
 /// costs one computation.
 const COALESCE: Duration = Duration::from_millis(100);
 
+/// Longest wait before recomputing after a change.
+const COALESCE_MAX: Duration = Duration::from_secs(1);
+
+/// How long to gather events before the next computation, given what the last one cost: ten
+/// times that, so a large member's capacity model takes at most about a tenth of a core
+/// under constant churn, between [`COALESCE`] and [`COALESCE_MAX`].
+fn coalesce_after(cost: Duration) -> Duration {
+    cost.saturating_mul(10).clamp(COALESCE, COALESCE_MAX)
+}
+
 impl Session {
     /// Starts the member's watches. The caller has already checked that it answers.
     pub fn start(
@@ -265,6 +275,7 @@ impl Session {
                 // When each pool last published, and whether a small change is waiting.
                 let mut published = vec![tokio::time::Instant::now(); senders.len()];
                 let mut deferred = vec![false; senders.len()];
+                let mut coalesce = COALESCE;
                 loop {
                     let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
                     tokio::select! {
@@ -272,7 +283,8 @@ impl Session {
                         () = changed.notified() => {}
                         () = tokio::time::sleep(wake) => {}
                     }
-                    tokio::time::sleep(COALESCE).await;
+                    tokio::time::sleep(coalesce).await;
+                    let started = std::time::Instant::now();
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
                         (Ok(n), Ok(p)) if n.synced && p.synced => {
                             let conflict = priority_conflict(p.iter(), offload_ceiling());
@@ -319,6 +331,7 @@ impl Session {
                             deferred[i] = false;
                         }
                     }
+                    coalesce = coalesce_after(started.elapsed());
                 }
             }
             .instrument(info_span!("capacity", member = %name)),
@@ -477,6 +490,13 @@ fn spawn_cache<T, K, V, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_costly_computation_waits_longer_for_the_next() {
+        assert_eq!(coalesce_after(Duration::from_millis(1)), COALESCE);
+        assert_eq!(coalesce_after(Duration::from_millis(30)), Duration::from_millis(300));
+        assert_eq!(coalesce_after(Duration::from_secs(5)), COALESCE_MAX);
+    }
 
     #[test]
     fn a_relist_replaces_the_cache_only_when_complete() {
