@@ -166,16 +166,19 @@ async fn cleanup(member_b: &Client, training: &Client) {
     let _ = Api::<Namespace>::all(member_b.clone()).delete(ONLINE_NS, &DeleteParams::default()).await;
     let nodes = Api::<Node>::all(member_b.clone());
     let _ = nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(BENCH_LABEL)).await;
-    for _ in 0..600 {
+    // Deleting 10,000 pods takes the member minutes on a loaded machine.
+    let started = Instant::now();
+    for _ in 0..1800 {
         let left_pods = pods.list_metadata(&ListParams::default().limit(1)).await.map(|l| l.items.len()).unwrap_or(0);
         let left_nodes =
             nodes.list_metadata(&ListParams::default().labels(BENCH_LABEL).limit(1)).await.map(|l| l.items.len());
         if left_pods == 0 && left_nodes.is_ok_and(|n| n == 0) {
+            eprintln!("cleanup took {:.0} s", started.elapsed().as_secs_f64());
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    eprintln!("cleanup: bench objects still present after 5 min");
+    eprintln!("cleanup: bench objects still present after 15 min; the namespace controller finishes it");
 }
 
 /// Every allocatable cpu value of the virtual node, with when it was seen.
