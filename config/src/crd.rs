@@ -53,6 +53,40 @@ pub struct MemberClusterSpec {
     /// No new placements on this member; offload pods already there keep running.
     #[serde(default)]
     pub paused: bool,
+
+    /// How fast tidepool may call this member's API server. Defaults: 50 calls/s, bursts
+    /// of 100. Probes, reads and deletes go ahead of pod and object creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<RateLimitSpec>,
+}
+
+/// Default sustained rate of calls to a member (per second).
+pub const DEFAULT_MEMBER_QPS: u32 = 50;
+/// Default burst of calls to a member above the sustained rate.
+pub const DEFAULT_MEMBER_BURST: u32 = 100;
+
+/// Client-side limits on the calls tidepool makes to one member.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitSpec {
+    /// Sustained calls per second (1–10000, default 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub qps: Option<u32>,
+    /// Calls that may go at once after a quiet spell (1–100000, default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub burst: Option<u32>,
+}
+
+impl RateLimitSpec {
+    pub fn qps(&self) -> u32 {
+        self.qps.unwrap_or(DEFAULT_MEMBER_QPS)
+    }
+
+    pub fn burst(&self) -> u32 {
+        self.burst.unwrap_or(DEFAULT_MEMBER_BURST)
+    }
 }
 
 /// What is held back from the surplus before it is lent. Each amount applies per pool.
@@ -235,6 +269,14 @@ impl MemberClusterSpec {
                 }
             }
         }
+        if let Some(r) = &self.rate_limits {
+            if r.qps.is_some_and(|q| !(1..=10_000).contains(&q)) {
+                errors.push(FieldError::new("spec.rateLimits.qps", "must be between 1 and 10000"));
+            }
+            if r.burst.is_some_and(|b| !(1..=100_000).contains(&b)) {
+                errors.push(FieldError::new("spec.rateLimits.burst", "must be between 1 and 100000"));
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
             if !is_dns_label(&pool.name) {
@@ -323,6 +365,19 @@ mod tests {
                 "spec.capacity.windows[0].durationMinutes"
             ]
         );
+    }
+
+    #[test]
+    fn rate_limits_default_and_are_bounded() {
+        let mut s = spec();
+        let r = s.rate_limits.clone().unwrap_or_default();
+        assert_eq!((r.qps(), r.burst()), (DEFAULT_MEMBER_QPS, DEFAULT_MEMBER_BURST));
+        s.rate_limits = Some(RateLimitSpec { qps: Some(0), burst: Some(100_001) });
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.rateLimits.qps", "spec.rateLimits.burst"]);
+        s.rate_limits = Some(RateLimitSpec { qps: Some(5), burst: None });
+        assert!(s.validate("member-a").is_empty());
+        assert_eq!(s.rate_limits.as_ref().map(RateLimitSpec::burst), Some(DEFAULT_MEMBER_BURST));
     }
 
     #[test]

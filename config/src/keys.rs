@@ -66,6 +66,8 @@ pub const MANAGER_DISPATCHER: &str = "tidepool-dispatcher";
 pub const CONDITION_READY: &str = "Ready";
 pub const CONDITION_CREDENTIALS_VALID: &str = "CredentialsValid";
 pub const CONDITION_REACHABLE: &str = "Reachable";
+/// True while online pods in the member run at or below the offload PriorityClasses.
+pub const CONDITION_ONLINE_PRIORITY_CONFLICT: &str = "OnlinePriorityConflict";
 
 /// Default key of the kubeconfig inside the referenced Secret.
 pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";

@@ -40,6 +40,8 @@ pub struct PodView {
     pub origin_uid: Option<String>,
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
+    /// `spec.priority`, resolved by the API server at admission.
+    pub priority: Option<i32>,
 }
 
 impl PodView {
@@ -159,6 +161,54 @@ impl PoolCapacity {
     }
 }
 
+/// A change of a pool's capacity smaller than this (per resource, in hundredths of a percent
+/// of the published value) waits for [`PUBLISH_MAX_INTERVAL`] before it is published.
+pub const PUBLISH_THRESHOLD_BASIS_POINTS: i64 = 100;
+/// Longest a small change of capacity waits before it is published anyway.
+pub const PUBLISH_MAX_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Whether `next` differs from the published `current` enough to publish it at once, rather
+/// than within [`PUBLISH_MAX_INTERVAL`]. Pure.
+///
+/// At once: anything tidepool's own decisions rest on — offload usage and placements, node
+/// count, GPU product, a new or changed deficit (reclaim), any change of a resource counted
+/// in whole devices (GPUs and other extended resources), on the pool or on a node. Held back:
+/// drifts of cpu, memory, storage and pod counts below the threshold, which online churn
+/// causes all the time and which would otherwise rewrite the virtual node on every event.
+pub fn worth_publishing(current: &PoolCapacity, next: &PoolCapacity) -> bool {
+    fn fungible(name: &str) -> bool {
+        matches!(name, "cpu" | "memory" | "ephemeral-storage" | "pods") || name.starts_with("hugepages-")
+    }
+    fn significant(a: &Resources, b: &Resources) -> bool {
+        a.names().chain(b.names()).any(|name| {
+            let (x, y) = (a.get(name), b.get(name));
+            if x == y {
+                return false;
+            }
+            if !fungible(name) || x == 0 || y == 0 {
+                return true;
+            }
+            let delta = i128::from(x.abs_diff(y));
+            delta * 10_000 > i128::from(x.abs()) * i128::from(PUBLISH_THRESHOLD_BASIS_POINTS)
+        })
+    }
+    if current.used != next.used
+        || current.placed != next.placed
+        || current.nodes != next.nodes
+        || current.gpu_product != next.gpu_product
+        || current.deficit() != next.deficit()
+        || current.free_per_node.len() != next.free_per_node.len()
+    {
+        return true;
+    }
+    let devices =
+        |r: &Resources| r.iter().filter(|(n, _)| !fungible(n)).map(|(n, v)| (n.to_owned(), v)).collect::<Vec<_>>();
+    if current.free_per_node.iter().zip(&next.free_per_node).any(|(a, b)| devices(a) != devices(b)) {
+        return true;
+    }
+    significant(&current.capacity, &next.capacity)
+}
+
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// The extended resource name of NVIDIA GPUs.
 pub const GPU: &str = "nvidia.com/gpu";
@@ -207,6 +257,7 @@ impl PodView {
             offload: origin_uid.is_some(),
             origin_uid,
             node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+            priority: pod.spec.as_ref().and_then(|s| s.priority),
         }
     }
 }
@@ -588,5 +639,48 @@ mod tests {
             prop_assert!(b >= 0);
             prop_assert!(a <= alloc * 1000);
         }
+    }
+
+    #[test]
+    fn small_drifts_of_fungible_resources_wait_and_everything_else_goes_at_once() {
+        let base = PoolCapacity {
+            capacity: r(&[("cpu", "1000"), ("memory", "4000Gi"), ("nvidia.com/gpu", "16")]),
+            used: r(&[("cpu", "10")]),
+            nodes: 4,
+            free_per_node: vec![r(&[("cpu", "250"), ("nvidia.com/gpu", "4")])],
+            ..Default::default()
+        };
+        let with = |f: &dyn Fn(&mut PoolCapacity)| {
+            let mut c = base.clone();
+            f(&mut c);
+            c
+        };
+        assert!(!worth_publishing(&base, &base));
+        // Under 1 %: held back.
+        assert!(!worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 999_000))));
+        assert!(!worth_publishing(&base, &with(&|c| c.capacity.set("memory", c.capacity.get("memory") - 1))));
+        assert!(!worth_publishing(&base, &with(&|c| c.free_per_node[0].set("cpu", 249_000))));
+        // Over 1 %, or whole devices, or anything tidepool itself decided: at once.
+        assert!(worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 989_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.capacity.set("nvidia.com/gpu", 15_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.free_per_node[0].set("nvidia.com/gpu", 3_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.used.set("cpu", 11_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.nodes = 3)));
+        assert!(worth_publishing(
+            &base,
+            &with(&|c| {
+                c.placed.insert("uid".into(), "n1".into());
+            })
+        ));
+        assert!(worth_publishing(&base, &with(&|c| c.capacity.set("example.com/fpga", 1_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 0))));
+        // A small drift that opens a deficit goes at once: reclaim depends on it.
+        let tight = with(&|c| {
+            c.capacity.set("cpu", 1_000_000);
+            c.used.set("cpu", 1_000_000);
+        });
+        let mut less = tight.clone();
+        less.capacity.set("cpu", 999_000);
+        assert!(worth_publishing(&tight, &less));
     }
 }

@@ -13,9 +13,10 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_config::crd::MemberClusterStatus;
@@ -27,6 +28,7 @@ use tracing::{info, instrument, warn};
 use crate::capacity::PoolCapacity;
 use crate::kubeconfig;
 use crate::member::{MemberHandle, Session, SessionOptions};
+use crate::priority::PriorityConflict;
 use crate::{Error, Members};
 
 /// How long a member's API server gets to answer the first request.
@@ -38,6 +40,8 @@ const RETRY: Duration = Duration::from_secs(10);
 
 pub(crate) struct Context {
     pub training: Client,
+    /// Events on `MemberCluster` objects.
+    pub recorder: Recorder,
     pub config: Arc<BridgeConfig>,
     pub sessions: Mutex<BTreeMap<MemberName, Session>>,
     pub members: watch::Sender<Members>,
@@ -99,7 +103,9 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     if !verdict.ready.0 && !verdict.live {
         hold(&ctx, &name, &verdict.ready);
     }
-    write_conditions(&mc, &ctx, verdict).await?;
+    let conflict =
+        ctx.sessions.lock().ok().and_then(|s| s.get(&name).map(|s| s.handle.priority_conflict.borrow().clone()));
+    write_conditions(&mc, &ctx, verdict, conflict).await?;
     metrics().observe_sync("membercluster", started.elapsed());
     Ok(Action::requeue(requeue))
 }
@@ -162,7 +168,9 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         }
     };
     let server = config.cluster_url.to_string();
-    let client = match crate::api_metrics::counted_client(config, name.as_str()) {
+    let stats = Arc::new(crate::MemberStats::default());
+    let limits = mc.spec.rate_limits.clone().unwrap_or_default();
+    let client = match crate::throttle::client(config, name.as_str(), &limits, stats.clone()) {
         Ok(c) => c,
         Err(e) => {
             let msg = format!("cannot build a client: {e}");
@@ -221,7 +229,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
-    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout };
+    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout, stats };
     let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), fingerprint, policy, options);
     if !session.wait_synced(Duration::from_secs(30)).await {
         warn!("member watches not synced after 30 s; offering its pools anyway");
@@ -309,18 +317,20 @@ fn hold(ctx: &Context, name: &MemberName, ready: &(bool, &'static str, String)) 
     }
 }
 
-/// Reconciles the member whenever its session's health changes, so its status follows an
-/// outage within a probe interval rather than at the next resync.
+/// Reconciles the member whenever its session's health or priority conflict changes, so its
+/// status follows an outage within a probe interval rather than at the next resync.
 async fn follow_health(
     handle: Arc<MemberHandle>,
     trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
     member: ObjectRef<MemberCluster>,
 ) {
     let mut health = handle.health.clone();
+    let mut conflict = handle.priority_conflict.clone();
     loop {
         tokio::select! {
             () = handle.cancelled.cancelled() => return,
             res = health.changed() => if res.is_err() { return },
+            res = conflict.changed() => if res.is_err() { return },
         }
         if trigger.send(member.clone()).await.is_err() {
             return;
@@ -368,7 +378,15 @@ async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
     }
 }
 
-async fn write_conditions(mc: &MemberCluster, ctx: &Context, v: Verdict) -> Result<(), Error> {
+/// Writes the conditions of `v`, and `OnlinePriorityConflict` when a session runs
+/// (`conflict` is `None` without one, `Some(None)` when its online pods are all above the
+/// offload priorities).
+async fn write_conditions(
+    mc: &MemberCluster,
+    ctx: &Context,
+    v: Verdict,
+    conflict: Option<Option<PriorityConflict>>,
+) -> Result<(), Error> {
     if !v.ready.0 {
         warn!(reason = v.ready.1, message = %v.ready.2, "member not ready");
     }
@@ -384,6 +402,16 @@ async fn write_conditions(mc: &MemberCluster, ctx: &Context, v: Verdict) -> Resu
             conditions.push(condition(old, type_, ok, reason, message, generation));
         }
     }
+    if let Some(conflict) = conflict {
+        let (found, reason, message) = match &conflict {
+            Some(c) => (true, "OnlinePodsAtOffloadPriority", c.message()),
+            None => (false, "NoConflict", "online pods run above the offload priorities".to_owned()),
+        };
+        let type_ = keys::CONDITION_ONLINE_PRIORITY_CONFLICT;
+        let next = condition(old, type_, found, reason, message, generation);
+        announce_conflict(mc, ctx, old.iter().find(|c| c.type_ == type_), &next).await;
+        conditions.push(next);
+    }
     if old == conditions.as_slice() {
         return Ok(());
     }
@@ -393,6 +421,35 @@ async fn write_conditions(mc: &MemberCluster, ctx: &Context, v: Verdict) -> Resu
         .await
         .map_err(|source| Error::Training { what: "write MemberCluster status", source: Box::new(source) })?;
     Ok(())
+}
+
+/// An Event on the `MemberCluster` when a priority conflict appears, changes or clears.
+async fn announce_conflict(mc: &MemberCluster, ctx: &Context, old: Option<&Condition>, next: &Condition) {
+    let was = old.is_some_and(|c| c.status == "True");
+    let event = match (was, next.status == "True") {
+        (_, true) if old.is_some_and(|c| c.message == next.message) => return,
+        (_, true) => {
+            warn!(message = %next.message, "online pods at or below the offload priorities");
+            Event {
+                type_: EventType::Warning,
+                reason: keys::CONDITION_ONLINE_PRIORITY_CONFLICT.to_owned(),
+                note: Some(next.message.clone()),
+                action: "CheckPriorities".to_owned(),
+                secondary: None,
+            }
+        }
+        (true, false) => Event {
+            type_: EventType::Normal,
+            reason: "OnlinePriorityConflictResolved".to_owned(),
+            note: Some(next.message.clone()),
+            action: "CheckPriorities".to_owned(),
+            secondary: None,
+        },
+        (false, false) => return,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &mc.object_ref(&())).await {
+        warn!(error = %e, "cannot publish event");
+    }
 }
 
 /// A condition that keeps its transition time while its status does not change.

@@ -15,6 +15,8 @@ mod controller;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod priority;
+pub mod throttle;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use tokio::sync::watch;
 pub use capacity::PoolCapacity;
 pub use health::Health;
 pub use member::{MemberHandle, PoolHandle};
+pub use throttle::MemberStats;
 
 /// Connected members by name.
 pub type Members = BTreeMap<MemberName, Arc<MemberHandle>>;
@@ -52,7 +55,9 @@ impl Federation {
     pub fn start(training: kube::Client, config: Arc<BridgeConfig>) -> Self {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
+        let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
         let ctx = Arc::new(controller::Context {
+            recorder: kube::runtime::events::Recorder::new(training.clone(), reporter),
             training,
             config,
             sessions: std::sync::Mutex::new(BTreeMap::new()),

@@ -25,10 +25,11 @@ use tidepool_config::Resources;
 use tidepool_config::metrics::metrics;
 
 use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity, pod_requests,
-    pool_capacity_under,
+    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
+    pod_requests, pool_capacity_under, worth_publishing,
 };
 use crate::health::Health;
+use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
 
 /// Namespace, kind and name of an HPA's scale target.
 type WorkloadKey = (String, String, String);
@@ -104,6 +105,10 @@ pub struct MemberHandle {
     /// Reachability and usability, kept current by the session's prober and the controller.
     /// The session outlives an outage: consumers read this and hold back instead.
     pub health: watch::Receiver<Health>,
+    /// Calls made to the member and time spent waiting for its rate limit.
+    pub stats: Arc<crate::MemberStats>,
+    /// Online pods at or below the offload priorities, if any; set with the first capacity.
+    pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
 }
 
 /// One pool of a member: one virtual node.
@@ -136,6 +141,8 @@ pub(crate) struct SessionOptions {
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
     pub loss_timeout: Duration,
+    /// Counters of the client's throttle layer.
+    pub stats: Arc<crate::MemberStats>,
 }
 
 /// Owns the watch tasks of one member; dropping it stops them.
@@ -156,6 +163,16 @@ impl Drop for Session {
 /// costs one computation.
 const COALESCE: Duration = Duration::from_millis(100);
 
+/// Longest wait before recomputing after a change.
+const COALESCE_MAX: Duration = Duration::from_secs(1);
+
+/// How long to gather events before the next computation, given what the last one cost: ten
+/// times that, so a large member's capacity model takes at most about a tenth of a core
+/// under constant churn, between [`COALESCE`] and [`COALESCE_MAX`].
+fn coalesce_after(cost: Duration) -> Duration {
+    cost.saturating_mul(10).clamp(COALESCE, COALESCE_MAX)
+}
+
 impl Session {
     /// Starts the member's watches. The caller has already checked that it answers.
     pub fn start(
@@ -166,7 +183,7 @@ impl Session {
         policy: CapacityPolicy,
         options: SessionOptions,
     ) -> Session {
-        let SessionOptions { namespace_prefix, paused, loss_timeout } = options;
+        let SessionOptions { namespace_prefix, paused, loss_timeout, stats } = options;
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         tokio::spawn(
@@ -249,6 +266,7 @@ impl Session {
             senders.push((pool.name.clone(), pool.node_selector.clone(), tx));
         }
 
+        let (conflict_tx, conflict_rx) = watch::channel(None);
         let stop = cancelled.clone();
         let member = name.clone();
         // Windows open and close with the clock, not with events.
@@ -256,7 +274,12 @@ impl Session {
         tokio::spawn(
             async move {
                 let mut computed = false;
+                // When each pool last published, and whether a small change is waiting.
+                let mut published = vec![tokio::time::Instant::now(); senders.len()];
+                let mut deferred = vec![false; senders.len()];
+                let mut coalesce = COALESCE;
                 loop {
+                    let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
                     tokio::select! {
                         () = stop.cancelled() => {
                             for (pool, _, _) in &senders {
@@ -265,11 +288,20 @@ impl Session {
                             return;
                         }
                         () = changed.notified() => {}
-                        () = tokio::time::sleep(clock) => {}
+                        () = tokio::time::sleep(wake) => {}
                     }
-                    tokio::time::sleep(COALESCE).await;
+                    tokio::time::sleep(coalesce).await;
+                    let started = std::time::Instant::now();
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
-                        (Ok(n), Ok(p)) if n.synced && p.synced => (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>()),
+                        (Ok(n), Ok(p)) if n.synced && p.synced => {
+                            let conflict = priority_conflict(p.iter(), offload_ceiling());
+                            conflict_tx.send_if_modified(|cur| {
+                                let changed = *cur != conflict;
+                                *cur = conflict;
+                                changed
+                            });
+                            (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>())
+                        }
                         _ => continue,
                     };
                     let hpa_views = match (hpas.lock(), templates.lock()) {
@@ -279,8 +311,7 @@ impl Session {
                     let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     let first = !computed;
                     computed = true;
-                    let started = std::time::Instant::now();
-                    for (pool, selector, tx) in &senders {
+                    for (i, (pool, selector, tx)) in senders.iter().enumerate() {
                         let next = pool_capacity_under(&nodes, &pods, selector, &demand);
                         metrics().set_pool(member.as_str(), pool, &next.capacity, &next.used, &next.deficit());
                         if first {
@@ -288,16 +319,28 @@ impl Session {
                             tx.send_replace(next);
                             continue;
                         }
-                        tx.send_if_modified(|cur| {
+                        let now = tokio::time::Instant::now();
+                        let overdue = now.duration_since(published[i]) >= PUBLISH_MAX_INTERVAL;
+                        let sent = tx.send_if_modified(|cur| {
                             if *cur == next {
+                                deferred[i] = false;
+                                return false;
+                            }
+                            if !overdue && !worth_publishing(cur, &next) {
+                                deferred[i] = true;
                                 return false;
                             }
                             debug!(capacity = %next.capacity, used = %next.used, nodes = next.nodes, "pool capacity changed");
                             *cur = next;
                             true
                         });
+                        if sent {
+                            published[i] = now;
+                            deferred[i] = false;
+                        }
                     }
                     metrics().observe_sync("capacity", started.elapsed());
+                    coalesce = coalesce_after(started.elapsed());
                 }
             }
             .instrument(info_span!("capacity", member = %name)),
@@ -312,6 +355,8 @@ impl Session {
                 cancelled,
                 paused,
                 health,
+                stats,
+                priority_conflict: conflict_rx,
             }),
             fingerprint,
             health: health_tx,
@@ -403,6 +448,10 @@ impl<K: Eq + Hash, V> ViewCache<K, V> {
         self.live.values()
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.live.iter()
+    }
+
     pub fn get(&self, k: &K) -> Option<&V> {
         self.live.get(k)
     }
@@ -450,6 +499,13 @@ fn spawn_cache<T, K, V, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_costly_computation_waits_longer_for_the_next() {
+        assert_eq!(coalesce_after(Duration::from_millis(1)), COALESCE);
+        assert_eq!(coalesce_after(Duration::from_millis(30)), Duration::from_millis(300));
+        assert_eq!(coalesce_after(Duration::from_secs(5)), COALESCE_MAX);
+    }
 
     #[test]
     fn a_relist_replaces_the_cache_only_when_complete() {

@@ -1,0 +1,180 @@
+//! What a member's own state does to its `MemberCluster` and virtual node: online pods at or
+//! below the offload priorities raise `OnlinePriorityConflict` (and clear it when gone), and
+//! a capacity window shrinks the virtual node exactly from its lead time on.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tidepool_config::{MemberCluster, keys};
+
+use crate::harness::*;
+
+/// Status, reason and message of condition `type_` of MemberCluster `name`.
+async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<(String, String, String)> {
+    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
+    mc.status?.conditions.into_iter().find(|c| c.type_ == type_).map(|c| (c.status, c.reason, c.message))
+}
+
+/// Starts a tidepool serving member-b as MemberCluster `member` and waits for its node.
+async fn start(env: &Env, training: &Client, test: &str, ns: &str, member: &str) -> (Tidepool, String) {
+    prepare(env, training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(training, ns, "member-b", &kubeconfig).await;
+    apply_member(training, member, test, ns, "member-b").await;
+    let tidepool = Tidepool::start(env, test, ns);
+    let node = format!("tidepool-{member}");
+    let nodes = Api::<Node>::all(training.clone());
+    wait_for(Duration::from_secs(90), "virtual node Ready", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move {
+            let n = nodes.get_opt(&node).await.ok()??;
+            let ready = n.status?.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+            (ready.status == "True").then_some(())
+        }
+    })
+    .await;
+    (tidepool, node)
+}
+
+async fn member_events(training: &Client, member: &str, reason: &str) -> usize {
+    let lp = ListParams::default().fields(&format!("involvedObject.name={member}"));
+    let list = Api::<Event>::all(training.clone()).list(&lp).await.unwrap();
+    list.items.iter().filter(|e| e.reason.as_deref() == Some(reason)).count()
+}
+
+#[tokio::test]
+async fn an_online_pod_at_offload_priority_raises_a_condition_until_it_goes() {
+    const TEST: &str = "prio-conflict";
+    const NS: &str = "e2e-prio-conflict";
+    const MEMBER: &str = "prio-b";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    let (tidepool, _node) = start(&env, &training, TEST, NS, MEMBER).await;
+
+    // 1. No online pod of member-b runs that low: the condition says so.
+    let (status, _, _) = wait_for(Duration::from_secs(30), "OnlinePriorityConflict condition", || {
+        let training = training.clone();
+        async move { member_condition(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await }
+    })
+    .await;
+    assert_eq!(status, "False", "{}", tidepool.log_tail());
+
+    // 2. An online pod below the lowest offload band appears in member-b.
+    let online_ns = "e2e-prio-online";
+    ensure_namespace(&member_b, online_ns).await;
+    ensure_priority_class(&member_b, "e2e-below-offload", keys::Band::Low.priority_value() - 100).await;
+    let pods = Api::<Pod>::namespaced(member_b.clone(), online_ns);
+    let name = format!("batch-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "priorityClassName": "e2e-below-offload",
+            "nodeSelector": {"kubernetes.io/hostname": "member-b-gpu-0"},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "example.invalid/batch:1"}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let (_, reason, message) = wait_for(Duration::from_secs(30), "OnlinePriorityConflict=True", || {
+        let training = training.clone();
+        async move {
+            let c = member_condition(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await?;
+            (c.0 == "True").then_some(c)
+        }
+    })
+    .await;
+    assert_eq!(reason, "OnlinePodsAtOffloadPriority");
+    let expected = format!("{online_ns}/{name} ({})", keys::Band::Low.priority_value() - 100);
+    assert!(message.contains(&expected), "message {message:?} does not name {expected}");
+    wait_for(Duration::from_secs(20), "OnlinePriorityConflict Event", || {
+        let training = training.clone();
+        async move { (member_events(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await > 0).then_some(()) }
+    })
+    .await;
+    // Ready is untouched: the member still works, its admin is only warned.
+    let (ready, _, _) = member_condition(&training, MEMBER, keys::CONDITION_READY).await.unwrap();
+    assert_eq!(ready, "True");
+
+    // 3. The pod goes: the condition clears, with an Event.
+    pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    wait_for(Duration::from_secs(30), "OnlinePriorityConflict=False again", || {
+        let training = training.clone();
+        async move {
+            let c = member_condition(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await?;
+            (c.0 == "False").then_some(())
+        }
+    })
+    .await;
+    wait_for(Duration::from_secs(20), "OnlinePriorityConflictResolved Event", || {
+        let training = training.clone();
+        async move { (member_events(&training, MEMBER, "OnlinePriorityConflictResolved").await > 0).then_some(()) }
+    })
+    .await;
+    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
+}
+
+fn gpus(node: &Node) -> Option<i64> {
+    let q = node.status.as_ref()?.allocatable.as_ref()?.get("nvidia.com/gpu")?;
+    q.0.parse().ok()
+}
+
+#[tokio::test]
+async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
+    const TEST: &str = "window";
+    const NS: &str = "e2e-window";
+    const MEMBER: &str = "window-b";
+    const RESERVE: i64 = 4;
+    let env = Env::load();
+    let training = env.client("training").await;
+    let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
+    let nodes = Api::<Node>::all(training.clone());
+    let base = wait_for(Duration::from_secs(30), "GPUs on the virtual node", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { gpus(&nodes.get(&node).await.ok()?).filter(|g| *g >= RESERVE) }
+    })
+    .await;
+
+    // 1. A window whose cron start is the next minute boundary at least 12 s away, with a lead
+    //    that brings the reservation forward to exactly 12 s from now (cron has minute
+    //    granularity; the lead does not).
+    let now = jiff::Timestamp::now();
+    let reserve_at = now.as_second() + 12;
+    let boundary = reserve_at + (60 - reserve_at.rem_euclid(60)).rem_euclid(60);
+    let lead = boundary - reserve_at;
+    let fire = jiff::Timestamp::from_second(boundary).unwrap().to_zoned(jiff::tz::TimeZone::UTC);
+    let schedule = format!("{} {} * * *", fire.minute(), fire.hour());
+    let patch = serde_json::json!({"spec": {"capacity": {"windows": [{
+        "name": "peak", "schedule": schedule, "durationMinutes": 5, "leadSeconds": lead,
+        "reserve": {"nvidia.com/gpu": RESERVE.to_string()}
+    }]}}});
+    Api::<MemberCluster>::all(training.clone())
+        .patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let start = jiff::Timestamp::from_second(reserve_at).unwrap();
+    eprintln!("window {schedule:?} lead {lead}s: reservation from {start}");
+
+    // 2. Not before the lead: the node keeps its GPUs until a moment before the start.
+    let ahead = jiff::Timestamp::now().duration_until(start).as_secs_f64() - 1.0;
+    let until = Instant::now() + Duration::from_secs_f64(ahead.max(0.0));
+    while Instant::now() < until {
+        let n = nodes.get(&node).await.unwrap();
+        assert_eq!(gpus(&n), Some(base), "GPUs changed before the window's lead time ({})", jiff::Timestamp::now());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // 3. From the start on, the window's reserve is held back.
+    wait_for(Duration::from_secs(10), "virtual node shrunk by the window's reserve", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { (gpus(&nodes.get(&node).await.ok()?)? == base - RESERVE).then_some(()) }
+    })
+    .await;
+    let late = jiff::Timestamp::now().duration_since(start);
+    eprintln!("reservation visible {:.1}s after its start", late.as_secs_f64());
+    assert!(late.as_secs_f64() > -0.5, "reservation visible before its start ({late:?}) {}", tidepool.log_tail());
+    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
+}
