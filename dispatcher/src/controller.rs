@@ -74,6 +74,8 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     let notify = changed.clone();
     let events = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
         .default_backoff()
+        // Managed fields are often most of a pod's size, and nothing here reads them.
+        .modify(|p| p.metadata.managed_fields = None)
         .reflect(writer)
         .touched_objects();
     tokio::spawn(async move {
@@ -296,13 +298,19 @@ async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<Pod>]) -> Result<u
     }
 }
 
-async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, name: &str) -> Result<u32, String> {
-    let (gvk, plural) = match source {
-        GangSource::Volcano(_) => (GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"), "podgroups"),
-        _ => (GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"), "podgroups"),
+/// The API of the PodGroups a gang source names (Volcano's or sig-scheduling's), with their
+/// kind for messages.
+pub(crate) fn pod_group_api(training: Client, source: &GangSource, ns: &str) -> (Api<DynamicObject>, GroupVersionKind) {
+    let gvk = match source {
+        GangSource::Volcano(_) => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        _ => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
     };
-    let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
-    let api = Api::<DynamicObject>::namespaced_with(training, ns, &ar);
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    (Api::<DynamicObject>::namespaced_with(training, ns, &ar), gvk)
+}
+
+async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, name: &str) -> Result<u32, String> {
+    let (api, gvk) = pod_group_api(training, source, ns);
     match api.get_opt(name).await {
         Ok(Some(pg)) => {
             let min = pg.data.get("spec").and_then(|s| s.get("minMember")).and_then(serde_json::Value::as_u64);

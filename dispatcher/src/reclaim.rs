@@ -21,12 +21,18 @@ use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tracing::{info, warn};
 
-use crate::controller::{Context, is_live, node_of, publish, requests};
-use crate::gang;
-use crate::victims::{OffloadPodView, victims};
+use crate::controller::{Context, is_live, node_of, pod_group_api, publish, requests};
+use crate::gang::{self, GangKey, GangSource};
+use crate::victims::{OffloadPodView, Victim, victims};
 
-/// How often deficits and deadlines are checked.
+/// How often deficits and deadlines are checked at least; a pool's capacity changing wakes
+/// the check sooner.
 const TICK: Duration = Duration::from_millis(100);
+/// The least time between two checks, however often capacities change.
+const MIN_SPACING: Duration = Duration::from_millis(10);
+
+/// How long a PodGroup's checkpoint ack, once read, is trusted before it is read again.
+const GANG_ACK_RECHECK: Duration = Duration::from_millis(500);
 
 /// In-memory only: timings that are safe to lose on restart (a restart just waits one more
 /// hysteresis window).
@@ -36,19 +42,83 @@ struct State {
     deficit_since: HashMap<String, jiff::Timestamp>,
     /// When each job last had victims picked.
     last_reclaim: HashMap<String, jiff::Timestamp>,
+    /// Checkpoint acks read from PodGroups of gangs under notice: when read, and the
+    /// PodGroup's name if it carried the ack.
+    gang_acks: HashMap<GangKey, (tokio::time::Instant, Option<String>)>,
+}
+
+impl State {
+    /// Steps 1–2 for one pool, pure: the victims to notice now on virtual node `node` for
+    /// `deficit`, of which `freeing` is already being freed by pods under notice.
+    ///
+    /// No flapping: a deficit must outlast `hysteresis` before anything is taken, and a job
+    /// that lost pods is left alone for one `hysteresis` window, even when only it has
+    /// candidates: a demand that keeps rising then waits at most one window for its next
+    /// victims from that job. Records what it decides.
+    fn plan_pool(
+        &mut self,
+        node: &str,
+        deficit: &Resources,
+        freeing: &Resources,
+        candidates: Vec<OffloadPodView>,
+        now: jiff::Timestamp,
+        hysteresis: jiff::SignedDuration,
+    ) -> Vec<Victim> {
+        if deficit.is_empty() {
+            self.deficit_since.remove(node);
+            return Vec::new();
+        }
+        // 1. The deficit must outlast the hysteresis window.
+        let since = *self.deficit_since.entry(node.to_owned()).or_insert(now);
+        if now.duration_since(since) < hysteresis {
+            return Vec::new();
+        }
+        let mut remaining = deficit.clone();
+        remaining.sub(freeing);
+        remaining.clamp_non_negative();
+        if remaining.is_empty() {
+            return Vec::new();
+        }
+        // 2. At most one reclaim per job per hysteresis window.
+        let fresh: Vec<OffloadPodView> = candidates
+            .into_iter()
+            .filter(|c| self.last_reclaim.get(&c.job).is_none_or(|t| now.duration_since(*t) >= hysteresis))
+            .collect();
+        let chosen = victims(&remaining, &fresh);
+        for v in &chosen {
+            self.last_reclaim.insert(v.job.clone(), now);
+        }
+        chosen
+    }
 }
 
 pub(crate) async fn run(ctx: Arc<Context>) {
     let mut state = State::default();
     loop {
-        tokio::time::sleep(TICK).await;
+        // Capacities as of now count as seen: a change from here on wakes the next check.
+        let mut capacities: Vec<_> =
+            ctx.members.borrow().values().flat_map(|m| m.pools.iter().map(|p| p.capacity.clone())).collect();
+        capacities.iter_mut().for_each(|c| {
+            c.borrow_and_update();
+        });
         let now = jiff::Timestamp::now();
         let started = std::time::Instant::now();
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
         preempt(&ctx, &pods, now).await;
-        enforce_deadlines(&ctx, &pods, now).await;
+        enforce_deadlines(&ctx, &pods, &mut state, now).await;
         metrics().observe_sync("reclaim", started.elapsed());
+        tokio::time::sleep(MIN_SPACING).await;
+        if capacities.is_empty() {
+            tokio::time::sleep(TICK - MIN_SPACING).await;
+            continue;
+        }
+        // (`select_all` needs at least one future: checked above.)
+        let changed = futures::future::select_all(capacities.iter_mut().map(|c| Box::pin(c.changed())));
+        tokio::select! {
+            () = tokio::time::sleep(TICK - MIN_SPACING) => {}
+            _ = changed => {}
+        }
     }
 }
 
@@ -72,12 +142,7 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
             let cap = pool.capacity.borrow().clone();
             let deficit = cap.deficit();
             if deficit.is_empty() {
-                state.deficit_since.remove(&node);
-                continue;
-            }
-            // 1. The deficit must outlast the hysteresis window.
-            let since = *state.deficit_since.entry(node.clone()).or_insert(now);
-            if now.duration_since(since) < hysteresis {
+                state.plan_pool(&node, &deficit, &Resources::new(), Vec::new(), now, hysteresis);
                 continue;
             }
             let on_node: Vec<&Arc<Pod>> =
@@ -85,20 +150,16 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
             // Pods under notice, and reclaimed pods whose copy the member still shows, will
             // free their share: counting them again would take a second victim for the same
             // demand.
-            let mut remaining = deficit.clone();
-            let freeing = pods.iter().filter(|p| {
+            let mut freeing = Resources::new();
+            let freeing_pods = pods.iter().filter(|p| {
                 node_of(p) == Some(node.as_str())
                     && deadline_of(p).is_some()
                     && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
             });
-            for p in freeing {
-                remaining.sub(&requests(p));
+            for p in freeing_pods {
+                freeing.add(&requests(p));
             }
-            remaining.clamp_non_negative();
-            if remaining.is_empty() {
-                continue;
-            }
-            // 2. Victims among the running offload pods of this pool.
+            // Victims among the running offload pods of this pool.
             let mut jobs: BTreeMap<String, (u32, u32)> = BTreeMap::new();
             for p in &on_node {
                 let e = jobs.entry(gang::gang_of(p).to_string()).or_default();
@@ -116,21 +177,8 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
                     Some(offload_view(p, member_node, (current, min, current)))
                 })
                 .collect();
-            // At most one reclaim per job per hysteresis window, unless nothing else is left.
-            let fresh: Vec<OffloadPodView> = candidates
-                .iter()
-                .filter(|c| state.last_reclaim.get(&c.job).is_none_or(|t| now.duration_since(*t) >= hysteresis))
-                .cloned()
-                .collect();
-            let pool_candidates = if fresh.is_empty() { candidates } else { fresh };
-            let chosen = victims(&remaining, &pool_candidates);
-            for v in chosen {
-                let Some(p) =
-                    on_node.iter().find(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == v.key)
-                else {
-                    continue;
-                };
-                state.last_reclaim.insert(v.job.clone(), now);
+            for v in state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis) {
+                let Some(p) = on_node.iter().find(|p| key_of(p) == v.key) else { continue };
                 let cause = format!("member {} needs capacity back for online demand", member.name);
                 notice(ctx, p, &cause, &deficit, v.band, &v.reason, now).await;
             }
@@ -249,6 +297,13 @@ async fn notice(
         warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
         return;
     }
+    if grace == 0 {
+        // No checkpoint time in this band: the pod goes now, not at the next check (which
+        // would wait for the notice to come back through the watch). The notice stays as
+        // the record.
+        let how = format!("band {} has no checkpoint grace", band.as_str());
+        mark_reclaimed(ctx, pod, &deficit.nonzero().to_string(), &how, "deadline").await;
+    }
     let message = format!(
         "{cause} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
         deficit.nonzero(),
@@ -266,56 +321,234 @@ async fn notice(
     publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
 }
 
+/// Whether the PodGroup of `gang` (sig-scheduling or Volcano) carries the checkpoint ack,
+/// which then holds for every pod of the gang: the PodGroup's name if so. Read at most once
+/// per [`GANG_ACK_RECHECK`] per gang, and only for gangs with pods under notice.
+async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<String> {
+    let name = match &gang.source {
+        GangSource::PodGroup(n) | GangSource::Volcano(n) => n.clone(),
+        GangSource::Annotation(_) | GangSource::Single(_) => return None,
+    };
+    if let Some((read, acked)) = state.gang_acks.get(gang)
+        && read.elapsed() < GANG_ACK_RECHECK
+    {
+        return acked.clone();
+    }
+    let (api, gvk) = pod_group_api(ctx.training.clone(), &gang.source, &gang.namespace);
+    let acked = match api.get_opt(&name).await {
+        Ok(pg) => pg
+            .filter(|pg| pg.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE))
+            .map(|_| format!("{} {name}", gvk.kind)),
+        // No PodGroup (or no such CRD): no ack there; the pods' own acks still count.
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => None,
+        Err(e) => {
+            warn!(gang = %gang, error = %e, "cannot read the gang's PodGroup for a checkpoint ack");
+            None
+        }
+    };
+    state.gang_acks.insert(gang.clone(), (tokio::time::Instant::now(), acked.clone()));
+    acked
+}
+
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
-async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
+async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: jiff::Timestamp) {
+    state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     for p in pods.iter().filter(|p| is_live(p)) {
         let Some(deadline) = deadline_of(p) else { continue };
-        let acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
+        let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
+        let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
+        let acked = pod_acked || group_acked.is_some();
         let exited = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
             !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
         });
         if !(acked || exited || now >= deadline) {
             continue;
         }
-        let member = node_of(p)
-            .and_then(|n| {
-                ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).map(|m| m.name.to_string())
-            })
-            .unwrap_or_else(|| node_of(p).unwrap_or("?").to_owned());
-        let how = if acked {
-            "checkpoint acknowledged"
+        let how = if let Some(group) = &group_acked {
+            format!("checkpoint acknowledged on its {group}")
+        } else if acked {
+            "checkpoint acknowledged".to_owned()
         } else if exited {
-            "containers exited after the notice"
+            "containers exited after the notice".to_owned()
         } else {
-            "checkpoint not acknowledged before the deadline"
+            "checkpoint not acknowledged before the deadline".to_owned()
         };
         let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str);
-        let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
-        let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-        let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
-        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
-            Ok(_) => {
-                info!(pod = %p.name_any(), acked, "reclaimed");
-                let band = band_of(p);
-                let outcome = if acked {
-                    "acknowledged"
-                } else if exited {
-                    "exited"
-                } else {
-                    "deadline"
-                };
-                let labels = ReclaimLabels { member: member.clone(), band: band.as_str(), outcome };
-                metrics().reclaims.get_or_create(&labels).inc();
-                if acked {
-                    // The notice went out one grace period before the deadline.
-                    let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band) as i64;
-                    let noticed = deadline - jiff::SignedDuration::from_secs(grace);
-                    let waited = now.duration_since(noticed).as_secs_f64().max(0.0);
-                    metrics().checkpoint_ack_seconds.observe(waited);
+        let outcome = if acked {
+            // The notice went out one grace period before the deadline.
+            let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band_of(p)) as i64;
+            let noticed = deadline - jiff::SignedDuration::from_secs(grace);
+            metrics().checkpoint_ack_seconds.observe(now.duration_since(noticed).as_secs_f64().max(0.0));
+            "acknowledged"
+        } else if exited {
+            "exited"
+        } else {
+            "deadline"
+        };
+        mark_reclaimed(ctx, p, demand, &how, outcome).await;
+    }
+}
+
+/// Step 5: the training pod fails with reason `Reclaimed` (vk-provider then deletes its
+/// offload copy); `how` says whether the checkpoint was acknowledged.
+async fn mark_reclaimed(ctx: &Context, p: &Pod, demand: &str, how: &str, outcome: &'static str) {
+    let member = node_of(p)
+        .and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).map(|m| m.name.to_string()))
+        .unwrap_or_else(|| node_of(p).unwrap_or("?").to_owned());
+    let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
+    let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
+    match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
+        Ok(_) => {
+            info!(pod = %p.name_any(), how, "reclaimed");
+            let labels = ReclaimLabels { member: member.clone(), band: band_of(p).as_str(), outcome };
+            metrics().reclaims.get_or_create(&labels).inc();
+            publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
+        }
+        Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tidepool_federation::capacity::GPU;
+
+    const POD_GPUS: i64 = 2;
+    const PODS_PER_JOB: usize = 4;
+
+    fn gpus(n: i64) -> Resources {
+        let mut r = Resources::new();
+        r.set(GPU, n * 1000);
+        r
+    }
+
+    /// One offload pod of the simulated pool.
+    struct SimPod {
+        key: String,
+        job: String,
+        noticed: Option<jiff::Timestamp>,
+    }
+
+    /// Drives [`State::plan_pool`] the way the reclaim loop does, every 100 ms of simulated
+    /// time, on one pool whose online demand follows `online` (GPUs taken by the online side,
+    /// held for the given milliseconds, repeated), with three elastic jobs of 2-GPU pods that
+    /// the dispatcher grows back whenever room appears (the churn hysteresis must damp).
+    /// Returns, per job, the instants victims were picked from it.
+    fn simulate(
+        online: &[(i64, u64)],
+        hysteresis_s: i64,
+        grace_ms: i64,
+        total_ms: i64,
+    ) -> BTreeMap<String, Vec<jiff::Timestamp>> {
+        let pool_gpus = 16;
+        let hysteresis = jiff::SignedDuration::from_secs(hysteresis_s);
+        let grace = jiff::SignedDuration::from_millis(grace_ms);
+        let start = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let period: u64 = online.iter().map(|(_, ms)| ms).sum::<u64>().max(1);
+        let online_at = |t_ms: i64| {
+            let mut t = (t_ms as u64) % period;
+            for (gpus, ms) in online {
+                if t < *ms {
+                    return *gpus;
                 }
-                publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
+                t -= ms;
             }
-            Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
+            0
+        };
+        let mut state = State::default();
+        let mut pods: Vec<SimPod> = Vec::new();
+        let mut next = 0;
+        let mut picks: BTreeMap<String, Vec<jiff::Timestamp>> = BTreeMap::new();
+        for step in 0..(total_ms / 100) {
+            let t_ms = step * 100;
+            let now = start + jiff::SignedDuration::from_millis(t_ms);
+            pods.retain(|p| p.noticed.is_none_or(|n| now < n + grace));
+            let capacity = (pool_gpus - online_at(t_ms)).max(0);
+            let used = pods.len() as i64 * POD_GPUS;
+            let deficit = gpus((used - capacity).max(0));
+            let freeing = gpus(pods.iter().filter(|p| p.noticed.is_some()).count() as i64 * POD_GPUS);
+            let candidates = pods
+                .iter()
+                .filter(|p| p.noticed.is_none())
+                .map(|p| OffloadPodView {
+                    key: p.key.clone(),
+                    job: p.job.clone(),
+                    band: Band::Low,
+                    member_node: format!("m{}", next % 4),
+                    requests: gpus(POD_GPUS),
+                    deletion_cost: 0,
+                    job_fulfillment: (1, 1, PODS_PER_JOB as u32),
+                })
+                .collect();
+            let chosen = state.plan_pool("vn", &deficit, &freeing, candidates, now, hysteresis);
+            let mut jobs: Vec<&str> = chosen.iter().map(|v| v.job.as_str()).collect();
+            jobs.dedup();
+            for job in jobs {
+                picks.entry(job.to_owned()).or_default().push(now);
+            }
+            for v in &chosen {
+                if let Some(p) = pods.iter_mut().find(|p| p.key == v.key) {
+                    p.noticed = Some(now);
+                }
+            }
+            // The dispatcher admits one elastic pod per round where room is, to the job with
+            // the fewest pods.
+            if capacity - used >= POD_GPUS {
+                let job = (0..3)
+                    .map(|j| format!("job-{j}"))
+                    .min_by_key(|j| pods.iter().filter(|p| &p.job == j).count())
+                    .unwrap_or_default();
+                if pods.iter().filter(|p| p.job == job).count() < PODS_PER_JOB {
+                    next += 1;
+                    pods.push(SimPod { key: format!("{job}-{next}"), job, noticed: None });
+                }
+            }
+        }
+        picks
+    }
+
+    #[test]
+    fn a_deficit_shorter_than_the_hysteresis_window_reclaims_nothing() {
+        // The HPA takes 6 GPUs for 900 ms, then gives them back for 2 s, over and over.
+        let picks = simulate(&[(6, 900), (0, 2000)], 1, 0, 60_000);
+        assert!(picks.is_empty(), "{picks:?}");
+    }
+
+    #[test]
+    fn a_deficit_that_outlasts_the_window_is_reclaimed_only_after_the_window() {
+        // The HPA takes 6 GPUs for 5 s out of every 10 s; hysteresis 1 s. Victims are picked,
+        // and only from 1 s into a rise on.
+        let picks = simulate(&[(6, 5000), (0, 5000)], 1, 0, 60_000);
+        assert!(!picks.is_empty());
+        let start = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        for at in picks.values().flatten() {
+            let into_period = at.duration_since(start).as_millis() % 10_000;
+            assert!((1000..5000).contains(&into_period), "picked {into_period} ms into a period");
+        }
+    }
+
+    proptest! {
+        /// No flapping: whatever the HPAs do, a job loses pods at most once per hysteresis
+        /// window.
+        #[test]
+        fn at_most_one_reclaim_per_job_per_hysteresis_window(
+            online in prop::collection::vec((0i64..=8, 100u64..6000), 1..6),
+            hysteresis_s in 1i64..6,
+            grace_ms in prop::sample::select(vec![0i64, 500, 3000]),
+        ) {
+            let online: Vec<(i64, u64)> = online.into_iter().map(|(g, ms)| (g * 2, ms)).collect();
+            let picks = simulate(&online, hysteresis_s, grace_ms, 90_000);
+            for (job, at) in &picks {
+                for pair in at.windows(2) {
+                    prop_assert!(
+                        pair[1].duration_since(pair[0]) >= jiff::SignedDuration::from_secs(hysteresis_s),
+                        "{job} reclaimed at {} and again at {} (window {hysteresis_s} s, online {online:?})",
+                        pair[0], pair[1]
+                    );
+                }
+            }
         }
     }
 }

@@ -4,27 +4,33 @@
 //! ```text
 //! bash tests/controlplane/cluster.sh up /tmp/cp && TIDEPOOL_CLUSTER_ENV=/tmp/cp/cluster.env cargo bench --bench bridge
 //! ```
-//! Scenarios:
-//! 1. burst: N pods (BENCH_BURST, default 300) created at once — through tidepool (training
+//! Scenarios (sizes from the environment, defaults in brackets):
+//! 1. burst: `BENCH_BURST` [1000] tiny pods created at once — through tidepool (training
 //!    pods bound to the virtual node) and directly in the member — throughput until all run,
 //!    create→Running p50/p99, status up-sync lag (member Running → training Running).
-//! 2. gangs of 8, 64 and 256 pods submitted with `schedulerName: tidepool`: submit → all
-//!    offload pods created in the member, and submit → all Running, against the same pods
-//!    created directly; every 100 ms the gang is sampled for a split (pods on two pools).
-//! 3. tidepool's resident memory after each scenario.
+//! 2. paced: `BENCH_PACED` [100] pods at 5 pods/s, the same measures.
+//!    For both, the API requests per pod that each apiserver counted while the run lasted
+//!    (`apiserver_request_total` by verb and resource, read before and after).
+//! 3. gangs of `BENCH_GANGS` [8,64,256] pods submitted with `schedulerName: tidepool`: submit
+//!    → all offload pods created in the member, and submit → all Running, against the same
+//!    pods created directly; every 100 ms the gang is sampled for a split (pods on two pools).
+//! 4. tidepool's resident memory idle, after each scenario, and with `BENCH_MEMORY_PODS`
+//!    [1000,10000] mirrored pods all Running.
+//!
+//! The member gets `BENCH_NODES` [11] extra kwok nodes of 1,000 pods each for the run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use harness::*;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -75,7 +81,7 @@ fn pod(name: &str, spec_extra: serde_json::Value, meta: serde_json::Value) -> Po
     let mut v = json!({
         "metadata": {"name": name},
         "spec": {"containers": [{"name": "main", "image": "example.invalid/trainer:1",
-                                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+                                 "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}
     });
     for (k, val) in spec_extra.as_object().unwrap() {
         v["spec"][k] = val.clone();
@@ -106,8 +112,18 @@ async fn wait_all(seen: &Arc<Mutex<Seen>>, names: &[String], running: bool, time
 async fn delete_pods(api: &Api<Pod>) {
     let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
     let _ = api.delete_collection(&dp, &ListParams::default()).await;
-    for _ in 0..600 {
-        if api.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(false) {
+    for _ in 0..3000 {
+        if api.list(&ListParams::default().limit(1)).await.map(|l| l.items.is_empty()).unwrap_or(false) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `api` lists no pods (tidepool deleting offload copies).
+async fn wait_empty(api: &Api<Pod>) {
+    for _ in 0..3000 {
+        if api.list(&ListParams::default().limit(1)).await.map(|l| l.items.is_empty()).unwrap_or(false) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -132,103 +148,367 @@ async fn main() {
     ensure_namespace(&member, NS).await;
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     delete_pods(&direct_api).await;
+    let offload_ns = format!("tp-{NS}");
+    ensure_namespace(&member, &offload_ns).await;
+    delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
+    let bench_nodes = add_bench_nodes(&member, env_usize("BENCH_NODES", 11)).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
     apply_member(&training, "bench-a", TEST, NS, "member-a").await;
     let tp = Tidepool::start(&env, TEST, NS);
     let node = "tidepool-bench-a";
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
+    let nodes = Api::<Node>::all(training.clone());
     wait_for(Duration::from_secs(60), "virtual node", || {
         let nodes = nodes.clone();
         async move { nodes.get_opt(node).await.ok().flatten().map(|_| ()) }
     })
     .await;
+    // Let every watch list before the idle reading.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let pid = tp.pid();
     let mut memory = vec![("idle, 0 pods".to_string(), rss_mib(pid))];
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
-    let offload_ns = format!("tp-{NS}");
-    ensure_namespace(&member, &offload_ns).await;
+    let bench = Bench { env: &env, training: training.clone(), member: member.clone(), node, offload_ns: &offload_ns };
 
-    // 1. Burst.
-    let n: usize = std::env::var("BENCH_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
-    println!(
-        "\n## Burst of {n} pods: tidepool (training pods bound to the virtual node) vs direct (created in the member)\n"
-    );
-    println!("| path | all Running after (s) | throughput (pods/s) | create→Running p50 (s) | p99 (s) |");
-    println!("|---|---|---|---|---|");
-    let mut burst_rows = Vec::new();
-    for path in ["tidepool", "direct"] {
-        let (api, seen) = if path == "tidepool" {
-            (training_pods.clone(), observe(training.clone(), NS))
-        } else {
-            (direct_api.clone(), observe(member.clone(), NS))
-        };
-        let offload_seen = observe(member.clone(), &offload_ns);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let names: Vec<String> = (0..n).map(|i| format!("burst-{path}-{i}")).collect();
-        let start = Instant::now();
-        let mut submitted = HashMap::new();
-        let creates = futures::stream::iter(names.iter().cloned())
-            .map(|name| {
-                let api = api.clone();
-                let spec = if path == "tidepool" {
-                    json!({"nodeName": node, "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}]})
-                } else {
-                    json!({})
-                };
-                async move {
-                    let t = Instant::now();
-                    api.create(&PostParams::default(), &pod(&name, spec, json!({}))).await.unwrap();
-                    (name, t)
+    // 1. Burst, then 2. a steady 5 pods/s: each through tidepool and directly.
+    let burst = env_usize("BENCH_BURST", 1000);
+    let paced = env_usize("BENCH_PACED", 100);
+    let mut runs = Vec::new();
+    let offload_api = Api::<Pod>::namespaced(member.clone(), &offload_ns);
+    for (scenario, n, every) in [("burst", burst, None), ("paced", paced, Some(Duration::from_millis(200)))] {
+        if n == 0 {
+            continue;
+        }
+        for path in [Path::Tidepool, Path::Direct] {
+            let run = bench.run(path, scenario, n, every).await;
+            if path == Path::Tidepool && scenario == "burst" {
+                memory.push((format!("after a burst of {n} mirrored pods"), rss_mib(pid)));
+            }
+            match path {
+                Path::Tidepool => {
+                    delete_pods(&training_pods).await;
+                    // The next run's request counts must not include this run's clean-up.
+                    wait_empty(&offload_api).await;
                 }
-            })
-            .buffer_unordered(16);
-        let created: Vec<(String, Instant)> = creates.collect().await;
-        submitted.extend(created);
-        let done = wait_all(&seen, &names, true, Duration::from_secs(600)).await.expect("burst did not finish");
-        let total = done.duration_since(start).as_secs_f64();
-        let mut lat: Vec<f64> = {
-            let s = seen.lock().unwrap();
-            names.iter().map(|nm| s.running[nm].duration_since(submitted[nm]).as_secs_f64()).collect()
-        };
-        lat.sort_by(f64::total_cmp);
-        println!("| {path} | {total:.2} | {:.1} | {:.3} | {:.3} |", n as f64 / total, pct(&lat, 0.5), pct(&lat, 0.99));
-        if path == "tidepool" {
-            // Up-sync lag: the member copy turned Running → the training pod shows Running.
-            let lags: Vec<f64> = {
-                let (s, o) = (seen.lock().unwrap(), offload_seen.lock().unwrap());
-                let mut v: Vec<f64> = names
-                    .iter()
-                    .filter_map(|nm| {
-                        Some(s.running.get(nm)?.saturating_duration_since(*o.running.get(nm)?).as_secs_f64())
-                    })
-                    .collect();
-                v.sort_by(f64::total_cmp);
-                v
-            };
-            burst_rows.push(format!(
-                "status up-sync lag (member Running → training Running): p50 {:.3} s, p99 {:.3} s",
-                pct(&lags, 0.5),
-                pct(&lags, 0.99)
-            ));
-            memory.push((format!("after a burst of {n} mirrored pods"), rss_mib(pid)));
-            delete_pods(&training_pods).await;
-        } else {
-            delete_pods(&direct_api).await;
+                Path::Direct => delete_pods(&direct_api).await,
+            }
+            runs.push((scenario, n, path, run));
         }
     }
-    for r in burst_rows {
-        println!("\n{r}");
+    print_runs(&runs);
+
+    // 3. Gangs through the dispatcher.
+    let gangs: Vec<usize> = std::env::var("BENCH_GANGS")
+        .unwrap_or_else(|_| "8,64,256".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    if !gangs.is_empty() {
+        gang_runs(&training, &member, &gangs, &offload_ns).await;
+        memory.push(("after the gang runs (all deleted)".to_string(), rss_mib(pid)));
     }
 
-    // 2. Gangs.
+    // 4. Memory with many mirrored pods: tiny pods bound to the virtual node, all Running.
+    let steps: Vec<usize> = std::env::var("BENCH_MEMORY_PODS")
+        .unwrap_or_else(|_| "1000,10000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    if !steps.is_empty() {
+        let seen = observe(training.clone(), NS);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut made = 0usize;
+        for target in steps {
+            let names: Vec<String> = (made..target).map(|i| format!("mem-{i}")).collect();
+            let start = Instant::now();
+            create_all(&training_pods, &names, Some(node), None).await;
+            let all: Vec<String> = (0..target).map(|i| format!("mem-{i}")).collect();
+            let Some(done) = wait_all(&seen, &all, true, Duration::from_secs(1800)).await else {
+                let running = seen.lock().unwrap().running.len();
+                memory.push((
+                    format!("{running} of {target} mirrored pods Running after 1800 s (gave up)"),
+                    rss_mib(pid),
+                ));
+                break;
+            };
+            made = target;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            memory.push((
+                format!(
+                    "{target} mirrored pods, all Running ({} new in {:.0} s)",
+                    names.len(),
+                    (done - start).as_secs_f64()
+                ),
+                rss_mib(pid),
+            ));
+        }
+        delete_pods(&training_pods).await;
+    }
+
+    println!("\n## tidepool resident memory (VmRSS)\n");
+    println!("| moment | RSS (MiB) |");
+    println!("|---|---|");
+    for (when, mib) in memory {
+        println!("| {when} | {mib:.1} |");
+    }
+    Api::<tidepool_config::MemberCluster>::all(training.clone())
+        .delete("bench-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    drop(tp);
+    remove_bench_nodes(&member, &bench_nodes).await;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Tidepool,
+    Direct,
+}
+
+impl Path {
+    fn label(self) -> &'static str {
+        match self {
+            Path::Tidepool => "tidepool",
+            Path::Direct => "direct",
+        }
+    }
+}
+
+struct Bench<'a> {
+    env: &'a Env,
+    training: Client,
+    member: Client,
+    node: &'a str,
+    offload_ns: &'a str,
+}
+
+/// What one run of one path measured.
+struct Run {
+    /// Submit of the first pod → the last pod Running.
+    total: f64,
+    /// Per pod: its create call → it is seen Running (where it was submitted).
+    latency: Vec<f64>,
+    /// Tidepool only: member copy Running → training pod Running.
+    lag: Vec<f64>,
+    /// API requests per pod, by (cluster, verb, resource), while the run lasted.
+    calls: BTreeMap<(String, String, String), f64>,
+}
+
+impl Bench<'_> {
+    async fn run(&self, path: Path, scenario: &str, n: usize, every: Option<Duration>) -> Run {
+        let (api, seen) = match path {
+            Path::Tidepool => (Api::<Pod>::namespaced(self.training.clone(), NS), observe(self.training.clone(), NS)),
+            Path::Direct => (Api::<Pod>::namespaced(self.member.clone(), NS), observe(self.member.clone(), NS)),
+        };
+        let offload_seen = observe(self.member.clone(), self.offload_ns);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let names: Vec<String> = (0..n).map(|i| format!("{scenario}-{}-{i}", path.label())).collect();
+        let before = (request_counts(self.env, "training"), request_counts(self.env, "member-a"));
+        let start = Instant::now();
+        let node = (path == Path::Tidepool).then_some(self.node);
+        let submitted = create_all(&api, &names, node, every).await;
+        let done = wait_all(&seen, &names, true, Duration::from_secs(900)).await.expect("pods did not all run");
+        let after = (request_counts(self.env, "training"), request_counts(self.env, "member-a"));
+        let mut calls = BTreeMap::new();
+        for (cluster, b, a) in [("training", &before.0, &after.0), ("member", &before.1, &after.1)] {
+            for (key, v) in a {
+                let d = v - b.get(key).copied().unwrap_or(0.0);
+                if d > 0.0 {
+                    calls.insert((cluster.to_string(), key.0.clone(), key.1.clone()), d / n as f64);
+                }
+            }
+        }
+        let (s, o) = (seen.lock().unwrap(), offload_seen.lock().unwrap());
+        let mut latency: Vec<f64> =
+            names.iter().map(|nm| s.running[nm].duration_since(submitted[nm]).as_secs_f64()).collect();
+        latency.sort_by(f64::total_cmp);
+        let mut lag: Vec<f64> = names
+            .iter()
+            .filter_map(|nm| Some(s.running.get(nm)?.saturating_duration_since(*o.running.get(nm)?).as_secs_f64()))
+            .collect();
+        lag.sort_by(f64::total_cmp);
+        Run { total: done.duration_since(start).as_secs_f64(), latency, lag, calls }
+    }
+}
+
+fn print_runs(runs: &[(&str, usize, Path, Run)]) {
+    println!(
+        "\n## Pod sync: tidepool (training pods bound to the virtual node) vs direct (the same pods created in the member)\n"
+    );
+    println!(
+        "| scenario | path | all Running after (s) | throughput (pods/s) | create→Running p50 (s) | p99 (s) | status up-sync p50 (s) | p99 (s) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (scenario, n, path, r) in runs {
+        let lag = if r.lag.is_empty() {
+            "– | –".to_string()
+        } else {
+            format!("{:.3} | {:.3}", pct(&r.lag, 0.5), pct(&r.lag, 0.99))
+        };
+        println!(
+            "| {scenario} {n} | {} | {:.2} | {:.1} | {:.3} | {:.3} | {lag} |",
+            path.label(),
+            r.total,
+            *n as f64 / r.total,
+            pct(&r.latency, 0.5),
+            pct(&r.latency, 0.99)
+        );
+    }
+    for scenario in ["burst", "paced"] {
+        let find = |p: Path| runs.iter().find(|r| r.0 == scenario && r.2 == p).map(|r| &r.3);
+        if let (Some(t), Some(d)) = (find(Path::Tidepool), find(Path::Direct)) {
+            println!(
+                "\n{scenario}: throughput ratio tidepool/direct {:.2}; added create→Running p50 {:+.3} s, p99 {:+.3} s",
+                d.total / t.total,
+                pct(&t.latency, 0.5) - pct(&d.latency, 0.5),
+                pct(&t.latency, 0.99) - pct(&d.latency, 0.99)
+            );
+        }
+    }
+    println!("\n## API requests per pod while a run lasted (apiserver_request_total, all clients)\n");
+    println!(
+        "In the direct path the member requests are the benchmark's create, the member scheduler's binding and kwok's status writes; what the tidepool path adds on top is tidepool's.\n"
+    );
+    println!("| scenario | cluster | verb | resource | tidepool path | direct path | added by tidepool |");
+    println!("|---|---|---|---|---|---|---|");
+    for scenario in ["burst", "paced"] {
+        let find = |p: Path| runs.iter().find(|r| r.0 == scenario && r.2 == p).map(|r| &r.3.calls);
+        let (Some(t), Some(d)) = (find(Path::Tidepool), find(Path::Direct)) else { continue };
+        let keys: BTreeSet<&(String, String, String)> = t.keys().chain(d.keys()).collect();
+        for k in keys {
+            let (tv, dv) = (t.get(k).copied().unwrap_or(0.0), d.get(k).copied().unwrap_or(0.0));
+            // Below 0.02 per pod is background (leases, controllers), not the pods.
+            if tv < 0.02 && dv < 0.02 {
+                continue;
+            }
+            println!("| {scenario} | {} | {} | {} | {tv:.2} | {dv:.2} | {:+.2} |", k.0, k.1, k.2, tv - dv);
+        }
+    }
+}
+
+fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Creates the pods (bound to `node` when given), 32 at a time, or one every `every`; returns
+/// when each create call was made.
+async fn create_all(
+    api: &Api<Pod>,
+    names: &[String],
+    node: Option<&str>,
+    every: Option<Duration>,
+) -> HashMap<String, Instant> {
+    let spec = match node {
+        Some(node) => json!({"nodeName": node, "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}]}),
+        None => json!({}),
+    };
+    let make = |name: String| {
+        let (api, spec) = (api.clone(), spec.clone());
+        async move {
+            let t = Instant::now();
+            api.create(&PostParams::default(), &pod(&name, spec, json!({}))).await.unwrap();
+            (name, t)
+        }
+    };
+    match every {
+        None => futures::stream::iter(names.iter().cloned()).map(make).buffer_unordered(32).collect().await,
+        Some(every) => {
+            let mut tasks = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            for name in names {
+                tick.tick().await;
+                tasks.push(tokio::spawn(make(name.clone())));
+            }
+            futures::future::join_all(tasks).await.into_iter().map(Result::unwrap).collect()
+        }
+    }
+}
+
+/// An apiserver's request counters by (verb, resource[/subresource]), read from its
+/// `/metrics` with kubectl.
+fn request_counts(env: &Env, cluster: &str) -> BTreeMap<(String, String), f64> {
+    let out = std::process::Command::new(format!("{}/kubectl", env.var("CP_BIN")))
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path(cluster))
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut counts = BTreeMap::new();
+    for line in text.lines().filter_map(|l| l.strip_prefix("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once("} ") else { continue };
+        let label = |k: &str| {
+            labels.split("\",").find_map(|kv| kv.strip_prefix(&format!("{k}=\""))).map(|v| v.trim_end_matches('"'))
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else { continue };
+        if resource.is_empty() {
+            continue;
+        }
+        let resource = match label("subresource") {
+            Some(sub) if !sub.is_empty() => format!("{resource}/{sub}"),
+            _ => resource.to_string(),
+        };
+        *counts.entry((verb.to_string(), resource)).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    counts
+}
+
+/// Adds kwok nodes with room for 1,000 tiny pods each, so the bursts and the memory run fit.
+async fn add_bench_nodes(member: &Client, count: usize) -> Vec<String> {
+    let api = Api::<Node>::all(member.clone());
+    let names: Vec<String> = (0..count).map(|i| format!("bench-node-{i}")).collect();
+    for name in &names {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                         "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                    "kubernetes.io/arch": "amd64", "tidepool.io/test-pool": "bench"}},
+            "spec": {"providerID": format!("kwok://{name}")},
+            "status": {"capacity": {"cpu": "1000", "memory": "4000Gi", "pods": "1000"},
+                       "allocatable": {"cpu": "1000", "memory": "4000Gi", "pods": "1000"}}
+        }))
+        .unwrap();
+        match api.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("cannot create node {name}: {e}"),
+        }
+    }
+    wait_for(Duration::from_secs(120), "bench nodes Ready and untainted", || {
+        let (api, names) = (api.clone(), names.clone());
+        async move {
+            for name in &names {
+                let n = api.get(name).await.ok()?;
+                let ready =
+                    n.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                let tainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| !t.is_empty());
+                if !ready || tainted {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    names
+}
+
+async fn remove_bench_nodes(member: &Client, names: &[String]) {
+    let api = Api::<Node>::all(member.clone());
+    for name in names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str) {
+    let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     println!("\n## Gangs through the dispatcher vs the same pods created directly\n");
     println!(
         "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | tidepool submit→all Running (s) | direct submit→all Running (s) | split samples (every 100 ms) |"
     );
     println!("|---|---|---|---|---|---|");
-    for size in [8usize, 64, 256] {
-        let offload_seen = observe(member.clone(), &offload_ns);
+    for &size in sizes {
+        let offload_seen = observe(member.clone(), offload_ns);
         let training_seen = observe(training.clone(), NS);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let gang = format!("g{size}");
@@ -293,16 +573,4 @@ async fn main() {
         );
         delete_pods(&direct_api).await;
     }
-    memory.push(("after the gang runs".to_string(), rss_mib(pid)));
-
-    println!("\n## tidepool resident memory\n");
-    println!("| moment | RSS (MiB) |");
-    println!("|---|---|");
-    for (when, mib) in memory {
-        println!("| {when} | {mib:.1} |");
-    }
-    Api::<tidepool_config::MemberCluster>::all(training.clone())
-        .delete("bench-a", &DeleteParams::default())
-        .await
-        .unwrap();
 }

@@ -161,6 +161,9 @@ async fn main() {
     .await
     .expect("offline pods running");
     let (mut to_notice, mut to_gone) = (Vec::new(), Vec::new());
+    // Victims of earlier trials; with grace 0 a victim is Failed right after its notice, so
+    // a new victim is told apart by name, not by phase.
+    let mut earlier: Vec<String> = Vec::new();
     for trial in 0..trials.min(names.len()) {
         let t0 = Instant::now();
         let max = 2 + trial as i32;
@@ -172,13 +175,13 @@ async fn main() {
             l.items
                 .iter()
                 .find(|p| {
-                    p.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE)
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    p.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE) && !earlier.contains(&p.name_any())
                 })
                 .map(ResourceExt::name_any)
         })
         .await
         .expect("a victim noticed");
+        earlier.push(victim.clone());
         let t_notice = t0.elapsed();
         until(Duration::from_secs(30), || async { offload.get_opt(&victim).await.ok()?.is_none().then_some(()) })
             .await

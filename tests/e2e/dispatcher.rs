@@ -249,7 +249,7 @@ async fn elastic_pods_beyond_min_member_join_the_same_pool_as_band_low() {
 
 /// Installs a minimal CRD so PodGroups of `group` can be stored (tidepool reads only
 /// `spec.minMember`).
-async fn install_pod_group_crd(training: &Client, group: &str, version: &str) {
+pub(crate) async fn install_pod_group_crd(training: &Client, group: &str, version: &str) {
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "metadata": {"name": format!("podgroups.{group}")},
         "spec": {
@@ -275,7 +275,7 @@ async fn install_pod_group_crd(training: &Client, group: &str, version: &str) {
     .await;
 }
 
-async fn create_pod_group(training: &Client, ns: &str, group: &str, version: &str, name: &str, min: u32) {
+pub(crate) async fn create_pod_group(training: &Client, ns: &str, group: &str, version: &str, name: &str, min: u32) {
     let gvk = kube::api::GroupVersionKind::gvk(group, version, "PodGroup");
     let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, "podgroups");
     let pg: kube::api::DynamicObject = serde_json::from_value(json!({

@@ -31,6 +31,7 @@ fn pod(name: &str, gpus: u32, meta: serde_json::Value, priority_class: Option<&s
     .unwrap();
     let extra: kube::api::ObjectMeta = serde_json::from_value(meta).unwrap();
     p.metadata.annotations = extra.annotations;
+    p.metadata.labels = extra.labels;
     p.spec.as_mut().unwrap().priority_class_name = priority_class.map(str::to_owned);
     p
 }
@@ -128,10 +129,14 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
         async move { (phase(&pods, &high).await?.0 == "Running").then_some(()) }
     })
     .await;
+    // The job is a sig-scheduling PodGroup gang, so its checkpoint can be acked once, on
+    // the PodGroup, for every pod (step 3).
+    crate::dispatcher::install_pod_group_crd(&training, "scheduling.x-k8s.io", "v1alpha1").await;
+    let group = format!("job-{id}");
+    crate::dispatcher::create_pod_group(&training, NS, "scheduling.x-k8s.io", "v1alpha1", &group, 2).await;
     let job: Vec<String> = (0..4).map(|i| format!("job-{id}-{i}")).collect();
     for n in &job {
-        let meta =
-            json!({"annotations": {keys::ANNOTATION_GANG: format!("job-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
+        let meta = json!({"labels": {keys::LABEL_POD_GROUP: group}});
         pods.create(&PostParams::default(), &pod(n, 2, meta, None)).await.unwrap();
     }
     wait_for(Duration::from_secs(60), "job Running", || {
@@ -197,7 +202,8 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     assert_running(&pods, &other_low.iter().copied().chain(medium.iter()).chain([&high]).collect::<Vec<_>>()).await;
 
     // 3. Deeper: 4 more GPUs. The last low pod goes first, then a medium pod — and with it
-    //    the whole gang core. The job acks its checkpoint and is removed at once.
+    //    the whole gang core. The job acks its checkpoint once, on its PodGroup, and its
+    //    pods are removed at once.
     set_hpa_max(&member, 5).await;
     for m in &medium {
         wait_for(Duration::from_secs(30), &format!("{m} noticed"), || {
@@ -207,13 +213,19 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
             }
         })
         .await;
-        let ack = json!({"metadata": {"annotations": {keys::ANNOTATION_CHECKPOINT_DONE: "true"}}});
-        pods.patch(m, &PatchParams::default(), &Patch::Merge(ack)).await.unwrap();
     }
+    let gvk = kube::api::GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
+    let pod_groups = Api::<kube::api::DynamicObject>::namespaced_with(
+        training.clone(),
+        NS,
+        &kube::api::ApiResource::from_gvk_with_plural(&gvk, "podgroups"),
+    );
+    let ack = json!({"metadata": {"annotations": {keys::ANNOTATION_CHECKPOINT_DONE: "true"}}});
+    pod_groups.patch(&group, &PatchParams::default(), &Patch::Merge(ack)).await.unwrap();
     for m in &medium {
         // Medium grace is 30 s: reclaimed well before means the ack did it.
         let msg = wait_reclaimed(&pods, m, Duration::from_secs(15)).await;
-        assert!(msg.contains("checkpoint acknowledged"), "{msg}");
+        assert!(msg.contains("checkpoint acknowledged on its PodGroup"), "{msg}");
     }
     wait_reclaimed(&pods, other_low[0], Duration::from_secs(30)).await;
     assert_running(&pods, &[&high]).await;
@@ -240,6 +252,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
 
     deployments.delete("online", &DeleteParams::default()).await.unwrap();
     hpas.delete("online", &DeleteParams::default()).await.unwrap();
+    let _ = pod_groups.delete(&group, &DeleteParams::default()).await;
     drain_pods(&training, NS).await;
     Api::<tidepool_config::MemberCluster>::all(training.clone())
         .delete("reclaim-b", &DeleteParams::default())
@@ -258,7 +271,7 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
     apply_member(&training, "preempt-b", test, ns, "member-b").await;
-    let _tp = Tidepool::start_with(&env, test, ns, "reclaimGraceSeconds: {high: 30, medium: 30, low: 2}");
+    let _tp = Tidepool::start_with(&env, test, ns, "reclaimGraceSeconds: {high: 60, medium: 60, low: 60}");
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
     let scheduler = scheduler_name(test);
@@ -296,7 +309,26 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
             .await
             .unwrap();
     }
-    let bound = wait_for(Duration::from_secs(90), "high gang bound after preemption", || {
+    // The two victims ack their checkpoints on the pods themselves; with a 60 s grace, only
+    // the acks free the room in time.
+    let noticed = wait_for(Duration::from_secs(30), "two filler pods noticed", || {
+        let (pods, filler) = (pods.clone(), filler.clone());
+        async move {
+            let mut noticed = Vec::new();
+            for n in &filler {
+                if pods.get(n).await.ok()?.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE) {
+                    noticed.push(n.clone());
+                }
+            }
+            (noticed.len() == 2).then_some(noticed)
+        }
+    })
+    .await;
+    for n in &noticed {
+        let ack = json!({"metadata": {"annotations": {keys::ANNOTATION_CHECKPOINT_DONE: "true"}}});
+        pods.patch(n, &PatchParams::default(), &Patch::Merge(ack)).await.unwrap();
+    }
+    let bound = wait_for(Duration::from_secs(40), "high gang bound after preemption", || {
         let (pods, high) = (pods.clone(), high.clone());
         async move {
             let mut nodes = Vec::new();
@@ -313,7 +345,8 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
         let p = pods.get(n).await.unwrap();
         if p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(keys::REASON_RECLAIMED) {
             assert_eq!(p.labels()[keys::LABEL_BAND], "low", "{n}: only lower-band pods are taken");
-            assert!(p.status.unwrap().message.unwrap().contains("acknowledged"));
+            let msg = p.status.unwrap().message.unwrap();
+            assert!(msg.contains("checkpoint acknowledged") && !msg.contains("not acknowledged"), "{msg}");
             reclaimed.push(n.clone());
         }
     }

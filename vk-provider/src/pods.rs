@@ -26,7 +26,7 @@ use serde_json::json;
 use tidepool_config::metrics::metrics;
 use tidepool_config::{BridgeConfig, MemberName, keys};
 use tidepool_federation::{MemberHandle, Members, PoolHandle};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
@@ -41,6 +41,18 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
 /// sooner.
 const MISSING_RETRY: Duration = Duration::from_secs(30);
+/// How long a change of a still-Pending offload pod's conditions (the member scheduler's
+/// `PodScheduled`) waits before it is copied up: usually the pod runs within it, and one
+/// status write says both. See [`translate::status_settles_in`].
+const PENDING_SETTLE: Duration = Duration::from_secs(1);
+/// Pod writes in flight at once, per member and towards the training cluster. The API
+/// clients speak HTTP/1.1, one connection per request in flight: unbounded, a burst of a
+/// thousand pods opened a thousand TLS connections (each handshake costing the API server
+/// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
+/// hangs holds up only its own pods.
+const WRITES_IN_FLIGHT: usize = 32;
+/// Events published at once: they are notes for people, behind the pods' own writes.
+const EVENTS_IN_FLIGHT: usize = 8;
 
 pub(crate) struct Context {
     pub(crate) training: Client,
@@ -53,6 +65,10 @@ pub(crate) struct Context {
     pub(crate) pods: Store<Pod>,
     /// Metadata of every training ConfigMap and Secret: when a copy is stale.
     sources: MetaStores,
+    /// Bounds the training pod writes in flight (see [`WRITES_IN_FLIGHT`]).
+    training_writes: Semaphore,
+    /// Bounds the Events being published, apart: a burst's Events never delay its status.
+    event_writes: Semaphore,
 }
 
 /// One member session, as the pod controller sees it.
@@ -65,6 +81,8 @@ pub(crate) struct OffloadWatch {
     pub(crate) copies: MemberCopies,
     /// Asks the collector for work now.
     collect: mpsc::Sender<collect::Request>,
+    /// Bounds the writes to this member in flight (see [`WRITES_IN_FLIGHT`]).
+    writes: Arc<Semaphore>,
 }
 
 pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
@@ -78,6 +96,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     let (reader, writer) = reflector::store();
     let training_pods = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
         .default_backoff()
+        .modify(translate::trim_for_cache)
         .reflect(writer)
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(pod)) = event {
@@ -96,6 +115,8 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
         pods: controller.store(),
         // The training side's watches live as long as the process.
         sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
+        training_writes: Semaphore::new(WRITES_IN_FLIGHT),
+        event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
     });
     tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
     tokio::spawn(forward_deletions(ctx.clone(), gone_rx));
@@ -171,6 +192,7 @@ fn start_offload_watch(
     );
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
+        .modify(translate::trim_for_cache)
         .reflect(writer)
         .touched_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
@@ -192,7 +214,13 @@ fn start_offload_watch(
         member.cancelled.clone(),
         copy_tx,
     );
-    let watch = OffloadWatch { member: member.clone(), store: store.clone(), copies, collect: collect_tx.clone() };
+    let watch = OffloadWatch {
+        member: member.clone(),
+        store: store.clone(),
+        copies,
+        collect: collect_tx.clone(),
+        writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
+    };
     let pod_trigger = trigger.clone();
     tokio::spawn(
         async move {
@@ -436,6 +464,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     if pod.metadata.deletion_timestamp.is_some() {
         if let Some(copy) = copy {
             if copy.metadata.deletion_timestamp.is_none() {
+                let _slot = slot(&watch.writes).await;
                 let grace = pod.metadata.deletion_grace_period_seconds.map(|g| g.max(0) as u32);
                 delete_offload(member, copy, grace).await?;
             }
@@ -446,6 +475,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
             ..Default::default()
         };
+        let _slot = slot(&ctx.training_writes).await;
         match Api::<Pod>::namespaced(ctx.training.clone(), &namespace).delete(&name, &dp).await {
             Ok(_) => {}
             Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {}
@@ -485,6 +515,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             return Ok(Action::await_change());
         }
         // 5. Copy what it references into the member namespace.
+        let _slot = slot(&watch.writes).await;
         ensure_namespace(&ctx, &watch, &member_ns).await?;
         let target = Target {
             cluster: &ctx.config.cluster_name,
@@ -518,7 +549,13 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             Ok(_) => {
                 info!(member = %member.name, "offload pod created");
                 let msg = format!("created {member_ns}/{name} in member {}", member.name);
-                publish(&ctx, &pod, EventType::Normal, "OffloadCreated", &msg).await;
+                // Off the pod's sync path: its status changes, which follow at once, must
+                // not wait for the training API to store an Event.
+                let (ctx, pod) = (ctx.clone(), pod.clone());
+                tokio::spawn(
+                    async move { publish(&ctx, &pod, EventType::Normal, "OffloadCreated", &msg).await }
+                        .in_current_span(),
+                );
             }
             // Already there: the watch brings it and the next reconcile checks its origin.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -537,6 +574,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     // 7. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
     if terminal {
         if copy.metadata.deletion_timestamp.is_none() {
+            let _slot = slot(&watch.writes).await;
             delete_offload(member, copy, Some(0)).await?;
         }
         return Ok(Action::await_change());
@@ -553,11 +591,12 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     // 8. Notices written on the training pod travel down, so the trainer sees them in
     //    /etc/tidepool/annotations.
-    sync_notice(member, &pod, copy).await?;
+    sync_notice(&watch, &pod, copy).await?;
 
     // 9. Keep its ConfigMap and Secret copies current while it runs.
     let mut requeue = RESYNC;
-    if let Some(spec) = copy.spec.as_ref() {
+    if let Some(spec) = copy.spec.as_ref().filter(|s| !reflect::references(s).is_empty()) {
+        let _slot = slot(&watch.writes).await;
         match ctx.reflection(&watch, &namespace, &member_ns).run(spec).await? {
             // A source deleted in training is deleted in the member too; the pod runs on,
             // as it would with a kubelet of its own.
@@ -576,18 +615,27 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let mut desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
     translate::keep_tidepool_conditions(&mut desired, pod.status.as_ref());
     if !translate::status_in_sync(pod.status.as_ref(), &desired) {
+        // A Pending pod's new conditions wait a moment for the pod to run (coalescing two
+        // writes into one); the offload pod turning Running triggers this sooner.
+        if let Some(wait) =
+            translate::status_settles_in(pod.status.as_ref(), &desired, jiff::Timestamp::now(), PENDING_SETTLE)
+        {
+            return Ok(Action::requeue(wait.min(requeue)));
+        }
         patch_status(&ctx, &pod, &desired).await?;
     }
     Ok(Action::requeue(requeue))
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy.
-async fn sync_notice(member: &MemberHandle, pod: &Pod, copy: &Pod) -> Result<(), Error> {
+async fn sync_notice(watch: &OffloadWatch, pod: &Pod, copy: &Pod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
     let want = pod.annotations().get(key);
     if want.is_none() || want == copy.annotations().get(key) {
         return Ok(());
     }
+    let member = &watch.member;
+    let _slot = slot(&watch.writes).await;
     let api = Api::<Pod>::namespaced(member.client.clone(), &copy.namespace().unwrap_or_default());
     let patch = json!({ "metadata": { "annotations": { key: want } } });
     api.patch(&copy.name_any(), &PatchParams::default(), &Patch::Merge(patch))
@@ -653,7 +701,14 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Resu
     Ok(())
 }
 
+/// One of `writes`' slots, held until dropped. `None` only if the semaphore were closed,
+/// which none is.
+async fn slot(writes: &Semaphore) -> Option<SemaphorePermit<'_>> {
+    writes.acquire().await.ok()
+}
+
 async fn patch_status(ctx: &Context, pod: &Pod, status: &PodStatus) -> Result<(), Error> {
+    let _slot = slot(&ctx.training_writes).await;
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
         .await
@@ -682,6 +737,7 @@ async fn publish(ctx: &Context, pod: &Pod, type_: EventType, reason: &str, note:
         action: "Offload".to_owned(),
         secondary: None,
     };
+    let _slot = slot(&ctx.event_writes).await;
     if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
         warn!(error = %e, reason, "cannot publish event");
     }

@@ -251,6 +251,57 @@ pub fn status_in_sync(current: Option<&PodStatus>, desired: &PodStatus) -> bool 
         && c.message == desired.message
 }
 
+/// What the pod caches drop from every pod they hold: managed fields and `kubectl apply`'s
+/// copy of the whole object, which nothing here reads and which are often most of a pod's
+/// size.
+pub fn trim_for_cache(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether copying `desired` up should wait, and how long: while the pod is Pending on both
+/// sides and only its conditions changed (the member scheduler placed it), the write waits
+/// until the newest changed condition is `settle` old — the pod usually runs by then, and
+/// one write carries both changes. `None`: write now. A condition stamped in the future (a
+/// member clock ahead of ours) never delays a write.
+pub fn status_settles_in(
+    current: Option<&PodStatus>,
+    desired: &PodStatus,
+    now: jiff::Timestamp,
+    settle: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let current = current?;
+    let pending = |s: &PodStatus| s.phase.as_deref().is_none_or(|p| p == "Pending");
+    if !pending(current) || !pending(desired) {
+        return None;
+    }
+    if current.container_statuses != desired.container_statuses
+        || current.init_container_statuses != desired.init_container_statuses
+        || current.reason != desired.reason
+        || current.message != desired.message
+    {
+        return None;
+    }
+    let before = current.conditions.as_deref().unwrap_or_default();
+    let newest = desired
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| !before.contains(c))
+        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .max()?;
+    let age = now.duration_since(newest);
+    let settle = jiff::SignedDuration::try_from(settle).ok()?;
+    if age.is_negative() || age >= settle {
+        return None;
+    }
+    std::time::Duration::try_from(settle - age).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,5 +480,51 @@ mod tests {
         assert!(!status_in_sync(None, &up));
         let pending = training_status(&PodStatus { phase: Some("Pending".into()), ..Default::default() }, "127.0.0.2");
         assert_eq!(pending.host_ip, None);
+    }
+
+    fn status(v: serde_json::Value) -> PodStatus {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_pending_pods_new_conditions_wait_to_settle_and_everything_else_is_written_at_once() {
+        let now: jiff::Timestamp = "2026-11-29T12:00:10Z".parse().unwrap();
+        let settle = std::time::Duration::from_secs(1);
+        let pending = status(json!({"phase": "Pending", "qosClass": "BestEffort"}));
+        let scheduled_at = |t: &str| {
+            status(json!({"phase": "Pending", "qosClass": "BestEffort", "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": t}]}))
+        };
+        let running = status(json!({"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-29T12:00:09.8Z"}]}));
+        let cases = [
+            ("placed 200 ms ago: wait the rest", Some(&pending), scheduled_at("2026-11-29T12:00:09.8Z"), Some(800)),
+            ("placed 2 s ago: write", Some(&pending), scheduled_at("2026-11-29T12:00:08Z"), None),
+            ("a member clock ahead of ours never delays", Some(&pending), scheduled_at("2026-11-29T12:00:30Z"), None),
+            ("running: write at once", Some(&pending), running.clone(), None),
+            ("no status yet: write", None, scheduled_at("2026-11-29T12:00:09.8Z"), None),
+            (
+                "nothing new among the conditions: write",
+                Some(&scheduled_at("2026-11-29T12:00:09.8Z")),
+                status(json!({"phase": "Pending", "qosClass": "Burstable", "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-29T12:00:09.8Z"}]})),
+                None,
+            ),
+        ];
+        for (name, current, desired, want_ms) in cases {
+            let got = status_settles_in(current, &desired, now, settle).map(|d| d.as_millis());
+            assert_eq!(got, want_ms, "{name}");
+        }
+    }
+
+    #[test]
+    fn cached_pods_drop_managed_fields_and_the_last_applied_copy_only() {
+        let mut pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p",
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "tidepool.io/checkpoint-done": "true"},
+            "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}})).unwrap();
+        trim_for_cache(&mut pod);
+        assert!(pod.metadata.managed_fields.is_none());
+        let annotations = pod.metadata.annotations.unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["tidepool.io/checkpoint-done"]);
     }
 }
