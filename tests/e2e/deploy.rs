@@ -42,21 +42,10 @@ fn render(target: &str, namespace: &str, extra: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn kubectl(env: &Env, cluster: &str, args: &[&str], stdin: &str) -> Result<String, String> {
-    use std::io::Write;
-    let mut child = std::process::Command::new(Path::new(env.var("CP_BIN")).join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(env.kubeconfig_path(cluster))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if out.status.success() { Ok(text) } else { Err(text) }
+/// `kubectl` with `stdin`: its output, or its output as the error when it fails.
+async fn kubectl_with(env: &Env, cluster: &str, args: &[&str], stdin: &str) -> Result<String, String> {
+    let (code, out, err) = kubectl(env, cluster, args, Some(stdin)).await;
+    if code == 0 { Ok(out + &err) } else { Err(out + &err) }
 }
 
 /// Every document of a rendered YAML stream.
@@ -114,7 +103,8 @@ async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept
     ensure_namespace(&member, "tidepool-member").await;
     for (cluster, (file, text)) in ["training", "member-a"].iter().zip(&rendered) {
         let expect = documents(text).len();
-        let out = kubectl(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], text)
+        let out = kubectl_with(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], text)
+            .await
             .unwrap_or_else(|e| panic!("{cluster} refused {file}:\n{e}"));
         let accepted = out.lines().filter(|l| l.contains("(server dry run)")).count();
         assert_eq!(accepted, expect, "{cluster}: not every object of {file} accepted:\n{out}");
@@ -148,7 +138,8 @@ async fn the_examples_are_accepted_by_the_clusters_they_are_for() {
             continue;
         }
         let cluster = if name.starts_with("online") { "member-a" } else { "training" };
-        let out = kubectl(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], &text)
+        let out = kubectl_with(&env, cluster, &["apply", "--dry-run=server", "-f", "-"], &text)
+            .await
             .unwrap_or_else(|e| panic!("{cluster} refused {name}:\n{e}"));
         assert_eq!(out.matches("(server dry run)").count(), docs.len(), "{name}: {out}");
     }
@@ -209,14 +200,16 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
 
     // 1. Member side: the chart's identity and roles, applied for real; its token in a Secret.
     ensure_namespace(&member, MEMBER_NS).await;
-    kubectl(&env, "member-a", &["apply", "-f", "-"], &render("member", MEMBER_NS, &[])).unwrap();
+    kubectl_with(&env, "member-a", &["apply", "-f", "-"], &render("member", MEMBER_NS, &[])).await.unwrap();
     let member_token = token(&member, MEMBER_NS, "tidepool").await;
     let member_kubeconfig = token_kubeconfig(&env, env.var("MEMBER_A_SERVER"), &member_token);
     put_kubeconfig_secret(&training, NS, "member-a-least", member_kubeconfig.as_bytes()).await;
 
     // 2. Training side: the chart's ServiceAccount and roles in NS (no replicas: the test runs
     //    the binary itself, as that ServiceAccount).
-    kubectl(&env, "training", &["apply", "-f", "-"], &render("training", NS, &["--set", "replicas=0"])).unwrap();
+    kubectl_with(&env, "training", &["apply", "-f", "-"], &render("training", NS, &["--set", "replicas=0"]))
+        .await
+        .unwrap();
     let training_token = token(&training, NS, "tidepool").await;
     let dir = tempfile::tempdir().unwrap();
     let training_kubeconfig = dir.path().join("training.kubeconfig");

@@ -222,6 +222,15 @@ pub fn scheduler_name(test: &str) -> String {
     format!("tidepool-{test}")
 }
 
+/// Puts `cluster`'s admin kubeconfig in Secret `ns/<cluster>` and applies MemberCluster
+/// `member` (labelled for `test`) pointing at it.
+#[allow(dead_code)]
+pub async fn bridge_member(env: &Env, training: &Client, test: &str, ns: &str, member: &str, cluster: &str) {
+    let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
+    put_kubeconfig_secret(training, ns, cluster, &kubeconfig).await;
+    apply_member(training, member, test, ns, cluster).await;
+}
+
 /// A running `tidepool run` process serving the MemberClusters labelled
 /// `tidepool.io/test=<test>`. Killed when dropped; it also exits by itself when the test
 /// process dies (its standard input closes).

@@ -33,9 +33,7 @@ impl Setup {
         let env = Env::load();
         let training = env.client("training").await;
         prepare(&env, &training, TEST, NS).await;
-        let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-        put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
-        apply_member(&training, MEMBER, TEST, NS, "member-a").await;
+        bridge_member(&env, &training, TEST, NS, MEMBER, "member-a").await;
         let tidepool = Tidepool::start_config(&env, TEST, NS, "", &kubelet_config(&env));
         let nodes = Api::<Node>::all(training.clone());
         wait_for(Duration::from_secs(90), "virtual node registered", || {

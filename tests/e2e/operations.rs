@@ -39,9 +39,7 @@ async fn one_replica_leads_a_standby_writes_nothing_and_takes_over_after_sigkill
     let env = Env::load();
     let training = env.client("training").await;
     prepare(&env, &training, TEST, NS).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-    put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
-    apply_member(&training, MEMBER, TEST, NS, "member-a").await;
+    bridge_member(&env, &training, TEST, NS, MEMBER, "member-a").await;
     let leases = Api::<Lease>::namespaced(training.clone(), NS);
     let _ = leases.delete(LEASE, &Default::default()).await;
     let election = format!(

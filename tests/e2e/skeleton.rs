@@ -44,9 +44,7 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     let training = env.client("training").await;
     let member = env.client("member-a").await;
     prepare(&env, &training, TEST, NS).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-    put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
-    apply_member(&training, MEMBER, TEST, NS, "member-a").await;
+    bridge_member(&env, &training, TEST, NS, MEMBER, "member-a").await;
     let tidepool = Tidepool::start(&env, TEST, NS);
 
     // 1. The virtual node registers Ready, with the member's requests-based surplus.

@@ -30,9 +30,7 @@ async fn setup(test: &str, ns: &str, member_name: &str) -> Setup {
     env.install_crds(&training).await;
     reset_members(&training, test).await;
     ensure_namespace(&training, ns).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
-    apply_member(&training, member_name, test, ns, "member-a").await;
+    bridge_member(&env, &training, test, ns, member_name, "member-a").await;
     Setup { env, training, member }
 }
 
