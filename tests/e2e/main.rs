@@ -14,6 +14,7 @@ mod kubelet_api;
 mod member_status;
 mod operations;
 mod reclaim;
+mod restart;
 mod skeleton;
 mod throttle;
 mod vk_features;

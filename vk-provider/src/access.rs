@@ -3,6 +3,7 @@
 //! member's `tidepool-offload` ClusterRole with a RoleBinding in that namespace alone.
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
@@ -68,13 +69,48 @@ impl OffloadAccess {
         };
         let api = Api::<RoleBinding>::namespaced(self.client.clone(), namespace);
         match api.create(&PostParams::default(), &binding).await {
-            Ok(_) => info!(member, namespace, user = %username, "offload role bound"),
+            Ok(_) => {
+                info!(member, namespace, user = %username, "offload role bound");
+                self.wait_effective(namespace).await;
+            }
             Err(e) if tidepool_federation::api_code(&e, &[409]) => {}
             Err(e) if tidepool_federation::api_code(&e, &[403]) => {
                 debug!(member, namespace, error = %e, "not allowed to bind the offload role; relying on existing rights")
             }
             Err(e) => warn!(member, namespace, error = %e, "cannot bind the offload role"),
         }
+    }
+}
+
+impl OffloadAccess {
+    /// A new RoleBinding takes a moment to reach the API server's authorizer: asks it
+    /// (SelfSubjectAccessReview, allowed to everyone) until the binding counts, for at most
+    /// 3 s, so the first list in the namespace is not refused.
+    async fn wait_effective(&self, namespace: &str) {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(namespace.to_owned()),
+                    verb: Some("list".into()),
+                    resource: Some("configmaps".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api = Api::<SelfSubjectAccessReview>::all(self.client.clone());
+        for _ in 0..60 {
+            match api.create(&PostParams::default(), &review).await {
+                Ok(r) if r.status.as_ref().is_some_and(|s| s.allowed) => return,
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                Err(e) => {
+                    debug!(member = %self.member, namespace, error = %e, "cannot check the offload role binding");
+                    return;
+                }
+            }
+        }
+        warn!(member = %self.member, namespace, "the offload role binding is not effective after 3 s");
     }
 }
 
