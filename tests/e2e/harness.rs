@@ -337,6 +337,18 @@ impl Drop for Tidepool {
     }
 }
 
+/// Resident memory (VmRSS) of process `pid`, in MiB; NaN if it cannot be read. For the
+/// benchmarks, which share this harness.
+#[allow(dead_code)]
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -20,9 +20,7 @@ async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<(S
 /// Starts a tidepool serving member-b as MemberCluster `member` and waits for its node.
 async fn start(env: &Env, training: &Client, test: &str, ns: &str, member: &str) -> (Tidepool, String) {
     prepare(env, training, test, ns).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
-    put_kubeconfig_secret(training, ns, "member-b", &kubeconfig).await;
-    apply_member(training, member, test, ns, "member-b").await;
+    bridge_member(env, training, test, ns, member, "member-b").await;
     let tidepool = Tidepool::start(env, test, ns);
     let node = format!("tidepool-{member}");
     let nodes = Api::<Node>::all(training.clone());
