@@ -130,8 +130,10 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
-    let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members());
-    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members());
+    // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
+    let pods = tidepool_federation::TrainingPods::start(training.clone());
+    let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members(), pods.clone());
+    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members(), pods);
 
     let lost = async {
         match &elector {

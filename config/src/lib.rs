@@ -13,6 +13,7 @@ pub mod cron;
 pub mod keys;
 pub mod metrics;
 pub mod names;
+pub mod pod;
 pub mod resources;
 
 pub use bridge::BridgeConfig;

@@ -82,7 +82,8 @@ pub fn format_milli(milli: i64) -> String {
 }
 
 /// A set of named resource amounts in milli-units. Missing names are zero.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct Resources(BTreeMap<String, i64>);
 
 impl Resources {

@@ -17,15 +17,14 @@ use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{PlacementLabels, metrics};
+use tidepool_config::pod::PodLite;
 use tidepool_config::{BridgeConfig, Resources};
-use tidepool_federation::Members;
-use tidepool_federation::capacity::pod_requests;
+use tidepool_federation::{Members, TrainingPods};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -48,7 +47,7 @@ pub(crate) struct Context {
     scheduler_name: String,
     ranges: BandRanges,
     pub(crate) members: watch::Receiver<Members>,
-    pub(crate) pods: Store<Pod>,
+    pub(crate) pods: Store<PodLite>,
     recorder: Recorder,
     pod_groups: moka::future::Cache<(GangSource, String), Result<u32, String>>,
     /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
@@ -68,23 +67,21 @@ pub(crate) struct PreemptRequest {
 }
 
 /// Runs the dispatcher until the runtime stops.
-pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
-    let (pods, writer) = reflector::store::<Pod>();
+pub async fn run(
+    training: Client,
+    config: Arc<BridgeConfig>,
+    members: watch::Receiver<Members>,
+    training_pods: TrainingPods,
+) {
+    let pods = training_pods.store();
     let changed = Arc::new(Notify::new());
     let notify = changed.clone();
-    let events = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
-        .default_backoff()
-        // Managed fields are often most of a pod's size, and nothing here reads them.
-        .modify(|p| p.metadata.managed_fields = None)
-        .reflect(writer)
-        .touched_objects();
+    // Any change of any training pod (the cache is shared with the pod sync) starts a round.
+    let events = training_pods.subscribe();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
-        while let Some(e) = events.next().await {
-            match e {
-                Ok(_) => notify.notify_one(),
-                Err(e) => warn!(error = %e, "pod watch failed; retrying with backoff"),
-            }
+        while events.next().await.is_some() {
+            notify.notify_one();
         }
     });
     let ctx = Context {
@@ -124,27 +121,26 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
 /// A gang as seen in one round.
 #[derive(Debug, Default)]
 struct GangState {
-    pods: Vec<Arc<Pod>>,
+    pods: Vec<Arc<PodLite>>,
     /// Virtual node recorded on any of its pods (annotation or binding).
     pinned: Option<String>,
     /// Pods of the gang that completed: they count as having run.
     succeeded: usize,
 }
 
-pub(crate) fn is_live(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+pub(crate) fn is_live(p: &PodLite) -> bool {
+    p.metadata.deletion_timestamp.is_none() && !matches!(p.status.phase.as_deref(), Some("Succeeded" | "Failed"))
 }
 
-pub(crate) fn node_of(p: &Pod) -> Option<&str> {
-    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+pub(crate) fn node_of(p: &PodLite) -> Option<&str> {
+    p.spec.node_name.as_deref()
 }
 
-pub(crate) fn requests(p: &Pod) -> Resources {
-    p.spec.as_ref().map(pod_requests).unwrap_or_default()
+pub(crate) fn requests(p: &PodLite) -> Resources {
+    p.spec.requests.clone()
 }
 
-fn placement_of(p: &Pod) -> Option<&str> {
+fn placement_of(p: &PodLite) -> Option<&str> {
     p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str).or_else(|| node_of(p))
 }
 
@@ -156,11 +152,11 @@ async fn round(ctx: &Context) {
     // 3. Gangs of our pods.
     let mut gangs: BTreeMap<GangKey, GangState> = BTreeMap::new();
     for p in all.iter() {
-        if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) != Some(ctx.scheduler_name.as_str()) {
+        if p.spec.scheduler_name.as_deref() != Some(ctx.scheduler_name.as_str()) {
             continue;
         }
         if !is_live(p) {
-            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded") {
+            if p.status.phase.as_deref() == Some("Succeeded") {
                 gangs.entry(gang::gang_of(p)).or_default().succeeded += 1;
             }
             continue;
@@ -189,14 +185,14 @@ async fn round(ctx: &Context) {
         let min = match min_member(ctx, key, &g.pods).await {
             Ok(m) => m,
             Err(msg) => {
-                let waiting: Vec<Arc<Pod>> = g.pods.iter().filter(|p| node_of(p).is_none()).cloned().collect();
+                let waiting: Vec<Arc<PodLite>> = g.pods.iter().filter(|p| node_of(p).is_none()).cloned().collect();
                 explain(ctx, waiting, &msg).await;
                 continue;
             }
         };
         mins.insert(key.clone(), min);
         let bound = g.pods.iter().filter(|p| node_of(p).is_some()).count() as u32;
-        let priority = g.pods.iter().filter_map(|p| p.spec.as_ref()?.priority).max().unwrap_or(0);
+        let priority = g.pods.iter().filter_map(|p| p.spec.priority).max().unwrap_or(0);
         let created = g
             .pods
             .iter()
@@ -236,7 +232,7 @@ async fn round(ctx: &Context) {
 
 /// Builds the view of every offered pool: federation's capacity minus the pods bound to its
 /// virtual node that the member does not show yet.
-fn pool_views(ctx: &Context, all: &[Arc<Pod>]) -> Vec<PoolView> {
+fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
     let members = ctx.members.borrow().clone();
     let mut views = Vec::new();
     for m in members.values() {
@@ -275,7 +271,7 @@ fn assume(view: &mut PoolView, req: &Resources) {
     }
 }
 
-async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<Pod>]) -> Result<u32, String> {
+async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<PodLite>]) -> Result<u32, String> {
     match &key.source {
         GangSource::Single(_) => Ok(1),
         GangSource::Annotation(name) => {
@@ -331,7 +327,7 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
 /// Admits what it can of one gang. Returns the core's total requests when a new gang found
 /// no pool (a candidate for preemption).
 async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &mut [PoolView]) -> Option<Resources> {
-    let mut pending: Vec<&Arc<Pod>> = g.pods.iter().filter(|p| node_of(p).is_none()).collect();
+    let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| node_of(p).is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
     let bound = g.pods.len() - pending.len();
 
@@ -352,7 +348,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
         for p in core {
             let req = requests(p);
             assume(&mut pools[idx], &req);
-            let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+            let band = gang::band_for(p.spec.priority, true, &ctx.ranges);
             bind(ctx, p, node, band).await;
         }
         let mut admitted = Vec::new();
@@ -364,7 +360,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
                 continue;
             }
             admitted.push(req);
-            let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), false, &ctx.ranges);
+            let band = gang::band_for(p.spec.priority, false, &ctx.ranges);
             bind(ctx, p, node, band).await;
         }
         for r in &admitted {
@@ -389,7 +385,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             let node = placement.node.as_str();
             for chunk in core.chunks(BIND_CONCURRENCY) {
                 let recorded = futures::future::join_all(chunk.iter().map(|p| {
-                    let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+                    let band = gang::band_for(p.spec.priority, true, &ctx.ranges);
                     record_placement(ctx, p, node, band)
                 }))
                 .await;
@@ -403,7 +399,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             }
             for chunk in core.chunks(BIND_CONCURRENCY) {
                 futures::future::join_all(chunk.iter().map(|p| {
-                    let band = gang::band_for(p.spec.as_ref().and_then(|s| s.priority), true, &ctx.ranges);
+                    let band = gang::band_for(p.spec.priority, true, &ctx.ranges);
                     create_binding(ctx, p, node, band)
                 }))
                 .await;
@@ -434,10 +430,7 @@ async fn timed_out(ctx: &Context, key: &GangKey, g: &GangState) -> Option<String
     }
     let min = min_member(ctx, key, &g.pods).await.ok()? as usize;
     let running = g.succeeded
-        + g.pods
-            .iter()
-            .filter(|p| node_of(p).is_some() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count();
+        + g.pods.iter().filter(|p| node_of(p).is_some() && p.status.phase.as_deref() == Some("Running")).count();
     (running < min).then(|| {
         format!("gang {key}: {running} of its {min} pods running on {node} after {waited}s (timeout {timeout}s); rolled back whole so it can be placed again")
     })
@@ -459,7 +452,7 @@ async fn roll_back(ctx: &Context, g: &GangState, message: &str) {
     }
 }
 
-async fn record_placement(ctx: &Context, pod: &Pod, node: &str, band: Band) -> Result<(), kube::Error> {
+async fn record_placement(ctx: &Context, pod: &PodLite, node: &str, band: Band) -> Result<(), kube::Error> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({ "metadata": {
@@ -470,7 +463,7 @@ async fn record_placement(ctx: &Context, pod: &Pod, node: &str, band: Band) -> R
     Ok(())
 }
 
-async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
+async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band) {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let labels = json!({ "metadata": {
@@ -485,7 +478,7 @@ async fn bind(ctx: &Context, pod: &Pod, node: &str, band: Band) {
 }
 
 /// The Binding subresource: the pod is now the virtual node's (and vk-provider's).
-async fn create_binding(ctx: &Context, pod: &Pod, node: &str, band: Band) {
+async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let binding = Binding {
@@ -512,7 +505,7 @@ async fn create_binding(ctx: &Context, pod: &Pod, node: &str, band: Band) {
 
 /// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
 /// only when the reason changes.
-async fn explain(ctx: &Context, pods: Vec<Arc<Pod>>, message: &str) {
+async fn explain(ctx: &Context, pods: Vec<Arc<PodLite>>, message: &str) {
     for p in &pods {
         let Some(uid) = p.metadata.uid.clone() else { continue };
         let fresh =
@@ -533,7 +526,7 @@ async fn explain(ctx: &Context, pods: Vec<Arc<Pod>>, message: &str) {
     }
 }
 
-pub(crate) async fn publish(ctx: &Context, pod: &Pod, type_: EventType, reason: &str, note: &str) {
+pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
     let event = Event {
         type_,
         reason: reason.to_owned(),

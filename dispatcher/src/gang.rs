@@ -1,8 +1,9 @@
 //! Which gang a pod belongs to, and its band. Pure: the sources are read from the pod; the
 //! PodGroup objects that hold `minMember` are fetched by the controller.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tidepool_config::keys::{self, Band};
+use tidepool_config::pod::PodLite;
 
 /// Where a gang's definition lives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,10 +39,15 @@ impl std::fmt::Display for GangKey {
 
 /// The gang of a pod. Sources are checked in a fixed order so a pod carrying several
 /// (say a Volcano job that also has our annotation) always lands in the same gang.
-pub fn gang_of(pod: &Pod) -> GangKey {
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let labels = pod.metadata.labels.as_ref();
-    let annotations = pod.metadata.annotations.as_ref();
+pub fn gang_of(pod: &PodLite) -> GangKey {
+    gang_of_meta(&pod.metadata)
+}
+
+/// [`gang_of`] for a pod's metadata, which is all it reads.
+pub fn gang_of_meta(meta: &ObjectMeta) -> GangKey {
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let labels = meta.labels.as_ref();
+    let annotations = meta.annotations.as_ref();
     let source = if let Some(g) = labels.and_then(|l| l.get(keys::LABEL_POD_GROUP)).filter(|g| !g.is_empty()) {
         GangSource::PodGroup(g.clone())
     } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_VOLCANO_GROUP)).filter(|g| !g.is_empty()) {
@@ -49,13 +55,13 @@ pub fn gang_of(pod: &Pod) -> GangKey {
     } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_GANG)).filter(|g| !g.is_empty()) {
         GangSource::Annotation(g.clone())
     } else {
-        GangSource::Single(pod.metadata.name.clone().unwrap_or_default())
+        GangSource::Single(meta.name.clone().unwrap_or_default())
     };
     GangKey { namespace, source }
 }
 
 /// `tidepool.io/min-member` of a pod: `Ok(None)` when absent, an error message when invalid.
-pub fn annotated_min_member(pod: &Pod) -> Result<Option<u32>, String> {
+pub fn annotated_min_member(pod: &PodLite) -> Result<Option<u32>, String> {
     let Some(v) = pod.metadata.annotations.as_ref().and_then(|a| a.get(keys::ANNOTATION_MIN_MEMBER)) else {
         return Ok(None);
     };
@@ -97,8 +103,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(meta: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": meta})).unwrap()
+    fn pod(meta: serde_json::Value) -> PodLite {
+        PodLite { metadata: serde_json::from_value(meta).unwrap(), ..Default::default() }
     }
 
     #[test]

@@ -41,8 +41,13 @@ pub struct Dispatcher;
 
 impl Dispatcher {
     /// Starts the scheduling loop; it runs until the runtime stops.
-    pub fn start(training: kube::Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) -> Self {
-        tokio::spawn(controller::run(training, config, members));
+    pub fn start(
+        training: kube::Client,
+        config: Arc<BridgeConfig>,
+        members: watch::Receiver<Members>,
+        pods: tidepool_federation::TrainingPods,
+    ) -> Self {
+        tokio::spawn(controller::run(training, config, members, pods));
         Self
     }
 }

@@ -19,6 +19,7 @@ use serde_json::json;
 use tidepool_config::Resources;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
+use tidepool_config::pod::PodLite;
 use tracing::{info, warn};
 
 use crate::controller::{Context, is_live, node_of, pod_group_api, publish, requests};
@@ -122,16 +123,16 @@ pub(crate) async fn run(ctx: Arc<Context>) {
     }
 }
 
-fn band_of(p: &Pod) -> Band {
+fn band_of(p: &PodLite) -> Band {
     p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b)).unwrap_or(Band::Medium)
 }
 
-fn deadline_of(p: &Pod) -> Option<jiff::Timestamp> {
+fn deadline_of(p: &PodLite) -> Option<jiff::Timestamp> {
     p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE)?.parse().ok()
 }
 
 /// Steps 1–3: deficit past hysteresis → victims → notice.
-async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: jiff::Timestamp) {
+async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     let hysteresis = jiff::SignedDuration::from_secs(ctx.config.dispatcher.deficit_hysteresis_seconds as i64);
     let members = ctx.members.borrow().clone();
     // A member that does not answer shows a stale deficit: its pods are left as they are
@@ -145,7 +146,7 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
                 state.plan_pool(&node, &deficit, &Resources::new(), Vec::new(), now, hysteresis);
                 continue;
             }
-            let on_node: Vec<&Arc<Pod>> =
+            let on_node: Vec<&Arc<PodLite>> =
                 pods.iter().filter(|p| is_live(p) && node_of(p) == Some(node.as_str())).collect();
             // Pods under notice, and reclaimed pods whose copy the member still shows, will
             // free their share: counting them again would take a second victim for the same
@@ -188,14 +189,14 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: 
 
 /// A pool preemption could use: what must be taken, its virtual node, the lower-band pods
 /// there (as victim views and as pods).
-type Candidate = (Resources, String, Vec<OffloadPodView>, Vec<Arc<Pod>>);
+type Candidate = (Resources, String, Vec<OffloadPodView>, Vec<Arc<PodLite>>);
 
-fn key_of(p: &Pod) -> String {
+fn key_of(p: &PodLite) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
 
 /// A running offload pod as victim selection sees it.
-fn offload_view(p: &Pod, member_node: String, job_fulfillment: (u32, u32, u32)) -> OffloadPodView {
+fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u32)) -> OffloadPodView {
     OffloadPodView {
         key: key_of(p),
         job: gang::gang_of(p).to_string(),
@@ -210,7 +211,7 @@ fn offload_view(p: &Pod, member_node: String, job_fulfillment: (u32, u32, u32)) 
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
 /// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
 /// needs the least taken.
-async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
+async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
     let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let members = ctx.members.borrow().clone();
@@ -222,8 +223,8 @@ async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
             for pool in &member.pools {
                 let node = pool.node.to_string();
                 let cap = pool.capacity.borrow().clone();
-                let placed = |p: &Pod| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
-                let on_node: Vec<Arc<Pod>> =
+                let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
+                let on_node: Vec<Arc<PodLite>> =
                     pods.iter().filter(|p| node_of(p) == Some(node.as_str()) && placed(p)).cloned().collect();
                 // What is free, plus what pods under notice are about to free.
                 let mut available = cap.capacity.clone();
@@ -239,7 +240,7 @@ async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
                     room = true;
                     break 'members;
                 }
-                let lower: Vec<&Arc<Pod>> =
+                let lower: Vec<&Arc<PodLite>> =
                     on_node.iter().filter(|p| is_live(p) && deadline_of(p).is_none() && band_of(p) < r.band).collect();
                 let mut takeable = Resources::new();
                 lower.iter().for_each(|p| takeable.add(&requests(p)));
@@ -277,7 +278,7 @@ async fn preempt(ctx: &Context, pods: &[Arc<Pod>], now: jiff::Timestamp) {
 /// Step 3: the checkpoint notice: deadline annotation, condition, Event.
 async fn notice(
     ctx: &Context,
-    pod: &Pod,
+    pod: &PodLite,
     cause: &str,
     deficit: &Resources,
     band: Band,
@@ -351,16 +352,14 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 }
 
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
-async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, now: jiff::Timestamp) {
+async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     for p in pods.iter().filter(|p| is_live(p)) {
         let Some(deadline) = deadline_of(p) else { continue };
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
         let acked = pod_acked || group_acked.is_some();
-        let exited = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
-            !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
-        });
+        let exited = p.status.containers_exited;
         if !(acked || exited || now >= deadline) {
             continue;
         }
@@ -391,7 +390,7 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<Pod>], state: &mut State, 
 
 /// Step 5: the training pod fails with reason `Reclaimed` (vk-provider then deletes its
 /// offload copy); `how` says whether the checkpoint was acknowledged.
-async fn mark_reclaimed(ctx: &Context, p: &Pod, demand: &str, how: &str, outcome: &'static str) {
+async fn mark_reclaimed(ctx: &Context, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
     let member = node_of(p)
         .and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).map(|m| m.name.to_string()))
         .unwrap_or_else(|| node_of(p).unwrap_or("?").to_owned());

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use tidepool_config::{Resources, keys};
 
 /// What the capacity model needs of a member node.
@@ -262,43 +262,7 @@ impl PodView {
     }
 }
 
-/// Effective requests of a pod as the scheduler counts them: the larger of the sum of its
-/// containers and its largest init container, plus overhead, plus one `pods`. A container
-/// that sets only a limit requests that limit (the API server defaults requests to limits).
-pub fn pod_requests(spec: &PodSpec) -> Resources {
-    let container = |c: &k8s_openapi::api::core::v1::Container| {
-        let mut r = Resources::new();
-        if let Some(res) = &c.resources {
-            let limits = res.limits.clone().unwrap_or_default();
-            let requests = res.requests.clone().unwrap_or_default();
-            for (k, v) in limits.iter().filter(|(k, _)| !requests.contains_key(*k)).chain(requests.iter()) {
-                if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
-                    r.set(k, m);
-                }
-            }
-        }
-        r
-    };
-    let mut total = Resources::new();
-    for c in &spec.containers {
-        total.add(&container(c));
-    }
-    for c in spec.init_containers.iter().flatten() {
-        // Sidecars (restartPolicy: Always) keep running next to the app containers.
-        if c.restart_policy.as_deref() == Some("Always") {
-            total.add(&container(c));
-        } else {
-            total.max_with(&container(c));
-        }
-    }
-    if let Some(overhead) = &spec.overhead
-        && let Ok(o) = Resources::from_quantities(overhead)
-    {
-        total.add(&o);
-    }
-    total.add_one("pods", 1000);
-    total
-}
+pub use tidepool_config::pod::pod_requests;
 
 /// The plain surplus of a pool (no reserves, windows or HPAs): `Σ allocatable − Σ online`.
 pub fn pool_capacity<'a>(
@@ -583,7 +547,7 @@ mod tests {
 
     #[test]
     fn requests_follow_the_scheduler_rules() {
-        let spec: PodSpec = serde_json::from_value(serde_json::json!({
+        let spec: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(serde_json::json!({
             "containers": [
                 {"name": "a", "resources": {"requests": {"cpu": "1"}}},
                 {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "2"}, "requests": {"cpu": "500m"}}}

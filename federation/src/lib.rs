@@ -17,6 +17,7 @@ pub mod kubeconfig;
 pub mod member;
 pub mod priority;
 pub mod throttle;
+pub mod training;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub use capacity::PoolCapacity;
 pub use health::Health;
 pub use member::{MemberHandle, PoolHandle};
 pub use throttle::MemberStats;
+pub use training::{PodEvent, TrainingPods};
 
 /// Connected members by name.
 pub type Members = BTreeMap<MemberName, Arc<MemberHandle>>;

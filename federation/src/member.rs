@@ -159,16 +159,18 @@ impl Drop for Session {
     }
 }
 
-/// How long to wait before recomputing capacity after a change, so a burst of events
-/// costs one computation.
+/// Shortest spacing of two capacity computations: the events of a burst that arrive
+/// within it cost one computation.
 const COALESCE: Duration = Duration::from_millis(100);
 
-/// Longest wait before recomputing after a change.
+/// Longest spacing of two computations.
 const COALESCE_MAX: Duration = Duration::from_secs(1);
 
-/// How long to gather events before the next computation, given what the last one cost: ten
-/// times that, so a large member's capacity model takes at most about a tenth of a core
-/// under constant churn, between [`COALESCE`] and [`COALESCE_MAX`].
+/// How far apart the next computation must start from the last one, given what the last
+/// one cost: ten times that, so a large member's capacity model takes at most about a tenth
+/// of a core under constant churn, between [`COALESCE`] and [`COALESCE_MAX`]. A change after
+/// a quiet spell is computed at once (an online service growing wants its capacity back
+/// now); only the changes that follow it wait for the spacing.
 fn coalesce_after(cost: Duration) -> Duration {
     cost.saturating_mul(10).clamp(COALESCE, COALESCE_MAX)
 }
@@ -277,7 +279,8 @@ impl Session {
                 // When each pool last published, and whether a small change is waiting.
                 let mut published = vec![tokio::time::Instant::now(); senders.len()];
                 let mut deferred = vec![false; senders.len()];
-                let mut coalesce = COALESCE;
+                // The earliest start of the next computation (see [`coalesce_after`]).
+                let mut not_before = tokio::time::Instant::now();
                 loop {
                     let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
                     tokio::select! {
@@ -290,7 +293,7 @@ impl Session {
                         () = changed.notified() => {}
                         () = tokio::time::sleep(wake) => {}
                     }
-                    tokio::time::sleep(coalesce).await;
+                    tokio::time::sleep_until(not_before).await;
                     let started = std::time::Instant::now();
                     let (nodes, pods) = match (nodes.lock(), pods.lock()) {
                         (Ok(n), Ok(p)) if n.synced && p.synced => {
@@ -340,7 +343,7 @@ impl Session {
                         }
                     }
                     metrics().observe_sync("capacity", started.elapsed());
-                    coalesce = coalesce_after(started.elapsed());
+                    not_before = tokio::time::Instant::from_std(started) + coalesce_after(started.elapsed());
                 }
             }
             .instrument(info_span!("capacity", member = %name)),

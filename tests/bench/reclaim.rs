@@ -8,9 +8,10 @@
 //!    trial lets an online HPA grow by one 2-GPU replica and measures, from that change,
 //!    the checkpoint notice on a training pod (detect→notice, an upper bound: it includes the
 //!    member watch) and the offload pod's deletion (notice→gone, grace 0).
-//! 2. Time until 4 online replicas run after the Deployment scales, the same 8 offline pods
+//! 2. Time until 4 online replicas run after the Deployment scales, the same 7 offline pods
 //!    running (a) through tidepool and (b) directly in the member as low-priority pods that
-//!    the member's scheduler preempts natively.
+//!    the member's scheduler preempts natively; `BENCH_ROUNDS` (default 5) rounds, the two
+//!    paths alternating, p50 compared.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../e2e/harness.rs"]
@@ -205,78 +206,88 @@ async fn main() {
     clear_pods(&training, NS).await;
     reset(&offload).await;
 
-    // 2. Time until online pods run: tidepool vs native preemption.
-    let mut rows = Vec::new();
-    for path in ["tidepool", "native"] {
-        let (deployments2, hpas2) = online_setup(&member, 1, 1).await;
-        let direct = Api::<Pod>::namespaced(member.clone(), NS);
-        let names: Vec<String> = (0..7).map(|i| format!("{path}-{i}")).collect();
-        if path == "tidepool" {
-            for n in &names {
-                pods.create(&PostParams::default(), &offline_pod(n, Some(&scheduler_name(TEST)), None, Some(n)))
-                    .await
-                    .unwrap();
-            }
-        } else {
-            let pc: PriorityClass = serde_json::from_value(
-                json!({"metadata": {"name": "bench-offline-low"}, "value": -3000, "preemptionPolicy": "Never"}),
-            )
-            .unwrap();
-            let _ = Api::<PriorityClass>::all(member.clone()).create(&PostParams::default(), &pc).await;
-            for n in &names {
-                direct
-                    .create(&PostParams::default(), &offline_pod(n, None, Some("bench-offline-low"), None))
-                    .await
-                    .unwrap();
-            }
-        }
-        let offline_api = if path == "tidepool" { pods.clone() } else { direct.clone() };
-        until(Duration::from_secs(120), || async {
-            (running(&offline_api, &ListParams::default()).await == names.len()).then_some(())
-        })
-        .await
-        .expect("offline pods running");
-        // The online service grows by 4 replicas at once (its HPA allows it).
-        let t0 = Instant::now();
-        hpas2
-            .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"maxReplicas": 5}})))
-            .await
-            .unwrap();
-        deployments2
-            .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
-            .await
-            .unwrap();
-        let lp = ListParams::default().labels("app=online");
-        until(Duration::from_secs(120), || async { (running(&online_pods, &lp).await == 5).then_some(()) })
-            .await
-            .expect("online pods running");
-        let t = t0.elapsed().as_secs_f64();
-        let reasons: std::collections::BTreeMap<String, usize> = if path == "tidepool" {
-            let mut m = std::collections::BTreeMap::new();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            for p in pods.list(&ListParams::default()).await.unwrap().items {
-                if let Some(r) = p.status.and_then(|s| s.reason) {
-                    *m.entry(r).or_insert(0) += 1;
+    // 2. Time until online pods run: tidepool vs native preemption, alternating, a few
+    //    rounds (one sample each is too noisy to compare).
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = std::collections::BTreeMap::new();
+    let mut how: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, usize>> =
+        std::collections::BTreeMap::new();
+    for round in 0..rounds {
+        for path in ["tidepool", "native"] {
+            let (deployments2, hpas2) = online_setup(&member, 1, 1).await;
+            let direct = Api::<Pod>::namespaced(member.clone(), NS);
+            let names: Vec<String> = (0..7).map(|i| format!("{path}-{round}-{i}")).collect();
+            if path == "tidepool" {
+                for n in &names {
+                    pods.create(&PostParams::default(), &offline_pod(n, Some(&scheduler_name(TEST)), None, Some(n)))
+                        .await
+                        .unwrap();
+                }
+            } else {
+                let pc: PriorityClass = serde_json::from_value(
+                    json!({"metadata": {"name": "bench-offline-low"}, "value": -3000, "preemptionPolicy": "Never"}),
+                )
+                .unwrap();
+                let _ = Api::<PriorityClass>::all(member.clone()).create(&PostParams::default(), &pc).await;
+                for n in &names {
+                    direct
+                        .create(&PostParams::default(), &offline_pod(n, None, Some("bench-offline-low"), None))
+                        .await
+                        .unwrap();
                 }
             }
-            m
-        } else {
-            [("PreemptedNatively".to_string(), names.len() - running(&direct, &ListParams::default()).await)].into()
-        };
-        rows.push((path, t, reasons));
-        clear_pods(&training, NS).await;
-        reset(&offload).await;
-        reset(&direct).await;
-        let _ = deployments2.delete("online", &DeleteParams::default()).await;
+            let offline_api = if path == "tidepool" { pods.clone() } else { direct.clone() };
+            until(Duration::from_secs(120), || async {
+                (running(&offline_api, &ListParams::default()).await == names.len()).then_some(())
+            })
+            .await
+            .expect("offline pods running");
+            // The online service grows by 4 replicas at once (its HPA allows it).
+            let t0 = Instant::now();
+            hpas2
+                .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"maxReplicas": 5}})))
+                .await
+                .unwrap();
+            deployments2
+                .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+                .await
+                .unwrap();
+            let lp = ListParams::default().labels("app=online");
+            until(Duration::from_secs(120), || async { (running(&online_pods, &lp).await == 5).then_some(()) })
+                .await
+                .expect("online pods running");
+            times.entry(path).or_default().push(t0.elapsed().as_secs_f64());
+            let reasons = how.entry(path).or_default();
+            if path == "tidepool" {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for p in pods.list(&ListParams::default()).await.unwrap().items {
+                    if let Some(r) = p.status.and_then(|s| s.reason) {
+                        *reasons.entry(r).or_insert(0) += 1;
+                    }
+                }
+            } else {
+                *reasons.entry("PreemptedNatively".to_string()).or_insert(0) +=
+                    names.len() - running(&direct, &ListParams::default()).await;
+            }
+            clear_pods(&training, NS).await;
+            reset(&offload).await;
+            reset(&direct).await;
+            let _ = deployments2.delete("online", &DeleteParams::default()).await;
+        }
     }
-    println!("\n## Time until 4 more online replicas run (7 offline 2-GPU pods on 16 GPUs, 1 online replica)\n");
-    println!("| path | online pods running after (s) | how the offline pods left |");
-    println!("|---|---|---|");
-    for (path, t, reasons) in &rows {
-        println!("| {path} | {t:.2} | {reasons:?} |");
+    println!(
+        "\n## Time until 4 more online replicas run (7 offline 2-GPU pods on 16 GPUs, 1 online replica; {rounds} rounds, paths alternating)\n"
+    );
+    println!("| path | p50 (s) | min (s) | max (s) | every round (s) | how the offline pods left (all rounds) |");
+    println!("|---|---|---|---|---|---|");
+    for (path, t) in &mut times {
+        let each = t.iter().map(|v| format!("{v:.2}")).collect::<Vec<_>>().join(", ");
+        let (min, max) = (t.iter().copied().fold(f64::INFINITY, f64::min), t.iter().copied().fold(0.0, f64::max));
+        println!("| {path} | {:.2} | {min:.2} | {max:.2} | {each} | {:?} |", pct(t, 0.5), how.get(path));
     }
-    if let [(_, tide, _), (_, native, _)] = rows.as_slice() {
-        println!("\ntidepool / native = {:.2}×", tide / native);
+    let mut p50 = |path: &str| times.get_mut(path).map(|t| pct(t, 0.5));
+    if let (Some(tide), Some(native)) = (p50("tidepool"), p50("native")) {
+        println!("\ntidepool / native (p50) = {:.2}×", tide / native);
     }
     let _ = deployments.delete("online", &DeleteParams::default()).await;
     drain_pods(&training, NS).await;

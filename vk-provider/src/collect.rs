@@ -26,8 +26,9 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
 use crate::copies;
-use crate::pods::{Context, OffloadWatch, delete_offload, is_live, listed};
-use crate::reflect::{self, Source};
+use crate::offload::OffloadPod;
+use crate::pods::{Context, OffloadWatch, delete_offload, listed};
+use crate::reflect::Source;
 use crate::translate;
 
 /// Time between two full passes. Orphans are rare (the pod controller deletes offload pods
@@ -39,16 +40,12 @@ const CACHE_WAIT: Duration = Duration::from_secs(5);
 /// The offload pods whose training pod (by origin UID) is not among `live`. Pods without an
 /// origin UID are not tidepool's copies and pods already being deleted are done: neither is
 /// returned. Pure.
-pub fn orphans<'a>(offload: impl IntoIterator<Item = &'a Pod>, live: &HashSet<&str>) -> Vec<&'a Pod> {
+pub fn orphans<'a>(offload: impl IntoIterator<Item = &'a OffloadPod>, live: &HashSet<&str>) -> Vec<&'a OffloadPod> {
     offload
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| origin_uid(p).is_some_and(|uid| !live.contains(uid)))
+        .filter(|p| p.origin_uid().is_some_and(|uid| !live.contains(uid)))
         .collect()
-}
-
-fn origin_uid(pod: &Pod) -> Option<&str> {
-    pod.metadata.labels.as_ref()?.get(keys::LABEL_ORIGIN_UID).map(String::as_str)
 }
 
 /// Work for a collector besides its periodic pass.
@@ -58,7 +55,7 @@ pub(crate) enum Request {
     Copies(String),
     /// The training pod with `uid` was deleted outright: delete `offload`, its copy's
     /// place in the member, if it holds that pod's copy.
-    Gone { offload: ObjectRef<Pod>, uid: String },
+    Gone { offload: ObjectRef<OffloadPod>, uid: String },
 }
 
 /// Runs one member session's collector until the session ends.
@@ -85,7 +82,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
             Some(request) = requests.recv() => match request {
                 Request::Copies(namespace) => collect_copies(&ctx, &watch, Some(&namespace)).await,
                 Request::Gone { offload, uid } => {
-                    let copy = watch.store.get(&offload).filter(|p| origin_uid(p) == Some(uid.as_str()));
+                    let copy = watch.store.get(&offload).filter(|p| p.origin_uid() == Some(uid.as_str()));
                     if let Some(copy) = copy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
                         collect_orphan(&ctx, &watch, &copy).await;
                     }
@@ -105,7 +102,7 @@ async fn collect_orphans(ctx: &Context, watch: &OffloadWatch) {
 }
 
 /// Deletes `pod` unless the training API says its origin still exists.
-async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &Pod) {
+async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &OffloadPod) {
     let name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_default();
     match still_there(ctx, pod).await {
@@ -133,13 +130,13 @@ async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &Pod) {
 
 /// Whether the training API still has the origin of `offload` (same UID). Without origin
 /// annotations there is nothing to ask, and the training cache has already answered.
-async fn still_there(ctx: &Context, offload: &Pod) -> Result<bool, kube::Error> {
+async fn still_there(ctx: &Context, offload: &OffloadPod) -> Result<bool, kube::Error> {
     let annotations = offload.meta().annotations.as_ref();
     let origin_ns = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAMESPACE));
     let origin_name = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAME));
     let (Some(ns), Some(name)) = (origin_ns, origin_name) else { return Ok(false) };
     let found = Api::<Pod>::namespaced(ctx.training.clone(), ns).get_opt(name).await?;
-    Ok(found.is_some_and(|p| p.metadata.uid.as_deref() == origin_uid(offload)))
+    Ok(found.is_some_and(|p| p.metadata.uid.as_deref() == offload.origin_uid()))
 }
 
 /// Deletes this member's copies (in `only` namespace, or all) that neither an offload pod
@@ -155,19 +152,17 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
     let mut used: HashSet<(String, Source)> = HashSet::new();
     for pod in watch.store.state() {
         let ns = pod.namespace().unwrap_or_default();
-        if wanted(&ns)
-            && let Some(spec) = pod.spec.as_ref()
-        {
-            used.extend(reflect::references(spec).into_keys().map(|s| (ns.clone(), s)));
+        if wanted(&ns) {
+            used.extend(pod.references.keys().map(|s| (ns.clone(), s.clone())));
         }
     }
-    // Pods bound here whose offload copy is not created yet use their copies too.
-    for pod in ctx.pods.state() {
-        let Some(spec) = pod.spec.as_ref() else { continue };
-        let routed = spec.node_name.as_deref().is_some_and(|n| member.pool_for_node(n).is_some());
-        let ns = translate::member_namespace(&member.namespace_prefix, &pod.namespace().unwrap_or_default());
-        if routed && is_live(&pod) && wanted(&ns) {
-            used.extend(reflect::references(spec).into_keys().map(|s| (ns.clone(), s)));
+    // Pods on their way whose offload copy is not created yet use their copies too.
+    if let Ok(waiting) = ctx.waiting.lock() {
+        for (origin_ns, sources) in waiting.values() {
+            let ns = translate::member_namespace(&member.namespace_prefix, origin_ns);
+            if wanted(&ns) {
+                used.extend(sources.iter().map(|s| (ns.clone(), s.clone())));
+            }
         }
     }
     let copies = watch.copies.all();
@@ -188,7 +183,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn offload(name: &str, uid: Option<&str>, deleting: bool) -> Pod {
+    fn offload(name: &str, uid: Option<&str>, deleting: bool) -> OffloadPod {
         let mut labels = serde_json::Map::new();
         if let Some(uid) = uid {
             labels.insert(keys::LABEL_ORIGIN_UID.into(), json!(uid));
@@ -197,7 +192,7 @@ mod tests {
         if deleting {
             meta["deletionTimestamp"] = json!("2026-11-29T10:00:00Z");
         }
-        serde_json::from_value(json!({"metadata": meta})).unwrap()
+        OffloadPod::from(serde_json::from_value::<Pod>(json!({"metadata": meta})).unwrap())
     }
 
     #[test]

@@ -16,7 +16,7 @@ use k8s_openapi::NamespaceResourceScope;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
@@ -338,8 +338,7 @@ impl Reflection<'_> {
     /// Makes the member namespace hold a current copy of every source `spec` references
     /// that exists in training, and no copy of one that does not (a deleted source is
     /// deleted in the member too). Writes nothing when all copies are current.
-    pub(crate) async fn run(&self, spec: &PodSpec) -> Result<Outcome, Error> {
-        let refs = reflect::references(spec);
+    pub(crate) async fn run(&self, refs: &reflect::References) -> Result<Outcome, Error> {
         if refs.is_empty() {
             return Ok(Outcome::Ready);
         }
@@ -347,7 +346,7 @@ impl Reflection<'_> {
             return Ok(Outcome::Retry);
         }
         let mut missing = Vec::new();
-        for (source, usage) in &refs {
+        for (source, usage) in refs {
             let describe = || format!("{} {}/{} ({})", source.kind, self.origin_namespace, source.name, usage.field);
             let copy = self.copies.get(source.kind, self.member_namespace, &source.name);
             let Some(origin) = self.sources.get(source.kind, self.origin_namespace, &source.name) else {

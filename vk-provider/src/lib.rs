@@ -13,6 +13,7 @@ pub mod collect;
 pub mod copies;
 pub mod kubelet;
 pub mod node;
+pub mod offload;
 pub mod pods;
 pub mod policy;
 pub mod reflect;
@@ -86,9 +87,14 @@ pub struct VirtualKubelet;
 
 impl VirtualKubelet {
     /// Starts the node and pod controllers; they run until the runtime stops.
-    pub fn start(training: kube::Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) -> Self {
+    pub fn start(
+        training: kube::Client,
+        config: Arc<BridgeConfig>,
+        members: watch::Receiver<Members>,
+        pods: tidepool_federation::TrainingPods,
+    ) -> Self {
         tokio::spawn(node::run(training.clone(), config.clone(), members.clone()));
-        tokio::spawn(pods::run(training, config, members));
+        tokio::spawn(pods::run(training, config, members, pods));
         Self
     }
 }

@@ -24,15 +24,17 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_config::metrics::metrics;
+use tidepool_config::pod::{PodLite, SyncedStatus};
 use tidepool_config::{BridgeConfig, MemberName, keys};
-use tidepool_federation::{MemberHandle, Members, PoolHandle};
+use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
 
 use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
-use crate::reflect::{self, Source};
+use crate::offload::OffloadPod;
+use crate::reflect::{self, References, Source};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
 
@@ -61,8 +63,14 @@ pub(crate) struct Context {
     offload: Mutex<HashMap<MemberName, OffloadWatch>>,
     namespaces: Mutex<HashSet<(MemberName, String)>>,
     recorder: Recorder,
-    /// The training pods: the controller's own cache, shared with the collector.
-    pub(crate) pods: Store<Pod>,
+    /// The training pods (the cache shared with the dispatcher).
+    pub(crate) pods: Store<PodLite>,
+    /// The same, for whole pods when one is to be offloaded.
+    training_pods: TrainingPods,
+    /// What the pods on their way to a member reference (training namespace, sources),
+    /// until their offload copy shows it: a source's change triggers them, and the
+    /// collector keeps the copies made for them.
+    pub(crate) waiting: Mutex<HashMap<ObjectRef<PodLite>, Waiting>>,
     /// Metadata of every training ConfigMap and Secret: when a copy is stale.
     sources: MetaStores,
     /// Bounds the training pod writes in flight (see [`WRITES_IN_FLIGHT`]).
@@ -71,12 +79,15 @@ pub(crate) struct Context {
     event_writes: Semaphore,
 }
 
+/// What a pod on its way to a member references: its training namespace and the sources.
+pub(crate) type Waiting = (String, Vec<Source>);
+
 /// One member session, as the pod controller sees it.
 #[derive(Clone)]
 pub(crate) struct OffloadWatch {
     pub(crate) member: Arc<MemberHandle>,
     /// This instance's offload pods in the member.
-    pub(crate) store: Store<Pod>,
+    pub(crate) store: Store<OffloadPod>,
     /// Metadata of this instance's reflected copies in the member.
     pub(crate) copies: MemberCopies,
     /// Asks the collector for work now.
@@ -85,26 +96,38 @@ pub(crate) struct OffloadWatch {
     writes: Arc<Semaphore>,
 }
 
-pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Receiver<Members>) {
-    let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<Pod>>(1024);
+pub async fn run(
+    training: Client,
+    config: Arc<BridgeConfig>,
+    members: watch::Receiver<Members>,
+    training_pods: TrainingPods,
+) {
+    let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
     let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
-    let (gone_tx, gone_rx) = mpsc::channel::<Pod>(1024);
+    let (gone_tx, gone_rx) = mpsc::channel::<Arc<PodLite>>(1024);
+    let (applied_tx, applied_rx) = mpsc::channel::<Arc<PodLite>>(1024);
+    let (resync_tx, resync_rx) = mpsc::channel::<()>(1);
     let recorder = Recorder::new(training.clone(), Reporter { controller: "tidepool".into(), instance: None });
-    // The controller's own watch, tapped for deletions: a pod deleted outright (grace period
-    // 0, forced, or by the pod garbage collector) never shows a deletion timestamp, and its
-    // offload copy must go at once rather than at the collector's next pass.
-    let (reader, writer) = reflector::store();
-    let training_pods = watcher(Api::<Pod>::all(training.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(translate::trim_for_cache)
-        .reflect(writer)
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(pod)) = event {
-                let _ = gone_tx.try_send(pod.clone());
+    // The shared watch, split: changes drive the controller; deletions go to the
+    // collector at once (a pod deleted outright, with grace period 0, forced, or by the pod
+    // garbage collector, never shows a deletion timestamp, and its offload copy must go
+    // now rather than at the collector's next pass); missed changes resync every pod.
+    let events = training_pods.subscribe();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let sent = match event {
+                PodEvent::Applied(pod) => applied_tx.send(pod).await.is_ok(),
+                PodEvent::Deleted(pod) => gone_tx.try_send(pod).is_ok() || !gone_tx.is_closed(),
+                PodEvent::Relisted | PodEvent::Lagged => resync_tx.try_send(()).is_ok() || !resync_tx.is_closed(),
+            };
+            if !sent {
+                return;
             }
-        })
-        .applied_objects();
-    let controller = Controller::for_stream(training_pods, reader);
+        }
+    });
+    let store = training_pods.store();
+    let controller = Controller::for_shared_stream(ReceiverStream::new(applied_rx), store.clone());
     let ctx = Arc::new(Context {
         training: training.clone(),
         config,
@@ -112,7 +135,9 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
         offload: Mutex::new(HashMap::new()),
         namespaces: Mutex::new(HashSet::new()),
         recorder,
-        pods: controller.store(),
+        pods: store,
+        training_pods,
+        waiting: Mutex::new(HashMap::new()),
         // The training side's watches live as long as the process.
         sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
         training_writes: Semaphore::new(WRITES_IN_FLIGHT),
@@ -126,36 +151,37 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, members: watch::Re
     );
     // A member (re)connecting re-checks every pod: its pods may have waited for it.
     let member_changes = WatchStream::new(members).map(|_| ());
+    let resync = ReceiverStream::new(resync_rx);
     controller
         .reconcile_on(ReceiverStream::new(trigger_rx))
-        .reconcile_all_on(member_changes)
+        .reconcile_all_on(futures::stream::select(member_changes, resync))
         .run(timed_reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
 }
 
 /// Pod sync work queued by watches of members and sources, as a gauge, once a second.
-async fn report_queue_depth(trigger: mpsc::Sender<ObjectRef<Pod>>) {
+async fn report_queue_depth(trigger: mpsc::Sender<ObjectRef<PodLite>>) {
     while !trigger.is_closed() {
         metrics().set_queue_depth("pod_triggers", trigger.max_capacity() - trigger.capacity());
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-async fn timed_reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn timed_reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = reconcile(pod, ctx).await;
     metrics().observe_sync("pod", started.elapsed());
     result
 }
 
-fn error_policy(pod: Arc<Pod>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(pod: Arc<PodLite>, error: &Error, _ctx: Arc<Context>) -> Action {
     warn!(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), %error, "pod sync failed; retrying");
     Action::requeue(if error.is_transient() { Duration::from_secs(2) } else { Duration::from_secs(30) })
 }
 
 /// Starts an offload watch for every member session and drops those of ended sessions.
-async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<ObjectRef<Pod>>) {
+async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<ObjectRef<PodLite>>) {
     let mut members = ctx.members.clone();
     loop {
         let current = members.borrow_and_update().clone();
@@ -178,7 +204,7 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
 fn start_offload_watch(
     ctx: &Arc<Context>,
     member: Arc<MemberHandle>,
-    trigger: mpsc::Sender<ObjectRef<Pod>>,
+    trigger: mpsc::Sender<ObjectRef<PodLite>>,
 ) -> OffloadWatch {
     let span = info_span!("offload_watch", member = %member.name);
     let _entered = span.enter();
@@ -192,7 +218,7 @@ fn start_offload_watch(
     );
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
-        .modify(translate::trim_for_cache)
+        .map(|event| event.map(|e| translate::map_event(e, OffloadPod::from)))
         .reflect(writer)
         .touched_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
@@ -232,7 +258,7 @@ fn start_offload_watch(
                             // Gone from the member: its copies may be unused now.
                             let _ = collect_tx.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
                         }
-                        if let Some(origin) = origin_of(&pod) {
+                        if let Some(origin) = pod.origin() {
                             let _ = pod_trigger.send(origin).await;
                         }
                     }
@@ -250,7 +276,7 @@ fn start_offload_watch(
 
 /// Reconciles every pod on the member's virtual nodes when its health changes: an outage
 /// turning into a loss fails them, a recovery resumes their sync.
-async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mpsc::Sender<ObjectRef<Pod>>) {
+async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mpsc::Sender<ObjectRef<PodLite>>) {
     let mut health = member.health.clone();
     loop {
         tokio::select! {
@@ -258,11 +284,11 @@ async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mp
             res = health.changed() => if res.is_err() { return },
         }
         let nodes: HashSet<&str> = member.pools.iter().map(|p| p.node.as_str()).collect();
-        let pods: Vec<ObjectRef<Pod>> = ctx
+        let pods: Vec<ObjectRef<PodLite>> = ctx
             .pods
             .state()
             .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| nodes.contains(n)))
+            .filter(|p| p.node_name().is_some_and(|n| nodes.contains(n)))
             .map(|p| ObjectRef::from_obj(&**p))
             .collect();
         for pod in pods {
@@ -275,9 +301,10 @@ async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mp
 
 /// Hands training pods that are gone to the collector of their member, which deletes their
 /// offload copy if there is one (after a normal deletion there is none left).
-async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Pod>) {
+async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Arc<PodLite>>) {
     while let Some(pod) = gone.recv().await {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
+        ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+        let Some(node) = pod.node_name() else { continue };
         let Some((watch, _)) = ctx.route(node) else { continue };
         let (Some(namespace), Some(uid)) = (pod.metadata.namespace.as_deref(), pod.metadata.uid.clone()) else {
             continue;
@@ -299,7 +326,7 @@ async fn follow_source_changes(
     ctx: Arc<Context>,
     mut changes: mpsc::Receiver<Change>,
     member: Option<Arc<MemberHandle>>,
-    trigger: mpsc::Sender<ObjectRef<Pod>>,
+    trigger: mpsc::Sender<ObjectRef<PodLite>>,
 ) {
     while let Some(change) = changes.recv().await {
         let pods = match (&change, &member) {
@@ -324,14 +351,6 @@ async fn follow_source_changes(
     }
 }
 
-/// The training pod an offload pod copies, from its origin annotations.
-fn origin_of(offload: &Pod) -> Option<ObjectRef<Pod>> {
-    let a = offload.metadata.annotations.as_ref()?;
-    let ns = a.get(keys::ANNOTATION_ORIGIN_NAMESPACE)?;
-    let name = a.get(keys::ANNOTATION_ORIGIN_NAME)?;
-    Some(ObjectRef::new(name).within(ns))
-}
-
 /// Waits up to `limit` for `store`'s first full list; false if it does not come (or its
 /// watch is gone). `Store::wait_until_ready` wakes only the last of several tasks waiting at
 /// once (kube-runtime 5 keeps a single waker), so each wait is short and repeated rather
@@ -349,12 +368,6 @@ where
             Err(_) => {}
         }
     }
-}
-
-/// A training pod that still runs or is still to run: not terminal, not being deleted.
-pub(crate) fn is_live(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 impl Context {
@@ -382,49 +395,85 @@ impl Context {
         watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone())))
     }
 
-    /// Live training pods in `namespace` on a virtual node (of `member`, or of any member)
-    /// that reference `source` (or, without one, anything at all).
+    /// Training pods in `namespace` (or any) whose offload copy in `member` (or any member)
+    /// references `source` (without one: anything at all), and pods held back waiting for
+    /// one of those.
     fn referencing(
         &self,
         namespace: Option<&str>,
         source: Option<&Source>,
         member: Option<&MemberHandle>,
-    ) -> Vec<ObjectRef<Pod>> {
-        let nodes: HashSet<String> = match member {
-            Some(m) => m.pools.iter().map(|p| p.node.to_string()).collect(),
-            None => self
-                .offload
-                .lock()
-                .map(|w| w.values().flat_map(|w| w.member.pools.iter().map(|p| p.node.to_string())).collect())
-                .unwrap_or_default(),
-        };
-        self.pods
-            .state()
-            .into_iter()
-            .filter(|p| namespace.is_none_or(|ns| p.metadata.namespace.as_deref() == Some(ns)))
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| nodes.contains(n)))
-            .filter(|p| is_live(p))
-            .filter(|p| {
-                let refs = p.spec.as_ref().map(reflect::references).unwrap_or_default();
-                match source {
-                    Some(s) => refs.contains_key(s),
-                    None => !refs.is_empty(),
+    ) -> Vec<ObjectRef<PodLite>> {
+        let watches: Vec<OffloadWatch> = self
+            .offload
+            .lock()
+            .map(|w| w.values().filter(|w| member.is_none_or(|m| w.member.name == m.name)).cloned().collect())
+            .unwrap_or_default();
+        let mut found: HashSet<ObjectRef<PodLite>> = HashSet::new();
+        for watch in watches {
+            let member_ns = namespace.map(|ns| translate::member_namespace(&watch.member.namespace_prefix, ns));
+            for copy in watch.store.state() {
+                if member_ns.as_deref().is_some_and(|ns| copy.metadata.namespace.as_deref() != Some(ns)) {
+                    continue;
                 }
-            })
-            .map(|p| ObjectRef::from_obj(&*p))
-            .collect()
+                let uses = match source {
+                    Some(s) => copy.references.contains_key(s),
+                    None => !copy.references.is_empty(),
+                };
+                if let Some(origin) = copy.origin().filter(|_| uses) {
+                    found.insert(origin);
+                }
+            }
+        }
+        if member.is_none()
+            && let Ok(waiting) = self.waiting.lock()
+        {
+            let held = waiting.iter().filter(|(pod, (ns, sources))| {
+                namespace.is_none_or(|n| n == ns)
+                    && source.is_none_or(|s| sources.contains(s))
+                    && pod.namespace.is_some()
+            });
+            found.extend(held.map(|(pod, _)| pod.clone()));
+        }
+        found.into_iter().collect()
     }
 
-    /// Every live pod on a virtual node that references anything: after a relist, when
-    /// single changes may have been missed.
-    fn referencing_any(&self) -> Vec<ObjectRef<Pod>> {
+    /// Every pod whose copy references anything, and every pod held back: after a relist,
+    /// when single changes may have been missed.
+    fn referencing_any(&self) -> Vec<ObjectRef<PodLite>> {
         self.referencing(None, None, None)
+    }
+
+    /// Remembers what `pod`, on its way to a member, references.
+    fn wait_for(&self, pod: &PodLite, references: &References) {
+        if let (Ok(mut waiting), Some(ns)) = (self.waiting.lock(), pod.metadata.namespace.clone()) {
+            waiting.insert(ObjectRef::from_obj(pod), (ns, references.keys().cloned().collect()));
+        }
+    }
+
+    fn stop_waiting(&self, pod: &ObjectRef<PodLite>) {
+        if let Ok(mut waiting) = self.waiting.lock() {
+            waiting.remove(pod);
+        }
+    }
+
+    /// The whole training pod `pod` is the cache's view of: kept by the shared watch until
+    /// the pod runs, else read from the API. `None` if it is gone (or is another pod of
+    /// the same name now).
+    async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(whole) = self.training_pods.whole(uid) {
+            return Ok(Some(whole));
+        }
+        let api = Api::<Pod>::namespaced(self.training.clone(), &pod.namespace().unwrap_or_default());
+        let found = api.get_opt(&pod.name_any()).await.map_err(|e| Error::training("read pod", e))?;
+        Ok(found.filter(|p| p.metadata.uid.as_deref() == Some(uid)).map(Arc::new))
     }
 }
 
 #[instrument(skip_all, fields(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default()))]
-async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(node) = pod.node_name() else {
         return Ok(Action::await_change());
     };
     let Some((watch, pool)) = ctx.route(node) else {
@@ -438,7 +487,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     //    by step 7 once the member answers again. Merely unreachable: nothing is touched,
     //    here or in the member; the health changing back triggers every pod again.
     let health = member.health.borrow().clone();
-    if health.lost && is_live(&pod) {
+    if health.lost && pod.is_live() {
         let msg = format!(
             "member {} unreachable for more than {}s ({}); the pod is given up so it can run elsewhere",
             member.name,
@@ -458,7 +507,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = pod.name_any();
     let member_ns = translate::member_namespace(&member.namespace_prefix, &namespace);
     let existing = watch.store.get(&ObjectRef::new(&name).within(&member_ns));
-    let copy = existing.as_deref().filter(|o| translate::is_copy_of(o, &pod));
+    let copy = existing.as_deref().filter(|o| o.is_copy_of(&pod));
 
     // 1. Deleted in training: delete the offload copy first, then finish the training pod.
     if pod.metadata.deletion_timestamp.is_some() {
@@ -487,8 +536,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    let terminal = matches!(phase, Some("Succeeded" | "Failed"));
+    let terminal = pod.is_terminal();
 
     let Some(copy) = copy else {
         if existing.is_some() {
@@ -498,18 +546,23 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
         if terminal {
+            ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
             return Ok(Action::await_change());
         }
-        if pod.status.as_ref().is_some_and(|s| s.host_ip.is_some()) {
+        if pod.status.host_ip.is_some() {
             // 3. It ran in the member and is gone without our deleting it: the member evicted
             //    or preempted it (its last status, copied up, says which), or someone deleted it.
-            let (reason, why) = translate::member_disruption(pod.status.as_ref());
+            let (reason, why) = translate::member_disruption(pod.status.disruption.as_deref());
             let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
             fail_pod(&ctx, &pod, reason, &msg).await?;
             return Ok(Action::await_change());
         }
+        // The whole pod, to translate (the cache holds only what the sync decides on).
+        let Some(whole) = ctx.whole(&pod).await? else {
+            return Ok(Action::await_change());
+        };
         // 4. The offload policy: a refused pod fails here, before anything reaches the member.
-        if let Err(violation) = policy::check(&pod, &ctx.config.policy) {
+        if let Err(violation) = policy::check(&whole, &ctx.config.policy) {
             let msg = format!("not offloaded to member {}: {violation}", member.name);
             fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
             return Ok(Action::await_change());
@@ -522,11 +575,16 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
             member: member.name.as_str(),
             namespace_prefix: &member.namespace_prefix,
             node_selector: &pool.node_selector,
-            band: translate::band_of(&pod),
+            band: translate::band_of(&whole),
         };
-        let offload = translate::offload_pod(&pod, &target)?;
+        let offload = translate::offload_pod(&whole, &target)?;
+        let references = reflect::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
+        if !references.is_empty() {
+            // Until its copy shows what it references, the pod itself says so.
+            ctx.wait_for(&pod, &references);
+        }
         let reflection = ctx.reflection(&watch, &namespace, &member_ns);
-        match reflection.run(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?).await? {
+        match reflection.run(&references).await? {
             Outcome::Ready => {}
             Outcome::Missing(missing) => {
                 let msg = format!("waiting for {} before offloading to member {}", missing.join(", "), member.name);
@@ -571,6 +629,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(RESYNC));
     };
 
+    ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+
     // 7. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
     if terminal {
         if copy.metadata.deletion_timestamp.is_none() {
@@ -582,8 +642,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     // 8a. The member is deleting the copy on its own (eviction, preemption by an online
     //     pod): the training pod fails now, with the member's reason.
+    let member_status = copy.status();
     if copy.metadata.deletion_timestamp.is_some() {
-        let (reason, why) = translate::member_disruption(copy.status.as_ref());
+        let (reason, why) = translate::member_disruption(translate::disruption_reason(member_status.as_ref()));
         let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
         fail_pod(&ctx, &pod, reason, &msg).await?;
         return Ok(Action::await_change());
@@ -595,9 +656,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 
     // 9. Keep its ConfigMap and Secret copies current while it runs.
     let mut requeue = RESYNC;
-    if let Some(spec) = copy.spec.as_ref().filter(|s| !reflect::references(s).is_empty()) {
+    if !copy.references.is_empty() {
         let _slot = slot(&watch.writes).await;
-        match ctx.reflection(&watch, &namespace, &member_ns).run(spec).await? {
+        match ctx.reflection(&watch, &namespace, &member_ns).run(&copy.references).await? {
             // A source deleted in training is deleted in the member too; the pod runs on,
             // as it would with a kubelet of its own.
             Outcome::Ready | Outcome::Missing(_) => {}
@@ -609,16 +670,17 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
 
     // 10. Copy status up.
-    let Some(member_status) = copy.status.as_ref() else {
+    let Some(member_status) = member_status else {
         return Ok(Action::requeue(requeue));
     };
-    let mut desired = translate::training_status(member_status, &ctx.config.kubelet.node_address.to_string());
-    translate::keep_tidepool_conditions(&mut desired, pod.status.as_ref());
-    if !translate::status_in_sync(pod.status.as_ref(), &desired) {
+    let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
+    translate::keep_tidepool_conditions(&mut desired, &pod.status.tidepool_conditions);
+    let synced = SyncedStatus::of(Some(&desired));
+    if synced.all != pod.status.synced.all {
         // A Pending pod's new conditions wait a moment for the pod to run (coalescing two
         // writes into one); the offload pod turning Running triggers this sooner.
         if let Some(wait) =
-            translate::status_settles_in(pod.status.as_ref(), &desired, jiff::Timestamp::now(), PENDING_SETTLE)
+            translate::status_settles_in(&pod.status, &desired, &synced, jiff::Timestamp::now(), PENDING_SETTLE)
         {
             return Ok(Action::requeue(wait.min(requeue)));
         }
@@ -628,7 +690,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy.
-async fn sync_notice(watch: &OffloadWatch, pod: &Pod, copy: &Pod) -> Result<(), Error> {
+async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
     let want = pod.annotations().get(key);
     if want.is_none() || want == copy.annotations().get(key) {
@@ -645,7 +707,7 @@ async fn sync_notice(watch: &OffloadWatch, pod: &Pod, copy: &Pod) -> Result<(), 
     Ok(())
 }
 
-pub(crate) async fn delete_offload(member: &MemberHandle, copy: &Pod, grace: Option<u32>) -> Result<(), Error> {
+pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
     let ns = copy.namespace().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: grace,
@@ -707,7 +769,7 @@ async fn slot(writes: &Semaphore) -> Option<SemaphorePermit<'_>> {
     writes.acquire().await.ok()
 }
 
-async fn patch_status(ctx: &Context, pod: &Pod, status: &PodStatus) -> Result<(), Error> {
+async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Result<(), Error> {
     let _slot = slot(&ctx.training_writes).await;
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
@@ -716,7 +778,7 @@ async fn patch_status(ctx: &Context, pod: &Pod, status: &PodStatus) -> Result<()
     Ok(())
 }
 
-async fn fail_pod(ctx: &Context, pod: &Pod, reason: &str, message: &str) -> Result<(), Error> {
+async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> Result<(), Error> {
     warn!(reason, message, "training pod failed");
     let status = PodStatus {
         phase: Some("Failed".to_owned()),
@@ -729,7 +791,7 @@ async fn fail_pod(ctx: &Context, pod: &Pod, reason: &str, message: &str) -> Resu
     Ok(())
 }
 
-async fn publish(ctx: &Context, pod: &Pod, type_: EventType, reason: &str, note: &str) {
+async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
     let event = Event {
         type_,
         reason: reason.to_owned(),

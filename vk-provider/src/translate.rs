@@ -8,9 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Volume};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher;
 use tidepool_config::keys;
+use tidepool_config::pod::{StatusLite, SyncedStatus};
 
 /// What translation needs to know besides the pod.
 #[derive(Debug, Clone)]
@@ -179,27 +181,21 @@ fn add_annotations_volume(s: &mut PodSpec) {
 
 /// Keeps the conditions tidepool itself wrote on the training pod (`tidepool.io/…`, such as
 /// a reclaim notice) when the member's status is copied over it.
-pub fn keep_tidepool_conditions(desired: &mut PodStatus, current: Option<&PodStatus>) {
-    let ours: Vec<_> = current
-        .and_then(|c| c.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.type_.starts_with("tidepool.io/"))
-        .cloned()
-        .collect();
+pub fn keep_tidepool_conditions(desired: &mut PodStatus, ours: &[PodCondition]) {
     if !ours.is_empty() {
-        desired.conditions.get_or_insert_with(Vec::new).extend(ours);
+        desired.conditions.get_or_insert_with(Vec::new).extend(ours.iter().cloned());
     }
 }
 
-/// Why an offload pod that ran vanished from its member, from the `DisruptionTarget`
-/// condition the member set before deleting it (copied up with its status): a reason for the
-/// training pod and a phrase for the message.
-pub fn member_disruption(status: Option<&PodStatus>) -> (&'static str, &'static str) {
-    let target = status
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "DisruptionTarget" && c.status == "True"))
-        .and_then(|c| c.reason.as_deref());
+/// The reason of a true `DisruptionTarget` condition of `status`, if any.
+pub fn disruption_reason(status: Option<&PodStatus>) -> Option<&str> {
+    status.and_then(tidepool_config::pod::disruption_reason)
+}
+
+/// Why an offload pod that ran vanished from its member, from the reason of the
+/// `DisruptionTarget` condition the member set before deleting it (copied up with its
+/// status): a reason for the training pod and a phrase for the message.
+pub fn member_disruption(target: Option<&str>) -> (&'static str, &'static str) {
     match target {
         Some("PreemptionByScheduler") => ("PreemptedByMember", "was preempted by an online pod"),
         Some("EvictionByEvictionAPI") => ("EvictedByMember", "was evicted"),
@@ -208,12 +204,6 @@ pub fn member_disruption(status: Option<&PodStatus>) -> (&'static str, &'static 
         Some("DeletionByPodGC") => ("OffloadPodLost", "was garbage-collected"),
         _ => ("OffloadPodLost", "disappeared"),
     }
-}
-
-/// True when `offload` is the copy of `pod` (same origin UID).
-pub fn is_copy_of(offload: &Pod, pod: &Pod) -> bool {
-    let origin = offload.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID));
-    origin.is_some() && origin == pod.metadata.uid.as_ref()
 }
 
 /// The training pod's status for an offload pod's status. `host_ip` is the virtual node's
@@ -235,63 +225,45 @@ pub fn training_status(offload: &PodStatus, host_ip: &str) -> PodStatus {
     s
 }
 
-/// Whether the training pod's status already says what `desired` says, for the fields
-/// tidepool writes. Avoids a write per event when nothing changed.
-pub fn status_in_sync(current: Option<&PodStatus>, desired: &PodStatus) -> bool {
-    let Some(c) = current else { return false };
-    c.phase == desired.phase
-        && c.conditions == desired.conditions
-        && c.container_statuses == desired.container_statuses
-        && c.init_container_statuses == desired.init_container_statuses
-        && c.pod_ip == desired.pod_ip
-        && c.pod_ips == desired.pod_ips
-        && c.host_ip == desired.host_ip
-        && c.start_time == desired.start_time
-        && c.reason == desired.reason
-        && c.message == desired.message
-}
-
-/// What the pod caches drop from every pod they hold: managed fields and `kubectl apply`'s
-/// copy of the whole object, which nothing here reads and which are often most of a pod's
-/// size.
-pub fn trim_for_cache(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(a) = pod.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
+/// Maps the objects of a watch event (a cache keeps a reduced form of what it watches).
+pub fn map_event<A, B>(event: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Event<B> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Whether copying `desired` up should wait, and how long: while the pod is Pending on both
 /// sides and only its conditions changed (the member scheduler placed it), the write waits
 /// until the newest changed condition is `settle` old — the pod usually runs by then, and
 /// one write carries both changes. `None`: write now. A condition stamped in the future (a
 /// member clock ahead of ours) never delays a write.
+/// `current` is the training pod's status as the cache has it, `desired_digest` the
+/// digest of `desired`.
 pub fn status_settles_in(
-    current: Option<&PodStatus>,
+    current: &StatusLite,
     desired: &PodStatus,
+    desired_digest: &SyncedStatus,
     now: jiff::Timestamp,
     settle: std::time::Duration,
 ) -> Option<std::time::Duration> {
-    let current = current?;
-    let pending = |s: &PodStatus| s.phase.as_deref().is_none_or(|p| p == "Pending");
-    if !pending(current) || !pending(desired) {
+    current.synced.all?;
+    let pending = |phase: Option<&str>| phase.is_none_or(|p| p == "Pending");
+    if !pending(current.phase.as_deref()) || !pending(desired.phase.as_deref()) {
         return None;
     }
-    if current.container_statuses != desired.container_statuses
-        || current.init_container_statuses != desired.init_container_statuses
-        || current.reason != desired.reason
-        || current.message != desired.message
-    {
+    if current.synced.pending_detail != desired_digest.pending_detail {
         return None;
     }
-    let before = current.conditions.as_deref().unwrap_or_default();
+    let before = &current.synced.conditions;
     let newest = desired
         .conditions
         .iter()
         .flatten()
-        .filter(|c| !before.contains(c))
+        .filter(|c| !before.contains(&SyncedStatus::condition(c)))
         .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
         .max()?;
     let age = now.duration_since(newest);
@@ -306,6 +278,7 @@ pub fn status_settles_in(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tidepool_config::pod::PodLite;
 
     fn training_pod() -> Pod {
         serde_json::from_value(json!({
@@ -416,7 +389,7 @@ mod tests {
         .unwrap();
         let mut desired: PodStatus =
             serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap();
-        keep_tidepool_conditions(&mut desired, Some(&current));
+        keep_tidepool_conditions(&mut desired, &lite(Some(current)).tidepool_conditions);
         let types: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
         assert_eq!(types, [("Ready".into(), "True".into()), ("tidepool.io/ReclaimRequested".into(), "True".into())]);
     }
@@ -429,10 +402,13 @@ mod tests {
             )
             .unwrap()
         };
-        assert_eq!(member_disruption(Some(&with("PreemptionByScheduler"))).0, "PreemptedByMember");
-        assert_eq!(member_disruption(Some(&with("EvictionByEvictionAPI"))).0, "EvictedByMember");
-        assert_eq!(member_disruption(Some(&PodStatus::default())).0, "OffloadPodLost");
+        let reason_of = |s: PodStatus| member_disruption(disruption_reason(Some(&s))).0;
+        assert_eq!(reason_of(with("PreemptionByScheduler")), "PreemptedByMember");
+        assert_eq!(reason_of(with("EvictionByEvictionAPI")), "EvictedByMember");
+        assert_eq!(reason_of(PodStatus::default()), "OffloadPodLost");
         assert_eq!(member_disruption(None).0, "OffloadPodLost");
+        // The training pod's cache keeps the reason its status was copied up with.
+        assert_eq!(lite(Some(with("EvictionByEvictionAPI"))).disruption.as_deref(), Some("EvictionByEvictionAPI"));
     }
 
     #[test]
@@ -454,11 +430,11 @@ mod tests {
     #[test]
     fn identity_is_the_origin_uid() {
         let pod = training_pod();
-        let copy = offload_pod(&pod, &target(&BTreeMap::new())).unwrap();
-        assert!(is_copy_of(&copy, &pod));
+        let copy = crate::offload::OffloadPod::from(offload_pod(&pod, &target(&BTreeMap::new())).unwrap());
+        assert!(copy.is_copy_of(&PodLite::from(pod.clone())));
         let mut other = pod.clone();
         other.metadata.uid = Some("uid-2".into());
-        assert!(!is_copy_of(&copy, &other));
+        assert!(!copy.is_copy_of(&PodLite::from(other)));
     }
 
     #[test]
@@ -476,14 +452,20 @@ mod tests {
         assert_eq!(up.pod_ip.as_deref(), Some("10.244.0.7"));
         assert_eq!(up.container_statuses.as_ref().unwrap()[0].restart_count, 2);
         assert_eq!(up.nominated_node_name, None);
-        assert!(status_in_sync(Some(&up), &up));
-        assert!(!status_in_sync(None, &up));
+        // In sync: the cached training pod's digest is the one of what would be written.
+        assert_eq!(lite(Some(up.clone())).synced.all, SyncedStatus::of(Some(&up)).all);
+        assert_ne!(lite(None).synced.all, SyncedStatus::of(Some(&up)).all);
         let pending = training_status(&PodStatus { phase: Some("Pending".into()), ..Default::default() }, "127.0.0.2");
         assert_eq!(pending.host_ip, None);
     }
 
     fn status(v: serde_json::Value) -> PodStatus {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// A training pod's status as the cache holds it.
+    fn lite(status: Option<PodStatus>) -> StatusLite {
+        PodLite::from(Pod { status, ..Default::default() }).status
     }
 
     #[test]
@@ -512,19 +494,9 @@ mod tests {
             ),
         ];
         for (name, current, desired, want_ms) in cases {
-            let got = status_settles_in(current, &desired, now, settle).map(|d| d.as_millis());
+            let (current, digest) = (lite(current.cloned()), SyncedStatus::of(Some(&desired)));
+            let got = status_settles_in(&current, &desired, &digest, now, settle).map(|d| d.as_millis());
             assert_eq!(got, want_ms, "{name}");
         }
-    }
-
-    #[test]
-    fn cached_pods_drop_managed_fields_and_the_last_applied_copy_only() {
-        let mut pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p",
-            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "tidepool.io/checkpoint-done": "true"},
-            "managedFields": [{"manager": "kubectl", "operation": "Apply"}]}})).unwrap();
-        trim_for_cache(&mut pod);
-        assert!(pod.metadata.managed_fields.is_none());
-        let annotations = pod.metadata.annotations.unwrap();
-        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["tidepool.io/checkpoint-done"]);
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use kube::{Api, ResourceExt};
+use tidepool_config::keys;
 use tidepool_federation::MemberHandle;
 
 use super::Context;
@@ -60,7 +61,8 @@ pub(crate) async fn resolve(ctx: &Context, namespace: &str, name: &str) -> Resul
     let copy = api.get_opt(name).await.map_err(|e| Refusal::api(&format!("member {}", member.name), &e))?;
     // Same name but another pod's copy (another training cluster, or a stale one): never
     // show its logs or run commands in it.
-    if !copy.as_ref().is_some_and(|c| translate::is_copy_of(c, &pod)) {
+    let origin_uid = copy.as_ref().and_then(|c| c.labels().get(keys::LABEL_ORIGIN_UID));
+    if origin_uid.is_none() || origin_uid != pod.metadata.uid.as_ref() {
         return Err(Refusal(
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{name} has no offload pod in member {} yet", member.name),

@@ -1,0 +1,315 @@
+//! A training pod as tidepool's caches hold it.
+//!
+//! A `k8s_openapi` `Pod` costs about 18 KB of memory even when its JSON is 5 KB: every
+//! optional part of a container or a volume is laid out inline, present or not (a `Volume`
+//! is 3.2 KB before it holds anything). Tidepool keeps every pod of the training cluster
+//! in memory, so the cache holds a [`PodLite`] instead: the metadata, what the dispatcher
+//! and the pod sync read from the spec (node, scheduler, priority, effective requests), and
+//! the status reduced to what they decide on plus a digest of the part the pod sync
+//! writes. The whole pod is read where it is needed once (translating it into an offload
+//! pod), from the watch event that brought it or from the API.
+
+use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{Resources, parse_milli};
+
+/// `kubectl apply`'s copy of the whole object: never read here, and often most of a pod.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no cache reads from a pod's metadata: managed fields and the last-applied copy.
+pub fn trim_meta(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+/// A training pod, reduced to what tidepool decides on (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodLite {
+    pub metadata: ObjectMeta,
+    pub spec: SpecLite,
+    pub status: StatusLite,
+}
+
+/// The parts of a pod's spec the dispatcher and the pod sync read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecLite {
+    pub node_name: Option<String>,
+    pub scheduler_name: Option<String>,
+    /// `spec.priority`, resolved by the API server at admission.
+    pub priority: Option<i32>,
+    /// Effective requests, as the scheduler counts them ([`pod_requests`]).
+    pub requests: Resources,
+}
+
+/// The parts of a pod's status tidepool decides on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusLite {
+    pub phase: Option<String>,
+    pub reason: Option<String>,
+    /// Set once the pod ran somewhere (for an offloaded pod: the virtual node's address).
+    pub host_ip: Option<String>,
+    /// The pod has container statuses and every one has terminated.
+    pub containers_exited: bool,
+    /// Conditions tidepool itself wrote (`tidepool.io/…`, such as a reclaim notice).
+    pub tidepool_conditions: Vec<PodCondition>,
+    /// The reason of a true `DisruptionTarget` condition: why the pod is going away.
+    pub disruption: Option<String>,
+    /// [`SyncedStatus`] of the status as it is: compared with the status the pod sync
+    /// would write, so an unchanged status costs no write.
+    pub synced: SyncedStatus,
+}
+
+/// Digests of the parts of a pod status that the pod sync copies from the member, so two
+/// statuses can be compared without keeping either.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncedStatus {
+    /// Everything the pod sync writes (phase, conditions, container statuses, IPs, start
+    /// time, reason, message), `None` without a status.
+    pub all: Option<u64>,
+    /// Container statuses, reason and message: what may not change while a Pending pod's
+    /// new conditions wait to be written together with the next change.
+    pub pending_detail: u64,
+    /// One digest per condition.
+    pub conditions: Vec<u64>,
+}
+
+impl SyncedStatus {
+    pub fn of(status: Option<&PodStatus>) -> Self {
+        let Some(s) = status else {
+            return SyncedStatus::default();
+        };
+        let mut all = Digest::default();
+        all.add(&s.phase)
+            .add(&s.conditions)
+            .add(&s.container_statuses)
+            .add(&s.init_container_statuses)
+            .add(&s.pod_ip)
+            .add(&s.pod_ips)
+            .add(&s.host_ip)
+            .add(&s.start_time)
+            .add(&s.reason)
+            .add(&s.message);
+        let mut detail = Digest::default();
+        detail.add(&s.container_statuses).add(&s.init_container_statuses).add(&s.reason).add(&s.message);
+        SyncedStatus {
+            all: Some(all.finish()),
+            pending_detail: detail.finish(),
+            conditions: s.conditions.iter().flatten().map(|c| Digest::default().add(c).finish()).collect(),
+        }
+    }
+
+    /// The digest of one condition, as [`SyncedStatus::conditions`] holds it.
+    pub fn condition(c: &PodCondition) -> u64 {
+        Digest::default().add(c).finish()
+    }
+}
+
+/// A digest of serializable values (their JSON), for equality checks within this process.
+#[derive(Default)]
+struct Digest(std::collections::hash_map::DefaultHasher);
+
+impl Digest {
+    fn add<T: Serialize>(&mut self, value: &T) -> &mut Self {
+        // Serializing these types cannot fail (no maps with non-string keys).
+        serde_json::to_vec(value).unwrap_or_default().hash(&mut self.0);
+        self
+    }
+
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+}
+
+impl From<Pod> for PodLite {
+    fn from(pod: Pod) -> Self {
+        let Pod { mut metadata, spec, status } = pod;
+        trim_meta(&mut metadata);
+        let spec = spec.map(|s| SpecLite {
+            requests: pod_requests(&s),
+            node_name: s.node_name,
+            scheduler_name: s.scheduler_name,
+            priority: s.priority,
+        });
+        let lite = StatusLite {
+            synced: SyncedStatus::of(status.as_ref()),
+            containers_exited: status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
+                !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+            }),
+            tidepool_conditions: status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|c| c.type_.starts_with("tidepool.io/"))
+                .cloned()
+                .collect(),
+            disruption: status.as_ref().and_then(disruption_reason).map(str::to_owned),
+            phase: status.as_ref().and_then(|s| s.phase.clone()),
+            reason: status.as_ref().and_then(|s| s.reason.clone()),
+            host_ip: status.and_then(|s| s.host_ip),
+        };
+        PodLite { metadata, spec: spec.unwrap_or_default(), status: lite }
+    }
+}
+
+impl PodLite {
+    pub fn node_name(&self) -> Option<&str> {
+        self.spec.node_name.as_deref()
+    }
+
+    pub fn phase(&self) -> Option<&str> {
+        self.status.phase.as_deref()
+    }
+
+    /// Succeeded or Failed.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase(), Some("Succeeded" | "Failed"))
+    }
+
+    /// Still runs or is still to run: not terminal, not being deleted.
+    pub fn is_live(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none() && !self.is_terminal()
+    }
+}
+
+impl kube::Resource for PodLite {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The reason of `status`'s true `DisruptionTarget` condition, which the member (or any
+/// cluster) sets before it deletes a pod on its own: preemption, eviction, taints.
+pub fn disruption_reason(status: &PodStatus) -> Option<&str> {
+    let conditions = status.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?.reason.as_deref()
+}
+
+/// Effective requests of a pod as the scheduler counts them: the larger of the sum of its
+/// containers and its largest init container, plus overhead, plus one `pods`. A container
+/// that sets only a limit requests that limit (the API server defaults requests to limits).
+pub fn pod_requests(spec: &PodSpec) -> Resources {
+    let container = |c: &k8s_openapi::api::core::v1::Container| {
+        let mut r = Resources::new();
+        if let Some(res) = &c.resources {
+            let limits = res.limits.clone().unwrap_or_default();
+            let requests = res.requests.clone().unwrap_or_default();
+            for (k, v) in limits.iter().filter(|(k, _)| !requests.contains_key(*k)).chain(requests.iter()) {
+                if let Ok(m) = parse_milli(&v.0) {
+                    r.set(k, m);
+                }
+            }
+        }
+        r
+    };
+    let mut total = Resources::new();
+    for c in &spec.containers {
+        total.add(&container(c));
+    }
+    for c in spec.init_containers.iter().flatten() {
+        // Sidecars (restartPolicy: Always) keep running next to the app containers.
+        if c.restart_policy.as_deref() == Some("Always") {
+            total.add(&container(c));
+        } else {
+            total.max_with(&container(c));
+        }
+    }
+    if let Some(overhead) = &spec.overhead
+        && let Ok(o) = Resources::from_quantities(overhead)
+    {
+        total.add(&o);
+    }
+    total.add_one("pods", 1000);
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn running_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "u1",
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+                         "annotations": {LAST_APPLIED: "{}", "tidepool.io/gang": "g"}},
+            "spec": {"nodeName": "tidepool-member-a", "schedulerName": "tidepool", "priority": 10,
+                     "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+                     "volumes": [{"name": "data", "emptyDir": {}}]},
+            "status": {"phase": "Running", "hostIP": "127.0.0.2",
+                       "conditions": [{"type": "Ready", "status": "True"},
+                                      {"type": "tidepool.io/ReclaimRequested", "status": "True"}],
+                       "containerStatuses": [{"name": "main", "image": "x", "imageID": "", "ready": true,
+                                              "restartCount": 0, "state": {"running": {}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn keeps_what_is_decided_on_and_drops_the_rest() {
+        let lite = PodLite::from(running_pod());
+        assert_eq!(lite.metadata.managed_fields, None);
+        assert!(!lite.metadata.annotations.as_ref().unwrap().contains_key(LAST_APPLIED));
+        assert_eq!(lite.metadata.annotations.as_ref().unwrap().get("tidepool.io/gang").map(String::as_str), Some("g"));
+        assert_eq!(lite.node_name(), Some("tidepool-member-a"));
+        assert_eq!(lite.spec.priority, Some(10));
+        assert_eq!(lite.spec.requests.get("nvidia.com/gpu"), 2000);
+        assert_eq!(lite.spec.requests.get("pods"), 1000);
+        assert_eq!(lite.phase(), Some("Running"));
+        assert!(lite.is_live());
+        assert!(!lite.status.containers_exited);
+        assert_eq!(lite.status.tidepool_conditions.len(), 1);
+        assert_eq!(lite.status.synced.conditions.len(), 2);
+    }
+
+    #[test]
+    fn equal_statuses_have_equal_digests_and_any_change_shows() {
+        let pod = running_pod();
+        let a = SyncedStatus::of(pod.status.as_ref());
+        assert_eq!(a, SyncedStatus::of(pod.status.as_ref()));
+        let mut changed = pod.status.clone().unwrap();
+        changed.pod_ip = Some("10.0.0.1".into());
+        let b = SyncedStatus::of(Some(&changed));
+        assert_ne!(a.all, b.all);
+        assert_eq!(a.pending_detail, b.pending_detail);
+        assert_eq!(SyncedStatus::of(None).all, None);
+    }
+
+    #[test]
+    fn exited_needs_every_container_terminated() {
+        let mut pod = running_pod();
+        let cs = pod.status.as_mut().unwrap().container_statuses.as_mut().unwrap();
+        cs[0].state = serde_json::from_value(json!({"terminated": {"exitCode": 0}})).unwrap();
+        assert!(PodLite::from(pod).status.containers_exited);
+    }
+}
