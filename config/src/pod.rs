@@ -131,6 +131,9 @@ impl From<Pod> for PodLite {
     fn from(pod: Pod) -> Self {
         let Pod { mut metadata, spec, status } = pod;
         trim_meta(&mut metadata);
+        // Gangs are read from labels and annotations, never from owners.
+        metadata.owner_references = None;
+        metadata.generate_name = None;
         let spec = spec.map(|s| SpecLite {
             requests: pod_requests(&s),
             node_name: s.node_name,

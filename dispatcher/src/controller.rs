@@ -99,9 +99,7 @@ pub async fn run(
         explained: std::sync::Mutex::new(HashMap::new()),
         preempt: std::sync::Mutex::new(Vec::new()),
     };
-    if ctx.pods.wait_until_ready().await.is_err() {
-        return;
-    }
+    training_pods.listed().await;
     let ctx = Arc::new(ctx);
     tokio::spawn(crate::reclaim::run(ctx.clone()));
     let mut members = members;

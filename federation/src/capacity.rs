@@ -250,13 +250,19 @@ impl PodView {
     pub fn from_pod(pod: &Pod) -> Self {
         let origin_uid = pod.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).cloned();
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        // Only a pending online pod's selector is ever read (which pools it could land in).
+        let node_selector = match (&node, &origin_uid) {
+            (None, None) => pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+            _ => BTreeMap::new(),
+        };
         Self {
-            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            node,
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
             offload: origin_uid.is_some(),
             origin_uid,
-            node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+            node_selector,
             priority: pod.spec.as_ref().and_then(|s| s.priority),
         }
     }

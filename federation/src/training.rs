@@ -81,6 +81,15 @@ impl TrainingPods {
         self.store.clone()
     }
 
+    /// Waits for the watch's first full list. `Store::wait_until_ready` wakes only the last
+    /// of several tasks waiting at once (kube-runtime 5 keeps a single waker), and this
+    /// cache has several readers: each wait is short and repeated instead.
+    pub async fn listed(&self) {
+        while tokio::time::timeout(std::time::Duration::from_millis(100), self.store.wait_until_ready()).await.is_err()
+        {
+        }
+    }
+
     /// Changes from now on. Dropping the stream unsubscribes.
     pub fn subscribe(&self) -> impl futures::Stream<Item = PodEvent> + Send + 'static {
         let rx = self.events.subscribe();

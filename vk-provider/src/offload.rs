@@ -15,6 +15,9 @@ use tidepool_config::pod::{PodLite, trim_meta};
 
 use crate::reflect::{self, References};
 
+/// The prefix of the labels and annotations an offload pod keeps in the cache.
+const TIDEPOOL_PREFIX: &str = "tidepool.io/";
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadPod {
     pub metadata: ObjectMeta,
@@ -28,6 +31,13 @@ impl From<Pod> for OffloadPod {
     fn from(pod: Pod) -> Self {
         let Pod { mut metadata, spec, status } = pod;
         trim_meta(&mut metadata);
+        // The training pod's own labels and annotations travel on the copy; only tidepool's
+        // are read back (origin, reclaim notice).
+        for map in [&mut metadata.labels, &mut metadata.annotations].into_iter().flatten() {
+            map.retain(|k, _| k.starts_with(TIDEPOOL_PREFIX));
+        }
+        metadata.owner_references = None;
+        metadata.generate_name = None;
         OffloadPod {
             metadata,
             references: spec.as_ref().map(reflect::references).unwrap_or_default(),
