@@ -294,16 +294,21 @@ async fn notice(
         keys::ANNOTATION_RECLAIM_DEADLINE: deadline_text,
         keys::ANNOTATION_RECLAIM_DEMAND: deficit.nonzero().to_string(),
     } } });
-    if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
-        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
-        return;
-    }
+    let (pp, patch) = (PatchParams::default(), Patch::Merge(patch));
+    let annotate = api.patch(&name, &pp, &patch);
     if grace == 0 {
         // No checkpoint time in this band: the pod goes now, not at the next check (which
-        // would wait for the notice to come back through the watch). The notice stays as
-        // the record.
+        // would wait for the notice to come back through the watch), and the notice, which
+        // stays as the record, is written alongside rather than first.
         let how = format!("band {} has no checkpoint grace", band.as_str());
-        mark_reclaimed(ctx, pod, &deficit.nonzero().to_string(), &how, "deadline").await;
+        let demand = deficit.nonzero().to_string();
+        let (annotated, ()) = tokio::join!(annotate, mark_reclaimed(ctx, pod, &demand, &how, "deadline"));
+        if let Err(e) = annotated {
+            warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
+        }
+    } else if let Err(e) = annotate.await {
+        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
+        return;
     }
     let message = format!(
         "{cause} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
