@@ -58,6 +58,11 @@ impl VirtualNodeName {
     }
 }
 
+/// The member namespace of training namespace `namespace`: `<prefix><namespace>`.
+pub fn member_namespace(prefix: &str, namespace: &str) -> String {
+    format!("{prefix}{namespace}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,14 +12,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tidepool_config::Resources;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
+use tidepool_config::{Resources, names};
+use tidepool_federation::MemberHandle;
 use tracing::{info, warn};
 
 use crate::controller::{Context, is_live, node_of, pod_group_api, publish, requests};
@@ -31,6 +32,8 @@ use crate::victims::{OffloadPodView, Victim, victims};
 const TICK: Duration = Duration::from_millis(100);
 /// The least time between two checks, however often capacities change.
 const MIN_SPACING: Duration = Duration::from_millis(10);
+/// Longest spacing of two checks (see [`run`]).
+const MAX_SPACING: Duration = Duration::from_secs(1);
 
 /// How long a PodGroup's checkpoint ack, once read, is trusted before it is read again.
 const GANG_ACK_RECHECK: Duration = Duration::from_millis(500);
@@ -108,16 +111,21 @@ pub(crate) async fn run(ctx: Arc<Context>) {
         pick_victims(&ctx, &pods, &mut state, now).await;
         preempt(&ctx, &pods, now).await;
         enforce_deadlines(&ctx, &pods, &mut state, now).await;
-        metrics().observe_sync("reclaim", started.elapsed());
-        tokio::time::sleep(MIN_SPACING).await;
+        let cost = started.elapsed();
+        metrics().observe_sync("reclaim", cost);
+        // Each pass reads every training pod: the next one waits ten times this one's cost,
+        // so a large cluster costs at most about a tenth of a core here.
+        let spacing = cost.saturating_mul(10).clamp(MIN_SPACING, MAX_SPACING);
+        tokio::time::sleep(spacing).await;
+        let rest = TICK.saturating_sub(spacing);
         if capacities.is_empty() {
-            tokio::time::sleep(TICK - MIN_SPACING).await;
+            tokio::time::sleep(rest).await;
             continue;
         }
         // (`select_all` needs at least one future: checked above.)
         let changed = futures::future::select_all(capacities.iter_mut().map(|c| Box::pin(c.changed())));
         tokio::select! {
-            () = tokio::time::sleep(TICK - MIN_SPACING) => {}
+            () = tokio::time::sleep(rest) => {}
             _ = changed => {}
         }
     }
@@ -393,23 +401,41 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut Sta
     }
 }
 
-/// Step 5: the training pod fails with reason `Reclaimed` (vk-provider then deletes its
-/// offload copy); `how` says whether the checkpoint was acknowledged.
+/// Step 5: the training pod fails with reason `Reclaimed`, and its offload copy is deleted
+/// in the member; `how` says whether the checkpoint was acknowledged.
 async fn mark_reclaimed(ctx: &Context, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
-    let member = node_of(p)
-        .and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).map(|m| m.name.to_string()))
-        .unwrap_or_else(|| node_of(p).unwrap_or("?").to_owned());
+    let handle = node_of(p).and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).cloned());
+    let member = handle.as_ref().map_or_else(|| node_of(p).unwrap_or("?").to_owned(), |m| m.name.to_string());
     let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
     match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
         Ok(_) => {
             info!(pod = %p.name_any(), how, "reclaimed");
+            if let Some(member) = &handle {
+                delete_copy(member, p).await;
+            }
             let labels = ReclaimLabels { member: member.clone(), band: band_of(p).as_str(), outcome };
             metrics().reclaims.get_or_create(&labels).inc();
             publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
         }
         Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
+    }
+}
+
+/// Deletes the offload copy of reclaimed pod `p` in `member` now. The pod sync deletes it
+/// too once the `Failed` status comes back through its watch; online pods waiting for the
+/// room should not wait for that. Selected by origin UID, so a pod of the same name that
+/// is not this pod's copy is never touched; a copy already gone is fine.
+async fn delete_copy(member: &MemberHandle, p: &PodLite) {
+    let (Some(uid), Some(ns)) = (p.metadata.uid.as_deref(), p.metadata.namespace.as_deref()) else { return };
+    let member_ns = names::member_namespace(&member.namespace_prefix, ns);
+    let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
+    let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    let lp = ListParams::default().labels(&format!("{}={uid}", keys::LABEL_ORIGIN_UID));
+    if let Err(e) = api.delete_collection(&dp, &lp).await {
+        // The pod sync deletes it in its turn.
+        warn!(pod = %p.name_any(), member = %member.name, error = %e, "cannot delete the reclaimed pod's copy now");
     }
 }
 

@@ -68,8 +68,9 @@ pub struct PoolCapacity {
     pub free_per_node: Vec<Resources>,
     /// Origin UID → member node of the offload pods already on a node of the pool, so the
     /// dispatcher can tell which pods it bound are still in flight (not yet in `used`/`free`)
-    /// and which victims would empty a whole member node.
-    pub placed: BTreeMap<String, String>,
+    /// and which victims would empty a whole member node. Shared: every reader of a published
+    /// capacity clones it, and it has an entry per offload pod.
+    pub placed: std::sync::Arc<BTreeMap<String, String>>,
     /// What the policy held back from the surplus (reserve, windows, HPA headroom, pending
     /// online pods), before the watermark.
     pub held_back: Resources,
@@ -365,7 +366,15 @@ pub fn pool_capacity_under<'a>(
         1 => products.into_iter().next().flatten(),
         _ => None,
     };
-    PoolCapacity { capacity, used, nodes: in_pool.len() as u32, gpu_product, free_per_node, placed, held_back }
+    PoolCapacity {
+        capacity,
+        used,
+        nodes: in_pool.len() as u32,
+        gpu_product,
+        free_per_node,
+        placed: std::sync::Arc::new(placed),
+        held_back,
+    }
 }
 
 #[cfg(test)]
@@ -639,7 +648,7 @@ mod tests {
         assert!(worth_publishing(
             &base,
             &with(&|c| {
-                c.placed.insert("uid".into(), "n1".into());
+                std::sync::Arc::make_mut(&mut c.placed).insert("uid".into(), "n1".into());
             })
         ));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("example.com/fpga", 1_000))));

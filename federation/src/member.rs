@@ -295,7 +295,14 @@ impl Session {
                     }
                     tokio::time::sleep_until(not_before).await;
                     let started = std::time::Instant::now();
-                    let (nodes, pods) = match (nodes.lock(), pods.lock()) {
+                    let hpa_views = match (hpas.lock(), templates.lock()) {
+                        (Ok(h), Ok(t)) => join_hpas(&h, &t),
+                        _ => Vec::new(),
+                    };
+                    let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
+                    // Computed under the caches' locks, from the views in place: a large
+                    // member's pods are not copied for it.
+                    let nexts: Vec<PoolCapacity> = match (nodes.lock(), pods.lock()) {
                         (Ok(n), Ok(p)) if n.synced && p.synced => {
                             let conflict = priority_conflict(p.iter(), offload_ceiling());
                             conflict_tx.send_if_modified(|cur| {
@@ -303,19 +310,16 @@ impl Session {
                                 *cur = conflict;
                                 changed
                             });
-                            (n.values().cloned().collect::<Vec<_>>(), p.values().cloned().collect::<Vec<_>>())
+                            senders
+                                .iter()
+                                .map(|(_, selector, _)| pool_capacity_under(n.values(), p.values(), selector, &demand))
+                                .collect()
                         }
                         _ => continue,
                     };
-                    let hpa_views = match (hpas.lock(), templates.lock()) {
-                        (Ok(h), Ok(t)) => join_hpas(&h, &t),
-                        _ => Vec::new(),
-                    };
-                    let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     let first = !computed;
                     computed = true;
-                    for (i, (pool, selector, tx)) in senders.iter().enumerate() {
-                        let next = pool_capacity_under(&nodes, &pods, selector, &demand);
+                    for (i, ((pool, _, tx), next)) in senders.iter().zip(nexts).enumerate() {
                         metrics().set_pool(member.as_str(), pool, &next.capacity, &next.used, &next.deficit());
                         if first {
                             // Always announce the first result: consumers wait for it.

@@ -40,7 +40,8 @@ pub enum PodEvent {
 pub struct TrainingPods {
     store: Store<PodLite>,
     events: broadcast::Sender<PodEvent>,
-    awaiting: Arc<Mutex<HashMap<String, Arc<Pod>>>>,
+    /// Whole pods by UID, as JSON: a decoded `Pod` costs several times its JSON.
+    awaiting: Arc<Mutex<HashMap<String, Box<str>>>>,
 }
 
 impl TrainingPods {
@@ -103,8 +104,9 @@ impl TrainingPods {
     }
 
     /// The whole pod, if the watch still holds it (bound to a node, never ran anywhere).
-    pub fn whole(&self, uid: &str) -> Option<Arc<Pod>> {
-        self.awaiting.lock().ok()?.get(uid).cloned()
+    pub fn whole(&self, uid: &str) -> Option<Pod> {
+        let json = self.awaiting.lock().ok()?.get(uid)?.clone();
+        serde_json::from_str(&json).ok()
     }
 
     /// Keeps or forgets the whole pod of `event` (see [`TrainingPods::whole`]) and reduces
@@ -132,8 +134,9 @@ impl TrainingPods {
         if let (Ok(mut awaiting), Some(uid)) = (self.awaiting.lock(), pod.metadata.uid.clone()) {
             if awaiting_offload && (awaiting.len() < AWAITING_MAX || awaiting.contains_key(&uid)) {
                 trim_meta(&mut pod.metadata);
-                let whole = Arc::new(pod.clone());
-                awaiting.insert(uid, whole);
+                if let Ok(json) = serde_json::to_string(&pod) {
+                    awaiting.insert(uid, json.into_boxed_str());
+                }
             } else {
                 awaiting.remove(&uid);
             }

@@ -43,9 +43,9 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
 /// sooner.
 const MISSING_RETRY: Duration = Duration::from_secs(30);
-/// How long a change of a still-Pending offload pod's conditions (the member scheduler's
-/// `PodScheduled`) waits before it is copied up: usually the pod runs within it, and one
-/// status write says both. See [`translate::status_settles_in`].
+/// How long other new conditions of a still-Pending offload pod wait before they are
+/// copied up: usually the pod runs within it, and one status write says both. See
+/// [`translate::status_settles_in`].
 const PENDING_SETTLE: Duration = Duration::from_secs(1);
 /// Pod writes in flight at once, per member and towards the training cluster. The API
 /// clients speak HTTP/1.1, one connection per request in flight: unbounded, a burst of a
@@ -463,7 +463,7 @@ impl Context {
     async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(whole) = self.training_pods.whole(uid) {
-            return Ok(Some(whole));
+            return Ok(Some(Arc::new(whole)));
         }
         let api = Api::<Pod>::namespaced(self.training.clone(), &pod.namespace().unwrap_or_default());
         let found = api.get_opt(&pod.name_any()).await.map_err(|e| Error::training("read pod", e))?;
@@ -778,15 +778,29 @@ async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Resul
     Ok(())
 }
 
+/// Fails the training pod with `reason`, unless it changed since the cache's view of it
+/// (then its next reconcile decides again): a pod another controller has just finished —
+/// the dispatcher reclaiming it, say, and deleting its copy — keeps that controller's
+/// reason, whichever watch reaches this controller first.
 async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> Result<(), Error> {
-    warn!(reason, message, "training pod failed");
-    let status = PodStatus {
-        phase: Some("Failed".to_owned()),
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-        ..Default::default()
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
+    let patch = json!({
+        "metadata": { "resourceVersion": pod.metadata.resource_version },
+        "status": { "phase": "Failed", "reason": reason, "message": message },
+    });
+    let written = {
+        let _slot = slot(&ctx.training_writes).await;
+        api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await
     };
-    patch_status(ctx, pod, &status).await?;
+    match written {
+        Ok(_) => {}
+        Err(e) if tidepool_federation::api_code(&e, &[409]) => {
+            info!(reason, "training pod changed since this decision; deciding again");
+            return Ok(());
+        }
+        Err(e) => return Err(Error::training("update pod status", e)),
+    }
+    warn!(reason, message, "training pod failed");
     publish(ctx, pod, EventType::Warning, reason, message).await;
     Ok(())
 }

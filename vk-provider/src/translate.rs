@@ -35,9 +35,7 @@ pub enum TranslateError {
 }
 
 /// Member namespace of a training namespace.
-pub fn member_namespace(prefix: &str, namespace: &str) -> String {
-    format!("{prefix}{namespace}")
-}
+pub use tidepool_config::names::member_namespace;
 
 /// Prefixes of label keys that describe training-cluster nodes and must not steer
 /// scheduling in the member.
@@ -236,11 +234,22 @@ pub fn map_event<A, B>(event: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher:
     }
 }
 
-/// Whether copying `desired` up should wait, and how long: while the pod is Pending on both
-/// sides and only its conditions changed (the member scheduler placed it), the write waits
-/// until the newest changed condition is `settle` old — the pod usually runs by then, and
-/// one write carries both changes. `None`: write now. A condition stamped in the future (a
-/// member clock ahead of ours) never delays a write.
+/// How long [`status_settles_in`] waits for a change that never comes (its caller's resync
+/// is shorter).
+pub const UNTIL_NEXT_CHANGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Whether copying `desired` up should wait, and how long, while the pod is Pending on both
+/// sides and only its conditions changed. `None`: write now.
+///
+/// - The member's scheduler placing the copy (`PodScheduled` turning true) alone waits for
+///   the next change: the training pod is bound to its virtual node already, so that says
+///   nothing new, and in a burst, where copies wait seconds for the member's scheduler and
+///   nodes, it would cost the training API server a write per pod.
+/// - Any other new condition (the member cannot place the copy, say) waits until the
+///   newest is `settle` old — the pod usually runs by then, and one write carries both
+///   changes. A condition stamped in the future (a member clock ahead of ours) never delays
+///   a write.
+///
 /// `current` is the training pod's status as the cache has it, `desired_digest` the
 /// digest of `desired`.
 pub fn status_settles_in(
@@ -259,13 +268,12 @@ pub fn status_settles_in(
         return None;
     }
     let before = &current.synced.conditions;
-    let newest = desired
-        .conditions
-        .iter()
-        .flatten()
-        .filter(|c| !before.contains(&SyncedStatus::condition(c)))
-        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
-        .max()?;
+    let new: Vec<&PodCondition> =
+        desired.conditions.iter().flatten().filter(|c| !before.contains(&SyncedStatus::condition(c))).collect();
+    if !new.is_empty() && new.iter().all(|c| c.type_ == "PodScheduled" && c.status == "True") {
+        return Some(UNTIL_NEXT_CHANGE);
+    }
+    let newest = new.iter().filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)).max()?;
     let age = now.duration_since(newest);
     let settle = jiff::SignedDuration::try_from(settle).ok()?;
     if age.is_negative() || age >= settle {
@@ -477,12 +485,32 @@ mod tests {
             status(json!({"phase": "Pending", "qosClass": "BestEffort", "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": t}]}))
         };
+        let unschedulable_at = |t: &str| {
+            status(json!({"phase": "Pending", "qosClass": "BestEffort", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": t}]}))
+        };
         let running = status(json!({"phase": "Running", "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-29T12:00:09.8Z"}]}));
         let cases = [
-            ("placed 200 ms ago: wait the rest", Some(&pending), scheduled_at("2026-11-29T12:00:09.8Z"), Some(800)),
-            ("placed 2 s ago: write", Some(&pending), scheduled_at("2026-11-29T12:00:08Z"), None),
-            ("a member clock ahead of ours never delays", Some(&pending), scheduled_at("2026-11-29T12:00:30Z"), None),
+            (
+                "placed in the member: wait for the next change",
+                Some(&pending),
+                scheduled_at("2026-11-29T12:00:08Z"),
+                Some(3_600_000),
+            ),
+            (
+                "unschedulable 200 ms ago: wait the rest",
+                Some(&pending),
+                unschedulable_at("2026-11-29T12:00:09.8Z"),
+                Some(800),
+            ),
+            ("unschedulable 2 s ago: write", Some(&pending), unschedulable_at("2026-11-29T12:00:08Z"), None),
+            (
+                "a member clock ahead of ours never delays",
+                Some(&pending),
+                unschedulable_at("2026-11-29T12:00:30Z"),
+                None,
+            ),
             ("running: write at once", Some(&pending), running.clone(), None),
             ("no status yet: write", None, scheduled_at("2026-11-29T12:00:09.8Z"), None),
             (
