@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -53,6 +55,8 @@ const PENDING_SETTLE: Duration = Duration::from_secs(1);
 /// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
 /// hangs holds up only its own pods.
 const WRITES_IN_FLIGHT: usize = 32;
+/// `reportingController` of the pod sync's Events.
+const EVENT_REPORTER: &str = "tidepool";
 /// Events published at once: they are notes for people, behind the pods' own writes.
 const EVENTS_IN_FLIGHT: usize = 8;
 
@@ -62,7 +66,8 @@ pub(crate) struct Context {
     members: watch::Receiver<Members>,
     offload: Mutex<HashMap<MemberName, OffloadWatch>>,
     namespaces: Mutex<HashSet<(MemberName, String)>>,
-    recorder: Recorder,
+    /// `reportingInstance` of the Events published (see [`publish`]).
+    event_instance: String,
     /// The training pods (the cache shared with the dispatcher).
     pub(crate) pods: Store<PodLite>,
     /// The same, for whole pods when one is to be offloaded.
@@ -107,7 +112,6 @@ pub async fn run(
     let (gone_tx, gone_rx) = mpsc::channel::<Arc<PodLite>>(1024);
     let (applied_tx, applied_rx) = mpsc::channel::<Arc<PodLite>>(1024);
     let (resync_tx, resync_rx) = mpsc::channel::<()>(1);
-    let recorder = Recorder::new(training.clone(), Reporter { controller: "tidepool".into(), instance: None });
     // The shared watch, split: changes drive the controller; deletions go to the
     // collector at once (a pod deleted outright, with grace period 0, forced, or by the pod
     // garbage collector, never shows a deletion timestamp, and its offload copy must go
@@ -134,7 +138,7 @@ pub async fn run(
         members: members.clone(),
         offload: Mutex::new(HashMap::new()),
         namespaces: Mutex::new(HashSet::new()),
-        recorder,
+        event_instance: std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned()),
         pods: store,
         training_pods,
         waiting: Mutex::new(HashMap::new()),
@@ -805,16 +809,35 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> 
     Ok(())
 }
 
+/// Publishes an Event about `pod`. Written straight to the API rather than through kube's
+/// `Recorder`, which keeps every Event it published for minutes (to count repeats) and
+/// scans all of them on each publish: with an Event per offloaded pod, that is a cache the
+/// size of the cluster and a scan of it per pod.
 async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
+    let namespace = pod.namespace().unwrap_or_default();
+    let event = K8sEvent {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", pod.name_any())),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(jiff::Timestamp::now())),
+        type_: Some(match type_ {
+            EventType::Normal => "Normal".to_owned(),
+            EventType::Warning => "Warning".to_owned(),
+        }),
+        reason: Some(reason.to_owned()),
         note: Some(note.to_owned()),
-        action: "Offload".to_owned(),
-        secondary: None,
+        action: Some("Offload".to_owned()),
+        regarding: Some(pod.object_ref(&())),
+        reporting_controller: Some(EVENT_REPORTER.to_owned()),
+        reporting_instance: Some(ctx.event_instance.clone()),
+        ..Default::default()
     };
     let _slot = slot(&ctx.event_writes).await;
-    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+    if let Err(e) =
+        Api::<K8sEvent>::namespaced(ctx.training.clone(), &namespace).create(&PostParams::default(), &event).await
+    {
         warn!(error = %e, reason, "cannot publish event");
     }
 }
