@@ -815,13 +815,13 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> 
 /// size of the cluster and a scan of it per pod.
 async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
     let namespace = pod.namespace().unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    // `<pod>.<time in hex>`, as other Events are named (the pod's name cut to fit).
+    let pod_name = pod.name_any();
+    let name = format!("{}.{:x}", &pod_name[..pod_name.len().min(230)], now.as_nanosecond());
     let event = K8sEvent {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", pod.name_any())),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(jiff::Timestamp::now())),
+        metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.clone()), ..Default::default() },
+        event_time: Some(MicroTime(now)),
         type_: Some(match type_ {
             EventType::Normal => "Normal".to_owned(),
             EventType::Warning => "Warning".to_owned(),
