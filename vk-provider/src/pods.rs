@@ -40,7 +40,8 @@ use crate::reflect::{self, References, Source};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
 
-/// Safety-net resync of every pod on a virtual node.
+/// When a pod whose member does not answer is looked at again (the member answering again
+/// triggers every pod sooner).
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
 /// sooner.
@@ -630,7 +631,8 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             }
             Err(e) => return Err(Error::member(&member.name, "create offload pod", e)),
         }
-        return Ok(Action::requeue(RESYNC));
+        // The member's watch brings the copy back, and with it the next reconcile.
+        return Ok(Action::await_change());
     };
 
     ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
@@ -659,7 +661,10 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     sync_notice(&watch, &pod, copy).await?;
 
     // 9. Keep its ConfigMap and Secret copies current while it runs.
-    let mut requeue = RESYNC;
+    // Nothing waits on a timer in the steady state: the watches of both clusters (and of
+    // the sources) trigger every change, and their relists trigger every pod. A timer per
+    // pod would cost memory in proportion to the pods mirrored.
+    let mut retry = None;
     if !copy.references.is_empty() {
         let _slot = slot(&watch.writes).await;
         match ctx.reflection(&watch, &namespace, &member_ns).run(&copy.references).await? {
@@ -669,13 +674,14 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             Outcome::Refused(msg) | Outcome::Conflict(msg) => {
                 publish(&ctx, &pod, EventType::Warning, "ReflectionFailed", &msg).await;
             }
-            Outcome::Retry => requeue = Duration::from_secs(2),
+            Outcome::Retry => retry = Some(Duration::from_secs(2)),
         }
     }
+    let next = || retry.map_or_else(Action::await_change, Action::requeue);
 
     // 10. Copy status up.
     let Some(member_status) = member_status else {
-        return Ok(Action::requeue(requeue));
+        return Ok(next());
     };
     let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
     translate::keep_tidepool_conditions(&mut desired, &pod.status.tidepool_conditions);
@@ -686,11 +692,15 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
         if let Some(wait) =
             translate::status_settles_in(&pod.status, &desired, &synced, jiff::Timestamp::now(), PENDING_SETTLE)
         {
-            return Ok(Action::requeue(wait.min(requeue)));
+            return Ok(match retry {
+                Some(r) => Action::requeue(wait.min(r)),
+                None if wait >= translate::UNTIL_NEXT_CHANGE => Action::await_change(),
+                None => Action::requeue(wait),
+            });
         }
         patch_status(&ctx, &pod, &desired).await?;
     }
-    Ok(Action::requeue(requeue))
+    Ok(next())
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy.

@@ -234,8 +234,8 @@ pub fn map_event<A, B>(event: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher:
     }
 }
 
-/// How long [`status_settles_in`] waits for a change that never comes (its caller's resync
-/// is shorter).
+/// What [`status_settles_in`] answers when the write waits for the pod's next change rather
+/// than for a time: its caller then waits for that change, not for a timer.
 pub const UNTIL_NEXT_CHANGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Whether copying `desired` up should wait, and how long, while the pod is Pending on both
