@@ -57,6 +57,27 @@ pub(crate) struct Context {
     /// Gangs above band `low` that found no room in the last round: reclaim may preempt
     /// lower-band pods for them.
     pub(crate) preempt: std::sync::Mutex<Vec<PreemptRequest>>,
+    /// Writes to the training API so far (bindings, placements, Events): a pass that wrote
+    /// is followed at once, one that only read is paced by its cost.
+    pub(crate) writes: std::sync::atomic::AtomicUsize,
+}
+
+impl Context {
+    pub(crate) fn wrote(&self) {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// How long to wait before the next pass of a loop over every training pod: right away
+/// (`least`) after a pass that wrote, since what it wrote brings changes to act on; else
+/// ten times the pass's cost, so a large cluster costs at most about a tenth of a core,
+/// between `least` and `most`.
+pub(crate) fn pacing(cost: Duration, wrote: bool, least: Duration, most: Duration) -> Duration {
+    if wrote { least } else { cost.saturating_mul(10).clamp(least, most) }
 }
 
 /// A pending gang that lower-band pods could make room for.
@@ -100,13 +121,14 @@ pub async fn run(
         pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
         explained: std::sync::Mutex::new(HashMap::new()),
         preempt: std::sync::Mutex::new(Vec::new()),
+        writes: std::sync::atomic::AtomicUsize::new(0),
     };
     training_pods.listed().await;
     let ctx = Arc::new(ctx);
     tokio::spawn(crate::reclaim::run(ctx.clone()));
     let mut members = members;
     loop {
-        let started = std::time::Instant::now();
+        let (started, writes) = (std::time::Instant::now(), ctx.writes());
         round(&ctx).await;
         let cost = started.elapsed();
         metrics().observe_sync("dispatch", cost);
@@ -115,9 +137,8 @@ pub async fn run(
             r = members.changed() => if r.is_err() { return },
             () = tokio::time::sleep(TICK) => {}
         }
-        // A round reads every training pod: under constant change, the next one waits ten
-        // times this one's cost, so a large cluster costs at most about a tenth of a core.
-        tokio::time::sleep(cost.saturating_mul(10).clamp(COALESCE, COALESCE_MAX)).await;
+        // A round reads every training pod (see [`pacing`]).
+        tokio::time::sleep(pacing(cost, ctx.writes() != writes, COALESCE, COALESCE_MAX)).await;
     }
 }
 
@@ -456,6 +477,7 @@ async fn roll_back(ctx: &Context, g: &GangState, message: &str) {
 }
 
 async fn record_placement(ctx: &Context, pod: &PodLite, node: &str, band: Band) -> Result<(), kube::Error> {
+    ctx.wrote();
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({ "metadata": {
@@ -482,6 +504,7 @@ async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band) {
 
 /// The Binding subresource: the pod is now the virtual node's (and vk-provider's).
 async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) {
+    ctx.wrote();
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let binding = Binding {
@@ -530,6 +553,7 @@ async fn explain(ctx: &Context, pods: Vec<Arc<PodLite>>, message: &str) {
 }
 
 pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
+    ctx.wrote();
     let event = Event {
         type_,
         reason: reason.to_owned(),
@@ -539,5 +563,19 @@ pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reas
     };
     if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
         warn!(error = %e, reason, "cannot publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_that_wrote_is_followed_at_once_and_one_that_read_waits_ten_times_its_cost() {
+        let (least, most) = (Duration::from_millis(10), Duration::from_secs(1));
+        assert_eq!(pacing(Duration::from_millis(80), true, least, most), least);
+        assert_eq!(pacing(Duration::from_millis(2), false, least, most), Duration::from_millis(20));
+        assert_eq!(pacing(Duration::from_micros(100), false, least, most), least);
+        assert_eq!(pacing(Duration::from_millis(300), false, least, most), most);
     }
 }

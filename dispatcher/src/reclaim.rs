@@ -23,7 +23,7 @@ use tidepool_config::{Resources, names};
 use tidepool_federation::MemberHandle;
 use tracing::{info, warn};
 
-use crate::controller::{Context, is_live, node_of, pod_group_api, publish, requests};
+use crate::controller::{Context, is_live, node_of, pacing, pod_group_api, publish, requests};
 use crate::gang::{self, GangKey, GangSource};
 use crate::victims::{OffloadPodView, Victim, victims};
 
@@ -106,16 +106,15 @@ pub(crate) async fn run(ctx: Arc<Context>) {
             c.borrow_and_update();
         });
         let now = jiff::Timestamp::now();
-        let started = std::time::Instant::now();
+        let (started, writes) = (std::time::Instant::now(), ctx.writes());
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
         preempt(&ctx, &pods, now).await;
         enforce_deadlines(&ctx, &pods, &mut state, now).await;
         let cost = started.elapsed();
         metrics().observe_sync("reclaim", cost);
-        // Each pass reads every training pod: the next one waits ten times this one's cost,
-        // so a large cluster costs at most about a tenth of a core here.
-        let spacing = cost.saturating_mul(10).clamp(MIN_SPACING, MAX_SPACING);
+        // Each pass reads every training pod (see [`pacing`]).
+        let spacing = pacing(cost, ctx.writes() != writes, MIN_SPACING, MAX_SPACING);
         tokio::time::sleep(spacing).await;
         let rest = TICK.saturating_sub(spacing);
         if capacities.is_empty() {
@@ -293,6 +292,7 @@ async fn notice(
     why: &str,
     now: jiff::Timestamp,
 ) {
+    ctx.wrote();
     let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band);
     let deadline = now + jiff::SignedDuration::from_secs(grace as i64);
     let deadline_text = deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
