@@ -155,13 +155,13 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, n
             }
             let on_node: Vec<&Arc<PodLite>> =
                 pods.iter().filter(|p| is_live(p) && node_of(p) == Some(node.as_str())).collect();
-            // Pods under notice, and reclaimed pods whose copy the member still shows, will
-            // free their share: counting them again would take a second victim for the same
-            // demand.
+            // Pods under notice, and pods that ended (reclaimed, say) whose copy the member
+            // still shows, will free their share: counting them again would take a second
+            // victim for the same demand.
             let mut freeing = Resources::new();
             let freeing_pods = pods.iter().filter(|p| {
                 node_of(p) == Some(node.as_str())
-                    && deadline_of(p).is_some()
+                    && (deadline_of(p).is_some() || !is_live(p))
                     && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
             });
             for p in freeing_pods {

@@ -47,6 +47,8 @@ struct HpaRef {
 struct Template {
     per_replica: Resources,
     node_selector: BTreeMap<String, String>,
+    /// `spec.replicas`: replicas asked for, whose pods exist or are about to.
+    replicas: i32,
 }
 
 fn hpa_view(h: &HorizontalPodAutoscaler) -> Option<(WorkloadKey, HpaRef)> {
@@ -65,6 +67,7 @@ fn template_view(
     ns: Option<String>,
     name: String,
     template: Option<&PodTemplateSpec>,
+    replicas: Option<i32>,
 ) -> Option<(WorkloadKey, Template)> {
     let spec = template?.spec.as_ref()?;
     let mut per_replica = pod_requests(spec);
@@ -72,7 +75,11 @@ fn template_view(
     per_replica.set("pods", 1000);
     Some((
         (ns.unwrap_or_default(), kind.to_owned(), name),
-        Template { per_replica, node_selector: spec.node_selector.clone().unwrap_or_default() },
+        Template {
+            per_replica,
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            replicas: replicas.unwrap_or(1),
+        },
     ))
 }
 
@@ -82,7 +89,11 @@ fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<Worklo
             let t = templates.get(&h.target)?;
             Some(HpaView {
                 max_replicas: h.max_replicas,
-                current_replicas: h.current_replicas,
+                // Replicas already asked for have pods, counted as online or pending online
+                // demand: only growth beyond them is headroom. (The HPA's status lags a
+                // scale-up by its sync period; counting from it alone held the same replicas
+                // back twice.)
+                current_replicas: h.current_replicas.max(t.replicas),
                 per_replica: t.per_replica.clone(),
                 node_selector: t.node_selector.clone(),
             })
@@ -235,7 +246,8 @@ impl Session {
                 deployments,
                 templates.clone(),
                 |d: &Deployment| {
-                    template_view("Deployment", d.namespace(), d.name_any(), d.spec.as_ref().map(|s| &s.template))
+                    let spec = d.spec.as_ref();
+                    template_view("Deployment", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
                 },
                 changed.clone(),
                 cancelled.clone(),
@@ -246,7 +258,8 @@ impl Session {
                 sets,
                 templates.clone(),
                 |d: &StatefulSet| {
-                    template_view("StatefulSet", d.namespace(), d.name_any(), d.spec.as_ref().map(|s| &s.template))
+                    let spec = d.spec.as_ref();
+                    template_view("StatefulSet", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
                 },
                 changed.clone(),
                 cancelled.clone(),
@@ -506,6 +519,23 @@ fn spawn_cache<T, K, V, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hpa_headroom_counts_from_the_replicas_already_asked_for() {
+        let target: WorkloadKey = ("ns".into(), "Deployment".into(), "web".into());
+        let mut hpas = ViewCache::default();
+        let hpa = HpaRef { target: target.clone(), max_replicas: 5, current_replicas: 1 };
+        hpas.apply(watcher::Event::Apply((("ns".into(), "HPA".into(), "web".into()), hpa)));
+        let mut templates = ViewCache::default();
+        let template = |replicas| Template { per_replica: Resources::new(), node_selector: BTreeMap::new(), replicas };
+        templates.apply(watcher::Event::Apply((target.clone(), template(1))));
+        // The HPA may still grow by 4 replicas.
+        assert_eq!(join_hpas(&hpas, &templates)[0].current_replicas, 1);
+        // The Deployment was scaled to 5 before the HPA's status says so: its 4 new pods are
+        // pending online demand already, and no headroom is left to hold back for them again.
+        templates.apply(watcher::Event::Apply((target, template(5))));
+        assert_eq!(join_hpas(&hpas, &templates)[0].current_replicas, 5);
+    }
 
     #[test]
     fn a_costly_computation_waits_longer_for_the_next() {
