@@ -9,7 +9,6 @@
 //! writes. The whole pod is read where it is needed once (translating it into an offload
 //! pod), from the watch event that brought it or from the API.
 
-use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
@@ -182,34 +181,43 @@ impl PodLite {
     }
 }
 
-impl kube::Resource for PodLite {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// Implements `kube::Resource` as a core/v1 Pod for a reduced form of a pod that keeps its
+/// `metadata`, so kube's caches and `ObjectRef`s take it as a pod.
+#[macro_export]
+macro_rules! pod_resource {
+    ($ty:ty) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
-    }
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed("Pod")
+            }
 
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed("")
+            }
 
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed("v1")
+            }
 
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
-    }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed("pods")
+            }
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
 
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+pod_resource!(PodLite);
 
 /// The reason of `status`'s true `DisruptionTarget` condition, which the member (or any
 /// cluster) sets before it deletes a pod on its own: preemption, eviction, taints.
