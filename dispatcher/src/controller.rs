@@ -152,20 +152,12 @@ struct GangState {
     succeeded: usize,
 }
 
-pub(crate) fn is_live(p: &PodLite) -> bool {
-    p.metadata.deletion_timestamp.is_none() && !matches!(p.status.phase.as_deref(), Some("Succeeded" | "Failed"))
-}
-
-pub(crate) fn node_of(p: &PodLite) -> Option<&str> {
-    p.spec.node_name.as_deref()
-}
-
 pub(crate) fn requests(p: &PodLite) -> Resources {
     p.spec.requests.clone()
 }
 
 fn placement_of(p: &PodLite) -> Option<&str> {
-    p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str).or_else(|| node_of(p))
+    p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str).or_else(|| p.node_name())
 }
 
 async fn round(ctx: &Context) {
@@ -179,7 +171,7 @@ async fn round(ctx: &Context) {
         if p.spec.scheduler_name.as_deref() != Some(ctx.scheduler_name.as_str()) {
             continue;
         }
-        if !is_live(p) {
+        if !p.is_live() {
             if p.status.phase.as_deref() == Some("Succeeded") {
                 gangs.entry(gang::gang_of(p)).or_default().succeeded += 1;
             }
@@ -197,7 +189,7 @@ async fn round(ctx: &Context) {
             roll_back(ctx, g, &msg).await;
         }
     }
-    gangs.retain(|_, g| g.pods.iter().any(|p| node_of(p).is_none()));
+    gangs.retain(|_, g| g.pods.iter().any(|p| p.node_name().is_none()));
     metrics().gangs_waiting.set(i64::try_from(gangs.len()).unwrap_or(i64::MAX));
     if gangs.is_empty() {
         return;
@@ -209,13 +201,13 @@ async fn round(ctx: &Context) {
         let min = match min_member(ctx, key, &g.pods).await {
             Ok(m) => m,
             Err(msg) => {
-                let waiting: Vec<Arc<PodLite>> = g.pods.iter().filter(|p| node_of(p).is_none()).cloned().collect();
+                let waiting: Vec<Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).cloned().collect();
                 explain(ctx, waiting, &msg).await;
                 continue;
             }
         };
         mins.insert(key.clone(), min);
-        let bound = g.pods.iter().filter(|p| node_of(p).is_some()).count() as u32;
+        let bound = g.pods.iter().filter(|p| p.node_name().is_some()).count() as u32;
         let priority = g.pods.iter().filter_map(|p| p.spec.priority).max().unwrap_or(0);
         let created = g
             .pods
@@ -274,7 +266,7 @@ fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
                 // credentials are broken (its session lives on for the pods it runs).
                 schedulable: cap.nodes > 0 && !m.paused && m.health.borrow().is_healthy(),
             };
-            for p in all.iter().filter(|p| is_live(p) && node_of(p) == Some(pool.node.as_str())) {
+            for p in all.iter().filter(|p| p.is_live() && p.node_name() == Some(pool.node.as_str())) {
                 let in_flight = p.metadata.uid.as_ref().is_some_and(|u| !cap.placed.contains_key(u));
                 if in_flight {
                     assume(&mut view, &requests(p));
@@ -351,7 +343,7 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
 /// Admits what it can of one gang. Returns the core's total requests when a new gang found
 /// no pool (a candidate for preemption).
 async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &mut [PoolView]) -> Option<Resources> {
-    let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| node_of(p).is_none()).collect();
+    let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
     let bound = g.pods.len() - pending.len();
 
@@ -454,7 +446,7 @@ async fn timed_out(ctx: &Context, key: &GangKey, g: &GangState) -> Option<String
     }
     let min = min_member(ctx, key, &g.pods).await.ok()? as usize;
     let running = g.succeeded
-        + g.pods.iter().filter(|p| node_of(p).is_some() && p.status.phase.as_deref() == Some("Running")).count();
+        + g.pods.iter().filter(|p| p.node_name().is_some() && p.status.phase.as_deref() == Some("Running")).count();
     (running < min).then(|| {
         format!("gang {key}: {running} of its {min} pods running on {node} after {waited}s (timeout {timeout}s); rolled back whole so it can be placed again")
     })

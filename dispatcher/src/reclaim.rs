@@ -23,7 +23,7 @@ use tidepool_config::{Resources, names};
 use tidepool_federation::MemberHandle;
 use tracing::{info, warn};
 
-use crate::controller::{Context, is_live, node_of, pacing, pod_group_api, publish, requests};
+use crate::controller::{Context, pacing, pod_group_api, publish, requests};
 use crate::gang::{self, GangKey, GangSource};
 use crate::victims::{OffloadPodView, Victim, victims};
 
@@ -154,14 +154,14 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, n
                 continue;
             }
             let on_node: Vec<&Arc<PodLite>> =
-                pods.iter().filter(|p| is_live(p) && node_of(p) == Some(node.as_str())).collect();
+                pods.iter().filter(|p| p.is_live() && p.node_name() == Some(node.as_str())).collect();
             // Pods under notice, and pods that ended (reclaimed, say) whose copy the member
             // still shows, will free their share: counting them again would take a second
             // victim for the same demand.
             let mut freeing = Resources::new();
             let freeing_pods = pods.iter().filter(|p| {
-                node_of(p) == Some(node.as_str())
-                    && (deadline_of(p).is_some() || !is_live(p))
+                p.node_name() == Some(node.as_str())
+                    && (deadline_of(p).is_some() || !p.is_live())
                     && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
             });
             for p in freeing_pods {
@@ -232,7 +232,7 @@ async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
                 let cap = pool.capacity.borrow().clone();
                 let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
                 let on_node: Vec<Arc<PodLite>> =
-                    pods.iter().filter(|p| node_of(p) == Some(node.as_str()) && placed(p)).cloned().collect();
+                    pods.iter().filter(|p| p.node_name() == Some(node.as_str()) && placed(p)).cloned().collect();
                 // What is free, plus what pods under notice are about to free.
                 let mut available = cap.capacity.clone();
                 available.sub(&cap.used);
@@ -248,7 +248,7 @@ async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
                     break 'members;
                 }
                 let lower: Vec<&Arc<PodLite>> =
-                    on_node.iter().filter(|p| is_live(p) && deadline_of(p).is_none() && band_of(p) < r.band).collect();
+                    on_node.iter().filter(|p| p.is_live() && deadline_of(p).is_none() && band_of(p) < r.band).collect();
                 let mut takeable = Resources::new();
                 lower.iter().for_each(|p| takeable.add(&requests(p)));
                 if !need.fits_in(&takeable) {
@@ -367,7 +367,7 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
 async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
-    for p in pods.iter().filter(|p| is_live(p)) {
+    for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p) else { continue };
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
@@ -404,8 +404,9 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut Sta
 /// Step 5: the training pod fails with reason `Reclaimed`, and its offload copy is deleted
 /// in the member; `how` says whether the checkpoint was acknowledged.
 async fn mark_reclaimed(ctx: &Context, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
-    let handle = node_of(p).and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).cloned());
-    let member = handle.as_ref().map_or_else(|| node_of(p).unwrap_or("?").to_owned(), |m| m.name.to_string());
+    let handle =
+        p.node_name().and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).cloned());
+    let member = handle.as_ref().map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
     let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
