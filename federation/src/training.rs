@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -82,13 +83,10 @@ impl TrainingPods {
         self.store.clone()
     }
 
-    /// Waits for the watch's first full list. `Store::wait_until_ready` wakes only the last
-    /// of several tasks waiting at once (kube-runtime 5 keeps a single waker), and this
-    /// cache has several readers: each wait is short and repeated instead.
+    /// Waits for the watch's first full list, without a limit (see [`listed`] for why in
+    /// short waits).
     pub async fn listed(&self) {
-        while tokio::time::timeout(std::time::Duration::from_millis(100), self.store.wait_until_ready()).await.is_err()
-        {
-        }
+        while tokio::time::timeout(Duration::from_millis(100), self.store.wait_until_ready()).await.is_err() {}
     }
 
     /// Changes from now on. Dropping the stream unsubscribes.
@@ -142,5 +140,24 @@ impl TrainingPods {
             }
         }
         pod.into()
+    }
+}
+
+/// Waits up to `limit` for `store`'s first full list; false if it does not come (or its
+/// watch is gone). `Store::wait_until_ready` wakes only the last of several tasks waiting at
+/// once (kube-runtime 5 keeps a single waker), so each wait is short and repeated rather
+/// than trusted to be woken.
+pub async fn listed<K>(store: &Store<K>, limit: Duration) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(ready) => return ready.is_ok(),
+            Err(_) if tokio::time::Instant::now() >= deadline => return false,
+            Err(_) => {}
+        }
     }
 }

@@ -27,7 +27,9 @@ use tracing::{debug, info, warn};
 
 use crate::copies;
 use crate::offload::OffloadPod;
-use crate::pods::{Context, OffloadWatch, delete_offload, listed};
+use tidepool_federation::training::listed;
+
+use crate::pods::{Context, OffloadWatch, delete_offload};
 use crate::reflect::Source;
 use crate::translate;
 

@@ -26,13 +26,13 @@ use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tidepool_federation::MemberHandle;
+use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::Error;
 use crate::access::OffloadAccess;
-use crate::pods::listed;
 use crate::reflect::{self, CopyTarget, Kind, Source};
 
 /// How long a sync waits for the metadata caches after a (re)start before retrying later.

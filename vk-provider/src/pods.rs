@@ -28,6 +28,7 @@ use serde_json::json;
 use tidepool_config::metrics::metrics;
 use tidepool_config::pod::{PodLite, SyncedStatus};
 use tidepool_config::{BridgeConfig, MemberName, keys};
+use tidepool_federation::training::listed;
 use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
@@ -352,25 +353,6 @@ async fn follow_source_changes(
             if trigger.send(pod).await.is_err() {
                 return;
             }
-        }
-    }
-}
-
-/// Waits up to `limit` for `store`'s first full list; false if it does not come (or its
-/// watch is gone). `Store::wait_until_ready` wakes only the last of several tasks waiting at
-/// once (kube-runtime 5 keeps a single waker), so each wait is short and repeated rather
-/// than trusted to be woken.
-pub(crate) async fn listed<K>(store: &Store<K>, limit: Duration) -> bool
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
-            Ok(ready) => return ready.is_ok(),
-            Err(_) if tokio::time::Instant::now() >= deadline => return false,
-            Err(_) => {}
         }
     }
 }
