@@ -82,9 +82,19 @@ pub fn format_milli(milli: i64) -> String {
 }
 
 /// A set of named resource amounts in milli-units. Missing names are zero.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Resources(BTreeMap<String, i64>);
+///
+/// Held as a vector of `(name, amount)` sorted by name, with no name twice, rather than a
+/// `BTreeMap`: every cached pod keeps one, and a pod names only a handful of resources,
+/// while a `BTreeMap` allocates a node of eleven slots for its first entry. Names are
+/// `Box<str>` (no spare capacity), and the vector grows by exactly the names an update adds,
+/// so it keeps no spare capacity either: the reallocations that costs are bounded by the
+/// number of distinct names, not by the number of updates.
+///
+/// Behaves exactly like the map it replaces: iteration is in name order, a name set to zero
+/// stays present (and counts for equality and hashing), and the serde form is a map from
+/// name to integer.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Resources(Vec<(Box<str>, i64)>);
 
 impl Resources {
     pub fn new() -> Self {
@@ -103,78 +113,129 @@ impl Resources {
     /// Reads a Kubernetes resource list. Quantities that do not parse are reported, so a
     /// caller can decide whether to skip the object or fail.
     pub fn from_quantities(list: &BTreeMap<String, Quantity>) -> Result<Self, QuantityError> {
-        let mut r = Self::new();
+        // The list is already sorted by name, without duplicates: no search needed.
+        let mut entries = Vec::with_capacity(list.len());
         for (k, v) in list {
-            r.add_one(k, parse_milli(&v.0)?);
+            entries.push((Box::from(k.as_str()), parse_milli(&v.0)?));
         }
-        Ok(r)
+        Ok(Self(entries))
     }
 
     pub fn to_quantities(&self) -> BTreeMap<String, Quantity> {
-        self.0.iter().map(|(k, v)| (k.clone(), Quantity(format_milli(*v)))).collect()
+        self.iter().map(|(k, v)| (k.to_owned(), Quantity(format_milli(v)))).collect()
     }
 
     pub fn get(&self, name: &str) -> i64 {
-        self.0.get(name).copied().unwrap_or(0)
+        self.find(name).map_or(0, |i| self.0[i].1)
     }
 
     pub fn set(&mut self, name: &str, milli: i64) {
-        self.0.insert(name.to_owned(), milli);
+        *self.entry(name) = milli;
     }
 
     pub fn add_one(&mut self, name: &str, milli: i64) {
-        let e = self.0.entry(name.to_owned()).or_insert(0);
+        let e = self.entry(name);
         *e = e.saturating_add(milli);
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), *v))
+        self.0.iter().map(|(k, v)| (&**k, *v))
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.0.iter().map(|(k, _)| &**k)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.values().all(|v| *v == 0)
+        self.0.iter().all(|(_, v)| *v == 0)
     }
 
     pub fn add(&mut self, other: &Resources) {
-        for (k, v) in other.iter() {
-            self.add_one(k, v);
-        }
+        self.merge(other, i64::saturating_add);
     }
 
     /// `self − other`, per resource; may go negative.
     pub fn sub(&mut self, other: &Resources) {
-        for (k, v) in other.iter() {
-            self.add_one(k, v.saturating_neg());
-        }
+        self.merge(other, |a, b| a.saturating_add(b.saturating_neg()));
     }
 
     /// Only the amounts that are not zero (for messages: `nvidia.com/gpu=2`, not every name).
     pub fn nonzero(&self) -> Resources {
-        Resources(self.0.iter().filter(|(_, v)| **v != 0).map(|(k, v)| (k.clone(), *v)).collect())
+        let mut entries: Vec<_> = self.0.iter().filter(|(_, v)| *v != 0).cloned().collect();
+        entries.shrink_to_fit();
+        Resources(entries)
     }
 
     /// Sets every negative amount to zero.
     pub fn clamp_non_negative(&mut self) {
-        for v in self.0.values_mut() {
+        for (_, v) in &mut self.0 {
             *v = (*v).max(0);
         }
     }
 
     /// Per resource maximum (used for init containers: the largest one runs alone).
     pub fn max_with(&mut self, other: &Resources) {
-        for (k, v) in other.iter() {
-            let e = self.0.entry(k.to_owned()).or_insert(0);
-            *e = (*e).max(v);
-        }
+        self.merge(other, i64::max);
     }
 
     /// True when every amount in `self` is at most the same amount in `other`.
     pub fn fits_in(&self, other: &Resources) -> bool {
         self.iter().all(|(k, v)| v <= other.get(k))
+    }
+
+    /// Where `name` is (`Ok`), or where it would go to keep the names sorted (`Err`).
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| (**k).cmp(name))
+    }
+
+    /// The amount of `name`, inserted as zero if it is missing (like `BTreeMap::entry`).
+    fn entry(&mut self, name: &str) -> &mut i64 {
+        let i = match self.find(name) {
+            Ok(i) => i,
+            Err(i) => {
+                // Exact growth: a no-op when `merge` reserved already.
+                self.0.reserve_exact(1);
+                self.0.insert(i, (Box::from(name), 0));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    /// Sets every amount named in `other` to `f(own amount, other's amount)`, a missing own
+    /// amount counting as zero.
+    fn merge(&mut self, other: &Resources, f: impl Fn(i64, i64) -> i64) {
+        let missing = other.names().filter(|k| self.find(k).is_err()).count();
+        self.0.reserve_exact(missing);
+        for (k, v) in other.iter() {
+            let e = self.entry(k);
+            *e = f(*e, v);
+        }
+    }
+}
+
+/// Prints like the map it replaced: `Resources({"cpu": 1000})`.
+impl fmt::Debug for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries = fmt::from_fn(|f| f.debug_map().entries(self.iter()).finish());
+        f.debug_tuple("Resources").field(&entries).finish()
+    }
+}
+
+/// A map from name to milli-units, in name order.
+impl serde::Serialize for Resources {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter())
+    }
+}
+
+/// Accepts the names in any order; a name given twice keeps its last amount (as a map does).
+impl<'de> serde::Deserialize<'de> for Resources {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, i64>::deserialize(deserializer)?;
+        let mut entries = Vec::with_capacity(map.len());
+        entries.extend(map.into_iter().map(|(k, v)| (k.into_boxed_str(), v)));
+        Ok(Self(entries))
     }
 }
 
@@ -235,6 +296,182 @@ mod tests {
         let need = Resources::from_pairs([("nvidia.com/gpu", "8")]).unwrap();
         assert!(need.fits_in(&a));
         assert!(!Resources::from_pairs([("nvidia.com/gpu", "9")]).unwrap().fits_in(&a));
+    }
+
+    /// The representation this type had before: the model the compact one must match.
+    type Model = BTreeMap<String, i64>;
+
+    fn model_add_one(m: &mut Model, k: &str, v: i64) {
+        let e = m.entry(k.to_owned()).or_insert(0);
+        *e = e.saturating_add(v);
+    }
+
+    fn build(entries: &[(&'static str, i64)]) -> (Resources, Model) {
+        let mut r = Resources::new();
+        let mut m = Model::new();
+        for (k, v) in entries {
+            r.set(k, *v);
+            m.insert((*k).to_owned(), *v);
+        }
+        (r, m)
+    }
+
+    fn hash_of(h: &impl std::hash::Hash) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(h)
+    }
+
+    /// Every observation of `r` agrees with the map `m`.
+    fn assert_same(r: &Resources, m: &Model) -> Result<(), TestCaseError> {
+        let want: Vec<(&str, i64)> = m.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        prop_assert_eq!(r.iter().collect::<Vec<_>>(), want);
+        prop_assert!(r.names().eq(m.keys().map(String::as_str)));
+        for name in NAMES {
+            prop_assert_eq!(r.get(name), m.get(name).copied().unwrap_or(0));
+        }
+        prop_assert_eq!(r.is_empty(), m.values().all(|v| *v == 0));
+        prop_assert_eq!(format!("{r:?}"), format!("Resources({m:?})"));
+        prop_assert_eq!(serde_json::to_string(r).ok(), serde_json::to_string(m).ok());
+        // No spare capacity kept, whichever way the set was built.
+        prop_assert_eq!(r.0.capacity(), r.0.len());
+        Ok(())
+    }
+
+    const NAMES: [&str; 5] = ["cpu", "memory", "nvidia.com/gpu", "pods", "a/b"];
+
+    fn arb_amount() -> impl Strategy<Value = i64> {
+        prop_oneof![-3i64..4, Just(i64::MIN), Just(i64::MAX), any::<i64>()]
+    }
+
+    fn arb_entries() -> impl Strategy<Value = Vec<(&'static str, i64)>> {
+        prop::collection::vec((prop::sample::select(&NAMES[..]), arb_amount()), 0..6)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(&'static str, i64),
+        AddOne(&'static str, i64),
+        Add(Vec<(&'static str, i64)>),
+        Sub(Vec<(&'static str, i64)>),
+        MaxWith(Vec<(&'static str, i64)>),
+        Clamp,
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        let name = || prop::sample::select(&NAMES[..]);
+        prop_oneof![
+            (name(), arb_amount()).prop_map(|(k, v)| Op::Set(k, v)),
+            (name(), arb_amount()).prop_map(|(k, v)| Op::AddOne(k, v)),
+            arb_entries().prop_map(Op::Add),
+            arb_entries().prop_map(Op::Sub),
+            arb_entries().prop_map(Op::MaxWith),
+            Just(Op::Clamp),
+        ]
+    }
+
+    #[test]
+    fn debug_and_serde_forms_are_those_of_a_map() {
+        let r = Resources::from_pairs([("memory", "1Ki"), ("cpu", "250m")]).unwrap();
+        assert_eq!(format!("{r:?}"), r#"Resources({"cpu": 250, "memory": 1024000})"#);
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"cpu":250,"memory":1024000}"#);
+        let back: Resources = serde_json::from_str(r#"{"memory":1024000,"cpu":1,"cpu":250}"#).unwrap();
+        assert_eq!(back, r);
+        assert!(serde_json::from_str::<Resources>(r#"{"cpu":"1"}"#).is_err());
+        assert_eq!(r.to_string(), "cpu=250m,memory=1024");
+    }
+
+    #[test]
+    fn a_name_set_to_zero_stays_present() {
+        let mut r = Resources::new();
+        r.set("cpu", 0);
+        assert!(r.is_empty());
+        assert_ne!(r, Resources::new());
+        assert_eq!(r.names().collect::<Vec<_>>(), ["cpu"]);
+        assert_eq!(r.nonzero(), Resources::new());
+    }
+
+    #[test]
+    fn built_sets_keep_no_spare_capacity() {
+        let list: BTreeMap<String, Quantity> = [("cpu", "2"), ("memory", "4Gi"), ("nvidia.com/gpu", "1")]
+            .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+            .into();
+        let from_list = Resources::from_quantities(&list).unwrap();
+        let mut summed = Resources::new();
+        summed.add(&Resources::from_pairs([("cpu", "1"), ("memory", "1Gi")]).unwrap());
+        summed.add(&Resources::from_pairs([("cpu", "1"), ("nvidia.com/gpu", "1"), ("memory", "3Gi")]).unwrap());
+        let parsed: Resources = serde_json::from_str(&serde_json::to_string(&from_list).unwrap()).unwrap();
+        for r in [&from_list, &summed, &parsed, &from_list.nonzero(), &from_list.clone()] {
+            assert_eq!(r, &from_list);
+            assert_eq!(r.0.capacity(), 3, "{r:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn behaves_like_the_map_it_replaced(start in arb_entries(), ops in prop::collection::vec(arb_op(), 0..12)) {
+            let (mut r, mut m) = build(&start);
+            assert_same(&r, &m)?;
+            for op in ops {
+                match op {
+                    Op::Set(k, v) => {
+                        r.set(k, v);
+                        m.insert(k.to_owned(), v);
+                    }
+                    Op::AddOne(k, v) => {
+                        r.add_one(k, v);
+                        model_add_one(&mut m, k, v);
+                    }
+                    Op::Add(other) => {
+                        let (o, om) = build(&other);
+                        r.add(&o);
+                        om.iter().for_each(|(k, v)| model_add_one(&mut m, k, *v));
+                    }
+                    Op::Sub(other) => {
+                        let (o, om) = build(&other);
+                        r.sub(&o);
+                        om.iter().for_each(|(k, v)| model_add_one(&mut m, k, v.saturating_neg()));
+                    }
+                    Op::MaxWith(other) => {
+                        let (o, om) = build(&other);
+                        r.max_with(&o);
+                        for (k, v) in om {
+                            let e = m.entry(k).or_insert(0);
+                            *e = (*e).max(v);
+                        }
+                    }
+                    Op::Clamp => {
+                        r.clamp_non_negative();
+                        m.values_mut().for_each(|v| *v = (*v).max(0));
+                    }
+                }
+                assert_same(&r, &m)?;
+            }
+            let nonzero: Model = m.iter().filter(|(_, v)| **v != 0).map(|(k, v)| (k.clone(), *v)).collect();
+            assert_same(&r.nonzero(), &nonzero)?;
+            let back: Resources = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+            prop_assert_eq!(&back, &r);
+            assert_same(&back, &m)?;
+        }
+
+        #[test]
+        fn equality_fit_and_serde_do_not_depend_on_insertion_order(a in arb_entries(), b in arb_entries()) {
+            let (ra, ma) = build(&a);
+            let (rb, mb) = build(&b);
+            let mut reversed = Resources::new();
+            for (k, v) in ma.iter().rev() {
+                reversed.set(k, *v);
+            }
+            prop_assert_eq!(&reversed, &ra);
+            prop_assert_eq!(hash_of(&reversed), hash_of(&ra));
+            prop_assert_eq!(ra == rb, ma == mb);
+            let model_fits = ma.iter().all(|(k, v)| *v <= mb.get(k).copied().unwrap_or(0));
+            prop_assert_eq!(ra.fits_in(&rb), model_fits);
+            // A JSON object with its names out of order reads back sorted.
+            let fields: Vec<String> = ma.iter().rev().map(|(k, v)| format!("{k:?}:{v}")).collect();
+            let parsed: Resources = serde_json::from_str(&format!("{{{}}}", fields.join(","))).unwrap();
+            prop_assert_eq!(&parsed, &ra);
+            assert_same(&parsed, &ma)?;
+        }
     }
 
     proptest! {
