@@ -3,8 +3,9 @@
 //! deleted. The I/O around [`crate::victims`].
 //!
 //! Every step is recorded in the training cluster (deadline annotation, condition, final
-//! `Failed`/`Reclaimed` status), so a restarted dispatcher picks up notices in flight. The
-//! offload copy is deleted by vk-provider once the training pod is terminal.
+//! `Failed`/`Reclaimed` status), so a restarted dispatcher picks up notices in flight. At
+//! the deadline (or the ack) the dispatcher deletes the offload copy itself, while it writes
+//! that status; vk-provider deletes any copy of a terminal training pod in its turn.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -185,11 +186,14 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, n
                     Some(offload_view(p, member_node, (current, min, current)))
                 })
                 .collect();
-            for v in state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis) {
-                let Some(p) = on_node.iter().find(|p| key_of(p) == v.key) else { continue };
-                let cause = format!("member {} needs capacity back for online demand", member.name);
-                notice(ctx, p, &cause, &deficit, v.band, &v.reason, now).await;
-            }
+            let picked = state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis);
+            let cause = format!("member {} needs capacity back for online demand", member.name);
+            // All at once: the online demand waits for the last of them.
+            let notices = picked.iter().filter_map(|v| {
+                let p = on_node.iter().find(|p| key_of(p) == v.key)?;
+                Some(notice(ctx, p, &cause, &deficit, v.band, &v.reason, now))
+            });
+            futures::future::join_all(notices).await;
         }
     }
 }
@@ -274,12 +278,21 @@ async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
             continue;
         }
         let Some((need, node, views, on_node)) = best else { continue };
-        for v in victims(&need, &views) {
-            let Some(p) = on_node.iter().find(|p| key_of(p) == v.key) else { continue };
-            let cause = format!("higher-band gang {} ({}) needs room on {node}", r.gang, r.band.as_str());
-            notice(ctx, p, &cause, &need, v.band, &v.reason, now).await;
-        }
+        let picked = victims(&need, &views);
+        let cause = format!("higher-band gang {} ({}) needs room on {node}", r.gang, r.band.as_str());
+        let notices = picked.iter().filter_map(|v| {
+            let p = on_node.iter().find(|p| key_of(p) == v.key)?;
+            Some(notice(ctx, p, &cause, &need, v.band, &v.reason, now))
+        });
+        futures::future::join_all(notices).await;
     }
+}
+
+/// The notice of a pod reclaimed at once (no checkpoint grace in its band): its condition
+/// and message, written and published with the pod's final status.
+struct Notice {
+    condition: serde_json::Value,
+    message: String,
 }
 
 /// Step 3: the checkpoint notice: deadline annotation, condition, Event.
@@ -304,34 +317,40 @@ async fn notice(
     } } });
     let (pp, patch) = (PatchParams::default(), Patch::Merge(patch));
     let annotate = api.patch(&name, &pp, &patch);
-    if grace == 0 {
-        // No checkpoint time in this band: the pod goes now, not at the next check (which
-        // would wait for the notice to come back through the watch), and the notice, which
-        // stays as the record, is written alongside rather than first.
-        let how = format!("band {} has no checkpoint grace", band.as_str());
-        let demand = deficit.nonzero().to_string();
-        let (annotated, ()) = tokio::join!(annotate, mark_reclaimed(ctx, pod, &demand, &how, "deadline"));
-        if let Err(e) = annotated {
-            warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
-        }
-    } else if let Err(e) = annotate.await {
-        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
-        return;
-    }
     let message = format!(
         "{cause} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
         deficit.nonzero(),
         keys::ANNOTATION_CHECKPOINT_DONE
     );
-    let status = json!({ "status": { "conditions": [{
+    let condition = json!({
         "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "CapacityReclaimed",
         "message": message, "lastTransitionTime": Time(now),
-    }]}});
+    });
+    info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
+    metrics().reclaim_notices.get_or_create(&BandLabels { band: band.as_str() }).inc();
+    if grace == 0 {
+        // No checkpoint time in this band: the pod goes now, not at the next check (which
+        // would wait for the notice to come back through the watch). The notice, which
+        // stays as the record, is written alongside rather than first, and its condition
+        // with the final status.
+        let how = format!("band {} has no checkpoint grace", band.as_str());
+        let demand = deficit.nonzero().to_string();
+        let notice = Notice { condition, message };
+        let (annotated, ()) =
+            tokio::join!(annotate, mark_reclaimed(ctx, pod, &demand, &how, "deadline", Some(&notice)));
+        if let Err(e) = annotated {
+            warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
+        }
+        return;
+    }
+    if let Err(e) = annotate.await {
+        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
+        return;
+    }
+    let status = json!({ "status": { "conditions": [condition] } });
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
     }
-    info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
-    metrics().reclaim_notices.get_or_create(&BandLabels { band: band.as_str() }).inc();
     publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
 }
 
@@ -367,6 +386,7 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
 async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
+    let mut due = Vec::new();
     for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p) else { continue };
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
@@ -385,7 +405,7 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut Sta
         } else {
             "checkpoint not acknowledged before the deadline".to_owned()
         };
-        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str);
+        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str).to_owned();
         let outcome = if acked {
             // The notice went out one grace period before the deadline.
             let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band_of(p)) as i64;
@@ -397,36 +417,63 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut Sta
         } else {
             "deadline"
         };
-        mark_reclaimed(ctx, p, demand, &how, outcome).await;
+        due.push((p, demand, how, outcome));
     }
+    let ends = due.iter().map(|(p, demand, how, outcome)| mark_reclaimed(ctx, p, demand, how, outcome, None));
+    futures::future::join_all(ends).await;
 }
 
-/// Step 5: the training pod fails with reason `Reclaimed`, and its offload copy is deleted
-/// in the member; `how` says whether the checkpoint was acknowledged.
-async fn mark_reclaimed(ctx: &Context, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
+/// Step 5: the offload copy is deleted in the member and the training pod fails with reason
+/// `Reclaimed`; `how` says whether the checkpoint was acknowledged. A pod reclaimed at once
+/// brings its `notice` along.
+///
+/// The capacity goes back first: the copy is deleted while the status is written, not
+/// after. The pod sync is told (a [`tidepool_federation::training::Handovers`] entry) that
+/// the copy's disappearance is this reclaim, not a loss to report, whichever watch reaches
+/// it first.
+async fn mark_reclaimed(
+    ctx: &Context,
+    p: &PodLite,
+    demand: &str,
+    how: &str,
+    outcome: &'static str,
+    notice: Option<&Notice>,
+) {
     let handle =
         p.node_name().and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).cloned());
     let member = handle.as_ref().map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
     let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-    let status = json!({ "status": { "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message } });
-    match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
+    let mut status = json!({ "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message });
+    if let Some(n) = notice {
+        status["conditions"] = json!([n.condition]);
+    }
+    let patch = Patch::Strategic(json!({ "status": status }));
+    let delete = async {
+        if let (Some(member), Some(uid)) = (&handle, p.metadata.uid.as_deref()) {
+            ctx.handovers.begin(uid);
+            delete_copy(member, p).await;
+        }
+    };
+    let (name, pp) = (p.name_any(), PatchParams::default());
+    let (written, ()) = tokio::join!(api.patch_status(&name, &pp, &patch), delete);
+    match written {
         Ok(_) => {
-            info!(pod = %p.name_any(), how, "reclaimed");
-            if let Some(member) = &handle {
-                delete_copy(member, p).await;
-            }
+            info!(pod = %name, how, "reclaimed");
             let labels = ReclaimLabels { member: member.clone(), band: band_of(p).as_str(), outcome };
             metrics().reclaims.get_or_create(&labels).inc();
+            if let Some(n) = notice {
+                publish(ctx, p, EventType::Warning, "ReclaimRequested", &n.message).await;
+            }
             publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
         }
         Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
     }
 }
 
-/// Deletes the offload copy of reclaimed pod `p` in `member` now. The pod sync deletes it
-/// too once the `Failed` status comes back through its watch; online pods waiting for the
-/// room should not wait for that. Selected by origin UID, so a pod of the same name that
+/// Deletes the offload copy of reclaimed pod `p` in `member` now. The pod sync would delete
+/// it too once the `Failed` status comes back through its watch; online pods waiting for
+/// the room should not wait for that. Selected by origin UID, so a pod of the same name that
 /// is not this pod's copy is never touched; a copy already gone is fine.
 async fn delete_copy(member: &MemberHandle, p: &PodLite) {
     let (Some(uid), Some(ns)) = (p.metadata.uid.as_deref(), p.metadata.namespace.as_deref()) else { return };

@@ -244,6 +244,11 @@ async fn main() {
             .expect("offline pods running");
             // The online service grows by 4 replicas at once (its HPA allows it).
             let t0 = Instant::now();
+            // On stderr, to line rounds up with cluster logs.
+            eprintln!(
+                "round {round} {path}: scaling at {:.3} (Unix seconds)",
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+            );
             hpas2
                 .patch("online", &PatchParams::default(), &Patch::Merge(json!({"spec": {"maxReplicas": 5}})))
                 .await

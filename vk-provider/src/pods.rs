@@ -447,6 +447,12 @@ impl Context {
     /// The whole training pod `pod` is the cache's view of: kept by the shared watch until
     /// the pod runs, else read from the API. `None` if it is gone (or is another pod of
     /// the same name now).
+    /// How much longer the dispatcher owns the ending of `pod`, whose copy it deleted
+    /// itself (see [`tidepool_federation::training::Handovers`]).
+    fn handed_over(&self, pod: &PodLite) -> Option<Duration> {
+        self.training_pods.handovers().held(pod.metadata.uid.as_deref()?)
+    }
+
     async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(whole) = self.training_pods.whole(uid) {
@@ -537,6 +543,10 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             return Ok(Action::await_change());
         }
         if pod.status.host_ip.is_some() {
+            if let Some(left) = ctx.handed_over(&pod) {
+                // The dispatcher deleted it, reclaiming the pod; its status is on the way.
+                return Ok(Action::requeue(left));
+            }
             // 3. It ran in the member and is gone without our deleting it: the member evicted
             //    or preempted it (its last status, copied up, says which), or someone deleted it.
             let (reason, why) = translate::member_disruption(pod.status.disruption.as_deref());
@@ -632,6 +642,9 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     //     pod): the training pod fails now, with the member's reason.
     let member_status = copy.status();
     if copy.metadata.deletion_timestamp.is_some() {
+        if let Some(left) = ctx.handed_over(&pod) {
+            return Ok(Action::requeue(left));
+        }
         let (reason, why) = translate::member_disruption(translate::disruption_reason(member_status.as_ref()));
         let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
         fail_pod(&ctx, &pod, reason, &msg).await?;
@@ -688,8 +701,8 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
 /// Copies the reclaim deadline from the training pod to its offload copy.
 async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
-    let want = pod.annotations().get(key);
-    if want.is_none() || want == copy.annotations().get(key) {
+    let Some(want) = pod.annotations().get(key) else { return Ok(()) };
+    if copy.reclaim_deadline() == Some(want.as_str()) {
         return Ok(());
     }
     let member = &watch.member;
