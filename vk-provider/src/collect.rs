@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
-use tidepool_config::keys;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
@@ -133,10 +132,7 @@ async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &OffloadPod) {
 /// Whether the training API still has the origin of `offload` (same UID). Without origin
 /// annotations there is nothing to ask, and the training cache has already answered.
 async fn still_there(ctx: &Context, offload: &OffloadPod) -> Result<bool, kube::Error> {
-    let annotations = offload.meta().annotations.as_ref();
-    let origin_ns = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAMESPACE));
-    let origin_name = annotations.and_then(|a| a.get(keys::ANNOTATION_ORIGIN_NAME));
-    let (Some(ns), Some(name)) = (origin_ns, origin_name) else { return Ok(false) };
+    let Some((ns, name)) = offload.origin_name() else { return Ok(false) };
     let found = Api::<Pod>::namespaced(ctx.training.clone(), ns).get_opt(name).await?;
     Ok(found.is_some_and(|p| p.metadata.uid.as_deref() == offload.origin_uid()))
 }
@@ -184,6 +180,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
 mod tests {
     use super::*;
     use serde_json::json;
+    use tidepool_config::keys;
 
     fn offload(name: &str, uid: Option<&str>, deleting: bool) -> OffloadPod {
         let mut labels = serde_json::Map::new();

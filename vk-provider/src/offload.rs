@@ -1,9 +1,9 @@
 //! An offload pod as the member-side cache holds it.
 //!
 //! Like the training side (`tidepool_config::pod`), the cache keeps what the pod sync reads
-//! rather than a whole `Pod`: the metadata, the ConfigMaps and Secrets the spec references
-//! (kept in sync while it runs) and the member's status as the JSON it came in, which is
-//! decoded only when it is copied up.
+//! rather than a whole `Pod`: its identity, the few tidepool labels and annotations read
+//! back, the ConfigMaps and Secrets the spec references (kept in sync while it runs) and the
+//! member's status as the JSON it came in, which is decoded only when it is copied up.
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,12 +13,17 @@ use tidepool_config::pod::{PodLite, trim_meta};
 
 use crate::reflect::{self, References};
 
-/// The prefix of the labels and annotations an offload pod keeps in the cache.
-const TIDEPOOL_PREFIX: &str = "tidepool.io/";
-
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadPod {
+    /// Identity, version and deletion; no labels or annotations (a map costs a whole tree
+    /// node, about 0.5 KB, for a single entry): the ones read back are the fields below.
     pub metadata: ObjectMeta,
+    /// Label `tidepool.io/origin-uid`: the UID of the training pod it copies.
+    origin_uid: Option<Box<str>>,
+    /// Annotations `tidepool.io/origin-namespace` and `-name`: that pod's namespace and name.
+    origin: Option<(Box<str>, Box<str>)>,
+    /// Annotation `tidepool.io/reclaim-deadline`, once the notice was copied down.
+    reclaim_deadline: Option<Box<str>>,
     /// The ConfigMaps and Secrets its spec references.
     pub references: References,
     /// The member's status, as JSON.
@@ -30,14 +35,19 @@ impl From<Pod> for OffloadPod {
         let Pod { mut metadata, spec, status } = pod;
         trim_meta(&mut metadata);
         // The training pod's own labels and annotations travel on the copy; only tidepool's
-        // are read back (origin, reclaim notice).
-        for map in [&mut metadata.labels, &mut metadata.annotations].into_iter().flatten() {
-            map.retain(|k, _| k.starts_with(TIDEPOOL_PREFIX));
-        }
+        // origin and reclaim notice are read back.
+        let mut labels = metadata.labels.take().unwrap_or_default();
+        let mut annotations = metadata.annotations.take().unwrap_or_default();
+        let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
+        let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
+        let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
         metadata.owner_references = None;
         metadata.generate_name = None;
         OffloadPod {
             metadata,
+            origin_uid: labels.remove(keys::LABEL_ORIGIN_UID).map(String::into_boxed_str),
+            origin,
+            reclaim_deadline,
             references: spec.as_ref().map(reflect::references).unwrap_or_default(),
             status: status.and_then(|s| serde_json::to_string(&s).ok()).map(String::into_boxed_str),
         }
@@ -52,15 +62,23 @@ impl OffloadPod {
 
     /// The training pod's UID, from the origin label.
     pub fn origin_uid(&self) -> Option<&str> {
-        self.metadata.labels.as_ref()?.get(keys::LABEL_ORIGIN_UID).map(String::as_str)
+        self.origin_uid.as_deref()
+    }
+
+    /// The namespace and name of the training pod it copies, from its origin annotations.
+    pub fn origin_name(&self) -> Option<(&str, &str)> {
+        self.origin.as_ref().map(|(ns, name)| (&**ns, &**name))
     }
 
     /// The training pod it copies, from its origin annotations.
     pub fn origin(&self) -> Option<ObjectRef<PodLite>> {
-        let a = self.metadata.annotations.as_ref()?;
-        let ns = a.get(keys::ANNOTATION_ORIGIN_NAMESPACE)?;
-        let name = a.get(keys::ANNOTATION_ORIGIN_NAME)?;
+        let (ns, name) = self.origin_name()?;
         Some(ObjectRef::new(name).within(ns))
+    }
+
+    /// The reclaim deadline copied down from the training pod, if any.
+    pub fn reclaim_deadline(&self) -> Option<&str> {
+        self.reclaim_deadline.as_deref()
     }
 
     /// True when this is the copy of `pod` (same origin UID).
@@ -93,6 +111,9 @@ mod tests {
         assert_eq!(offload.status().and_then(|s| s.pod_ip).as_deref(), Some("10.0.0.9"));
         assert_eq!(offload.origin_uid(), Some("t1"));
         assert_eq!(offload.origin(), Some(ObjectRef::new("p").within("team")));
+        assert_eq!(offload.reclaim_deadline(), None);
+        // Read back from the fields above, not kept as maps.
+        assert_eq!((&offload.metadata.labels, &offload.metadata.annotations), (&None, &None));
         let mut training = PodLite::default();
         training.metadata.uid = Some("t1".into());
         assert!(offload.is_copy_of(&training));
