@@ -21,9 +21,10 @@ use tracing::warn;
 /// Events buffered per subscriber. A subscriber that falls further behind is told so
 /// ([`PodEvent::Lagged`]) and resyncs from the cache.
 const EVENT_BUFFER: usize = 8192;
-/// Whole pods kept at most, waiting to be offloaded (a burst's worth). Past this, the pod
-/// sync reads the pod from the API instead.
-const AWAITING_MAX: usize = 4096;
+/// Whole pods kept at most, waiting to be offloaded (a burst's worth: a member takes
+/// tens of creates a second). Past this, the pod sync reads the pod from the API instead,
+/// one GET when its turn comes, rather than holding thousands in memory meanwhile.
+const AWAITING_MAX: usize = 1024;
 
 /// A change of one training pod, as the cache has it after the change.
 #[derive(Clone, Debug)]

@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{self, Action};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -57,6 +57,12 @@ const PENDING_SETTLE: Duration = Duration::from_secs(1);
 /// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
 /// hangs holds up only its own pods.
 const WRITES_IN_FLIGHT: usize = 32;
+/// Pods reconciled at once. Each reconcile in flight is a future of a few KB, and one that
+/// offloads holds its whole decoded pod (about 18 KB) until it may write: unbounded, a burst
+/// of thousands of pods held thousands of them while they waited for the 32 write slots of
+/// their member. The rest wait in the controller's queue, as a reference each. Room for
+/// several members' writes (and the training writes) at once.
+const RECONCILES_IN_FLIGHT: u16 = 256;
 /// `reportingController` of the pod sync's Events.
 const EVENT_REPORTER: &str = "tidepool";
 /// Events published at once: they are notes for people, behind the pods' own writes.
@@ -133,7 +139,8 @@ pub async fn run(
         }
     });
     let store = training_pods.store();
-    let controller = Controller::for_shared_stream(ReceiverStream::new(applied_rx), store.clone());
+    let controller = Controller::for_shared_stream(ReceiverStream::new(applied_rx), store.clone())
+        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT));
     let ctx = Arc::new(Context {
         training: training.clone(),
         config,
@@ -554,6 +561,9 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             fail_pod(&ctx, &pod, reason, &msg).await?;
             return Ok(Action::await_change());
         }
+        // A turn to write to the member first, then the whole pod (decoded, several times
+        // its cache entry) only while this reconcile can use it.
+        let _slot = slot(&watch.writes).await;
         // The whole pod, to translate (the cache holds only what the sync decides on).
         let Some(whole) = ctx.whole(&pod).await? else {
             return Ok(Action::await_change());
@@ -565,7 +575,6 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             return Ok(Action::await_change());
         }
         // 5. Copy what it references into the member namespace.
-        let _slot = slot(&watch.writes).await;
         ensure_namespace(&ctx, &watch, &member_ns).await?;
         let target = Target {
             cluster: &ctx.config.cluster_name,
