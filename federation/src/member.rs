@@ -171,20 +171,28 @@ impl Drop for Session {
 }
 
 /// Shortest spacing of two capacity computations: the events of a burst that arrive
-/// within it cost one computation. Short, since the online demand that follows a change
-/// (an HPA scaling by several replicas, its pods created one after another) is waiting.
-const COALESCE: Duration = Duration::from_millis(10);
+/// within it cost one computation.
+const COALESCE: Duration = Duration::from_millis(100);
+
+/// Shortest spacing while a pool is short (a deficit): online demand is waiting, and what
+/// follows a first change (an HPA scaling by several replicas, its pods created one after
+/// another) is more of it.
+const COALESCE_SHORT: Duration = Duration::from_millis(10);
 
 /// Longest spacing of two computations.
 const COALESCE_MAX: Duration = Duration::from_secs(1);
 
 /// How far apart the next computation must start from the last one, given what the last
-/// one cost: ten times that, so a large member's capacity model takes at most about a tenth
-/// of a core under constant churn, between [`COALESCE`] and [`COALESCE_MAX`]. A change after
-/// a quiet spell is computed at once (an online service growing wants its capacity back
-/// now); only the changes that follow it wait for the spacing.
-fn coalesce_after(cost: Duration) -> Duration {
-    cost.saturating_mul(10).clamp(COALESCE, COALESCE_MAX)
+/// one cost and whether it found a pool short: ten times the cost, so a large member's
+/// capacity model takes at most about a tenth of a core under constant churn, between
+/// [`COALESCE`] ([`COALESCE_SHORT`] while short) and [`COALESCE_MAX`]. A change after a quiet
+/// spell is computed at once (an online service growing wants its capacity back now); only
+/// the changes that follow it wait for the spacing. Offload churn (a burst of copies
+/// starting) keeps the longer spacing: it changes nothing online demand waits for, and each
+/// publication rewrites the virtual node and wakes the dispatcher.
+fn coalesce_after(cost: Duration, short: bool) -> Duration {
+    let least = if short { COALESCE_SHORT } else { COALESCE };
+    cost.saturating_mul(10).clamp(least, COALESCE_MAX)
 }
 
 impl Session {
@@ -331,6 +339,7 @@ impl Session {
                         }
                         _ => continue,
                     };
+                    let short = nexts.iter().any(|n| !n.deficit().is_empty());
                     let first = !computed;
                     computed = true;
                     for (i, ((pool, _, tx), next)) in senders.iter().zip(nexts).enumerate() {
@@ -361,7 +370,7 @@ impl Session {
                         }
                     }
                     metrics().observe_sync("capacity", started.elapsed());
-                    not_before = tokio::time::Instant::from_std(started) + coalesce_after(started.elapsed());
+                    not_before = tokio::time::Instant::from_std(started) + coalesce_after(started.elapsed(), short);
                 }
             }
             .instrument(info_span!("capacity", member = %name)),
@@ -540,9 +549,12 @@ mod tests {
 
     #[test]
     fn a_costly_computation_waits_longer_for_the_next() {
-        assert_eq!(coalesce_after(Duration::from_millis(1)), COALESCE);
-        assert_eq!(coalesce_after(Duration::from_millis(30)), Duration::from_millis(300));
-        assert_eq!(coalesce_after(Duration::from_secs(5)), COALESCE_MAX);
+        assert_eq!(coalesce_after(Duration::from_millis(1), false), COALESCE);
+        assert_eq!(coalesce_after(Duration::from_millis(30), false), Duration::from_millis(300));
+        assert_eq!(coalesce_after(Duration::from_secs(5), false), COALESCE_MAX);
+        // A pool short of capacity: the next computation follows sooner, cost permitting.
+        assert_eq!(coalesce_after(Duration::from_millis(1), true), COALESCE_SHORT);
+        assert_eq!(coalesce_after(Duration::from_millis(30), true), Duration::from_millis(300));
     }
 
     #[test]
