@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -174,16 +175,17 @@ impl Drop for Session {
 /// within it cost one computation.
 const COALESCE: Duration = Duration::from_millis(100);
 
-/// Shortest spacing while a pool is short (a deficit): online demand is waiting, and what
-/// follows a first change (an HPA scaling by several replicas, its pods created one after
-/// another) is more of it.
+/// Shortest spacing while online demand moves: a pool is short (a deficit), or an HPA, a
+/// Deployment or StatefulSet, or a pending online pod changed since the last computation.
+/// What follows a first change (an HPA raising its bound, then the Deployment scaling, its
+/// pods created one after another) is more of the same demand, and it is waiting.
 const COALESCE_SHORT: Duration = Duration::from_millis(10);
 
 /// Longest spacing of two computations.
 const COALESCE_MAX: Duration = Duration::from_secs(1);
 
 /// How far apart the next computation must start from the last one, given what the last
-/// one cost and whether it found a pool short: ten times the cost, so a large member's
+/// one cost and whether online demand moves (`short`, see [`COALESCE_SHORT`]): ten times the cost, so a large member's
 /// capacity model takes at most about a tenth of a core under constant churn, between
 /// [`COALESCE`] ([`COALESCE_SHORT`] while short) and [`COALESCE_MAX`]. A change after a quiet
 /// spell is computed at once (an online service growing wants its capacity back now); only
@@ -213,6 +215,8 @@ impl Session {
                 .instrument(info_span!("member_health", member = %name)),
         );
         let changed = Arc::new(Notify::new());
+        // Set with `changed` by a change of online demand (see [`coalesce_after`]).
+        let demand = Arc::new(AtomicBool::new(false));
         let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
         let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
 
@@ -221,7 +225,8 @@ impl Session {
             node_events,
             nodes.clone(),
             |n: &Node| Some((n.name_any(), NodeView::from_node(n))),
-            changed.clone(),
+            |_| false,
+            (changed.clone(), demand.clone()),
             cancelled.clone(),
             info_span!("member_nodes", member = %name),
         );
@@ -230,7 +235,8 @@ impl Session {
             pod_events,
             pods.clone(),
             |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p))),
-            changed.clone(),
+            PodView::pending_online,
+            (changed.clone(), demand.clone()),
             cancelled.clone(),
             info_span!("member_pods", member = %name),
         );
@@ -245,7 +251,8 @@ impl Session {
                 hpa_events,
                 hpas.clone(),
                 hpa_view,
-                changed.clone(),
+                |_| true,
+                (changed.clone(), demand.clone()),
                 cancelled.clone(),
                 info_span!("member_hpas", member = %name),
             );
@@ -258,7 +265,8 @@ impl Session {
                     let spec = d.spec.as_ref();
                     template_view("Deployment", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
                 },
-                changed.clone(),
+                |_| true,
+                (changed.clone(), demand.clone()),
                 cancelled.clone(),
                 info_span!("member_deployments", member = %name),
             );
@@ -270,7 +278,8 @@ impl Session {
                     let spec = d.spec.as_ref();
                     template_view("StatefulSet", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
                 },
-                changed.clone(),
+                |_| true,
+                (changed.clone(), demand.clone()),
                 cancelled.clone(),
                 info_span!("member_statefulsets", member = %name),
             );
@@ -301,8 +310,9 @@ impl Session {
                 // When each pool last published, and whether a small change is waiting.
                 let mut published = vec![tokio::time::Instant::now(); senders.len()];
                 let mut deferred = vec![false; senders.len()];
-                // The earliest start of the next computation (see [`coalesce_after`]).
-                let mut not_before = tokio::time::Instant::now();
+                // When the last computation started, what it cost, and whether it found a pool
+                // short (see [`coalesce_after`]).
+                let mut last = (tokio::time::Instant::now(), Duration::ZERO, false);
                 loop {
                     let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
                     tokio::select! {
@@ -315,7 +325,9 @@ impl Session {
                         () = changed.notified() => {}
                         () = tokio::time::sleep(wake) => {}
                     }
-                    tokio::time::sleep_until(not_before).await;
+                    let (last_started, last_cost, last_short) = last;
+                    let urgent = last_short || demand.swap(false, Ordering::Relaxed);
+                    tokio::time::sleep_until(last_started + coalesce_after(last_cost, urgent)).await;
                     let started = std::time::Instant::now();
                     let hpa_views = match (hpas.lock(), templates.lock()) {
                         (Ok(h), Ok(t)) => join_hpas(&h, &t),
@@ -370,7 +382,7 @@ impl Session {
                         }
                     }
                     metrics().observe_sync("capacity", started.elapsed());
-                    not_before = tokio::time::Instant::from_std(started) + coalesce_after(started.elapsed(), short);
+                    last = (tokio::time::Instant::from_std(started), started.elapsed(), short);
                 }
             }
             .instrument(info_span!("capacity", member = %name)),
@@ -491,7 +503,8 @@ fn spawn_cache<T, K, V, S>(
     events: S,
     cache: Arc<std::sync::Mutex<ViewCache<K, V>>>,
     view: fn(&T) -> Option<(K, V)>,
-    changed: Arc<Notify>,
+    online_demand: fn(&V) -> bool,
+    (changed, demand): (Arc<Notify>, Arc<AtomicBool>),
     cancelled: CancellationToken,
     span: tracing::Span,
 ) where
@@ -513,8 +526,15 @@ fn spawn_cache<T, K, V, S>(
                             watcher::Event::Init => Some(watcher::Event::Init),
                             watcher::Event::InitDone => Some(watcher::Event::InitDone),
                         };
-                        if let (Some(e), Ok(mut c)) = (mapped, cache.lock()) {
-                            c.apply(e);
+                        if let Some(e) = mapped {
+                            if let watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) = &e
+                                && online_demand(v)
+                            {
+                                demand.store(true, Ordering::Relaxed);
+                            }
+                            if let Ok(mut c) = cache.lock() {
+                                c.apply(e);
+                            }
                         }
                         changed.notify_one();
                     }
