@@ -185,9 +185,9 @@ const COALESCE_SHORT: Duration = Duration::from_millis(10);
 const COALESCE_MAX: Duration = Duration::from_secs(1);
 
 /// How far apart the next computation must start from the last one, given what the last
-/// one cost and whether online demand moves (`short`, see [`COALESCE_SHORT`]): ten times the cost, so a large member's
-/// capacity model takes at most about a tenth of a core under constant churn, between
-/// [`COALESCE`] ([`COALESCE_SHORT`] while short) and [`COALESCE_MAX`]. A change after a quiet
+/// one cost and whether online demand moves (`short`, see [`COALESCE_SHORT`]): ten times the
+/// cost, so a large member's capacity model takes at most about a tenth of a core under
+/// constant churn, between [`COALESCE`] ([`COALESCE_SHORT`] while short) and [`COALESCE_MAX`]. A change after a quiet
 /// spell is computed at once (an online service growing wants its capacity back now); only
 /// the changes that follow it wait for the spacing. Offload churn (a burst of copies
 /// starting) keeps the longer spacing: it changes nothing online demand waits for, and each
@@ -572,7 +572,8 @@ mod tests {
         assert_eq!(coalesce_after(Duration::from_millis(1), false), COALESCE);
         assert_eq!(coalesce_after(Duration::from_millis(30), false), Duration::from_millis(300));
         assert_eq!(coalesce_after(Duration::from_secs(5), false), COALESCE_MAX);
-        // A pool short of capacity: the next computation follows sooner, cost permitting.
+        // Online demand moving (a pool short, an HPA or workload changed): the next
+        // computation follows sooner, cost permitting.
         assert_eq!(coalesce_after(Duration::from_millis(1), true), COALESCE_SHORT);
         assert_eq!(coalesce_after(Duration::from_millis(30), true), Duration::from_millis(300));
     }
