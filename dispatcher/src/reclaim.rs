@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -22,7 +22,7 @@ use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
 use tidepool_config::{Resources, names};
 use tidepool_federation::MemberHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::controller::{Context, pacing, pod_group_api, publish, requests};
 use crate::gang::{self, GangKey, GangSource};
@@ -140,7 +140,7 @@ fn deadline_of(p: &PodLite) -> Option<jiff::Timestamp> {
 }
 
 /// Steps 1–3: deficit past hysteresis → victims → notice.
-async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
+async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     let hysteresis = jiff::SignedDuration::from_secs(ctx.config.dispatcher.deficit_hysteresis_seconds as i64);
     let members = ctx.members.borrow().clone();
     // A member that does not answer shows a stale deficit: its pods are left as they are
@@ -181,7 +181,7 @@ async fn pick_victims(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, n
                 .iter()
                 .filter(|p| deadline_of(p).is_none())
                 .filter_map(|p| {
-                    let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.clone();
+                    let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
                     let (min, current) = jobs.get(&gang::gang_of(p).to_string()).copied().unwrap_or((1, 1));
                     Some(offload_view(p, member_node, (current, min, current)))
                 })
@@ -222,7 +222,7 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
 /// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
 /// needs the least taken.
-async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
+async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
     let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let members = ctx.members.borrow().clone();
@@ -261,7 +261,7 @@ async fn preempt(ctx: &Context, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
                 let views = lower
                     .iter()
                     .filter_map(|p| {
-                        let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.clone();
+                        let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
                         Some(offload_view(p, member_node, (1, 1, 1)))
                     })
                     .collect();
@@ -297,7 +297,7 @@ struct Notice {
 
 /// Step 3: the checkpoint notice: deadline annotation, condition, Event.
 async fn notice(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     pod: &PodLite,
     cause: &str,
     deficit: &Resources,
@@ -331,13 +331,13 @@ async fn notice(
     if grace == 0 {
         // No checkpoint time in this band: the pod goes now, not at the next check (which
         // would wait for the notice to come back through the watch). The notice, which
-        // stays as the record, is written alongside rather than first, and its condition
-        // with the final status.
+        // stays as the record, is written alongside the copy's deletion; the final status,
+        // with the notice's condition in it, once the copy is gone (see [`mark_reclaimed`]).
         let how = format!("band {} has no checkpoint grace", band.as_str());
         let demand = deficit.nonzero().to_string();
         let notice = Notice { condition, message };
-        let (annotated, ()) =
-            tokio::join!(annotate, mark_reclaimed(ctx, pod, &demand, &how, "deadline", Some(&notice)));
+        let (annotated, ()) = tokio::join!(annotate, free_copy(ctx, pod));
+        record_reclaimed(ctx, pod, &demand, &how, "deadline", Some(&notice)).await;
         if let Err(e) = annotated {
             warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
         }
@@ -351,7 +351,22 @@ async fn notice(
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
     }
-    publish(ctx, pod, EventType::Warning, "ReclaimRequested", &message).await;
+    publish_later(ctx, pod, vec![(EventType::Warning, "ReclaimRequested", message)]);
+}
+
+/// Publishes `events` on `pod`, in order, in a task of their own: the next pass does not
+/// wait for the Events of this one. One pod's Events at a time: they are the least urgent
+/// writes of a reclaim, and a pass that takes many victims should not send them all at once
+/// beside the writes that free capacity.
+fn publish_later(ctx: &Arc<Context>, pod: &PodLite, events: Vec<(EventType, &'static str, String)>) {
+    static TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let (ctx, pod) = (ctx.clone(), pod.clone());
+    tokio::spawn(async move {
+        let _turn = TURN.acquire().await;
+        for (type_, reason, note) in events {
+            publish(&ctx, &pod, type_, reason, &note).await;
+        }
+    });
 }
 
 /// Whether the PodGroup of `gang` (sig-scheduling or Volcano) carries the checkpoint ack,
@@ -384,7 +399,7 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 }
 
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
-async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
+async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     let mut due = Vec::new();
     for p in pods.iter().filter(|p| p.is_live()) {
@@ -419,29 +434,51 @@ async fn enforce_deadlines(ctx: &Context, pods: &[Arc<PodLite>], state: &mut Sta
         };
         due.push((p, demand, how, outcome));
     }
-    let ends = due.iter().map(|(p, demand, how, outcome)| mark_reclaimed(ctx, p, demand, how, outcome, None));
+    let ends = due.iter().map(|(p, demand, how, outcome)| mark_reclaimed(ctx, p, demand, how, outcome));
     futures::future::join_all(ends).await;
 }
 
 /// Step 5: the offload copy is deleted in the member and the training pod fails with reason
-/// `Reclaimed`; `how` says whether the checkpoint was acknowledged. A pod reclaimed at once
-/// brings its `notice` along.
+/// `Reclaimed`; `how` says whether the checkpoint was acknowledged.
 ///
-/// The capacity goes back first: the copy is deleted while the status is written, not
-/// after. The pod sync is told (a [`tidepool_federation::training::Handovers`] entry) that
-/// the copy's disappearance is this reclaim, not a loss to report, whichever watch reaches
-/// it first.
-async fn mark_reclaimed(
-    ctx: &Context,
+/// The capacity goes back first: online pods wait for the copy's deletion, nobody waits for
+/// the training pod's status. So the member's delete is not queued behind training writes
+/// in this process or at the API servers, and the status follows once the delete returns.
+async fn mark_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
+    free_copy(ctx, p).await;
+    record_reclaimed(ctx, p, demand, how, outcome, None).await;
+}
+
+/// The member handle of the pool `p` is placed on, if any.
+fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
+    let node = p.node_name()?;
+    ctx.members.borrow().values().find(|m| m.pool_for_node(node).is_some()).cloned()
+}
+
+/// Deletes the copy of reclaimed pod `p`. The pod sync is told first (a
+/// [`tidepool_federation::training::Handovers`] entry) that the copy's disappearance is this
+/// reclaim, not a loss to report, whichever watch reaches it first.
+async fn free_copy(ctx: &Context, p: &PodLite) {
+    let (Some(member), Some(uid)) = (member_of(ctx, p), p.metadata.uid.as_deref()) else { return };
+    ctx.handovers.begin(uid);
+    let copy_uid = p
+        .node_name()
+        .and_then(|n| member.pool_for_node(n))
+        .and_then(|pool| pool.capacity.borrow().placed.get(uid).map(|c| c.copy_uid.clone()));
+    delete_copy(&member, p, copy_uid).await;
+}
+
+/// The training pod's end: `Failed`, reason `Reclaimed`, then its Events. A pod reclaimed at
+/// once brings its `notice` along.
+async fn record_reclaimed(
+    ctx: &Arc<Context>,
     p: &PodLite,
     demand: &str,
     how: &str,
     outcome: &'static str,
     notice: Option<&Notice>,
 ) {
-    let handle =
-        p.node_name().and_then(|n| ctx.members.borrow().values().find(|m| m.pool_for_node(n).is_some()).cloned());
-    let member = handle.as_ref().map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
+    let member = member_of(ctx, p).map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
     let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let mut status = json!({ "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message });
@@ -449,41 +486,58 @@ async fn mark_reclaimed(
         status["conditions"] = json!([n.condition]);
     }
     let patch = Patch::Strategic(json!({ "status": status }));
-    let delete = async {
-        if let (Some(member), Some(uid)) = (&handle, p.metadata.uid.as_deref()) {
-            ctx.handovers.begin(uid);
-            delete_copy(member, p).await;
-        }
-    };
-    let (name, pp) = (p.name_any(), PatchParams::default());
-    let (written, ()) = tokio::join!(api.patch_status(&name, &pp, &patch), delete);
-    match written {
+    let name = p.name_any();
+    match api.patch_status(&name, &PatchParams::default(), &patch).await {
         Ok(_) => {
             info!(pod = %name, how, "reclaimed");
-            let labels = ReclaimLabels { member: member.clone(), band: band_of(p).as_str(), outcome };
+            let labels = ReclaimLabels { member, band: band_of(p).as_str(), outcome };
             metrics().reclaims.get_or_create(&labels).inc();
+            let mut events = Vec::with_capacity(2);
             if let Some(n) = notice {
-                publish(ctx, p, EventType::Warning, "ReclaimRequested", &n.message).await;
+                events.push((EventType::Warning, "ReclaimRequested", n.message.clone()));
             }
-            publish(ctx, p, EventType::Warning, keys::REASON_RECLAIMED, &message).await;
+            events.push((EventType::Warning, keys::REASON_RECLAIMED, message));
+            publish_later(ctx, p, events);
         }
-        Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot mark pod reclaimed; will retry"),
+        Err(e) => warn!(pod = %name, error = %e, "cannot mark pod reclaimed; will retry"),
     }
 }
 
 /// Deletes the offload copy of reclaimed pod `p` in `member` now. The pod sync would delete
 /// it too once the `Failed` status comes back through its watch; online pods waiting for
-/// the room should not wait for that. Selected by origin UID, so a pod of the same name that
-/// is not this pod's copy is never touched; a copy already gone is fine.
-async fn delete_copy(member: &MemberHandle, p: &PodLite) {
+/// the room should not wait for that. A pod of the same name that is not this pod's copy is
+/// never touched: the delete names the copy's UID (`copy_uid`, as the member's pod watch
+/// saw it) as precondition, or, without it, selects by origin UID. By name is the faster of
+/// the two for the member's API server, which a collection delete makes read its pods first.
+/// A copy already gone is fine.
+async fn delete_copy(member: &MemberHandle, p: &PodLite, copy_uid: Option<String>) {
     let (Some(uid), Some(ns)) = (p.metadata.uid.as_deref(), p.metadata.namespace.as_deref()) else { return };
     let member_ns = names::member_namespace(&member.namespace_prefix, ns);
     let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
-    let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-    let lp = ListParams::default().labels(&format!("{}={uid}", keys::LABEL_ORIGIN_UID));
-    if let Err(e) = api.delete_collection(&dp, &lp).await {
+    let mut dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    let started = std::time::Instant::now();
+    let deleted = match copy_uid.filter(|u| !u.is_empty()) {
+        Some(copy_uid) => {
+            dp.preconditions = Some(Preconditions { uid: Some(copy_uid), resource_version: None });
+            match api.delete(&p.name_any(), &dp).await {
+                // Gone already, or another pod by now: nothing of this pod's left to delete.
+                Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => Ok(()),
+                r => r.map(|_| ()),
+            }
+        }
+        None => {
+            let lp = ListParams::default().labels(&format!("{}={uid}", keys::LABEL_ORIGIN_UID));
+            api.delete_collection(&dp, &lp).await.map(|_| ())
+        }
+    };
+    match deleted {
+        Ok(()) => {
+            debug!(pod = %p.name_any(), member = %member.name, took = ?started.elapsed(), "reclaimed pod's copy deleted")
+        }
         // The pod sync deletes it in its turn.
-        warn!(pod = %p.name_any(), member = %member.name, error = %e, "cannot delete the reclaimed pod's copy now");
+        Err(e) => {
+            warn!(pod = %p.name_any(), member = %member.name, error = %e, "cannot delete the reclaimed pod's copy now")
+        }
     }
 }
 

@@ -38,10 +38,15 @@ pub struct PodView {
     pub offload: bool,
     /// The training pod an offload pod copies.
     pub origin_uid: Option<String>,
+    /// An offload pod's own UID (`None` for online pods: not needed).
+    pub uid: Option<String>,
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
     /// `spec.priority`, resolved by the API server at admission.
     pub priority: Option<i32>,
+    /// The online workload whose controller created the pod: kind (`Deployment`, through
+    /// its ReplicaSet, or `StatefulSet`) and name. Counts the replicas that exist.
+    pub workload: Option<(&'static str, Box<str>)>,
 }
 
 impl PodView {
@@ -66,14 +71,25 @@ pub struct PoolCapacity {
     /// `allocatable − online − offload`, clamped at zero, largest GPU count first. Placement
     /// checks fit against these, not against the aggregate.
     pub free_per_node: Vec<Resources>,
-    /// Origin UID → member node of the offload pods already on a node of the pool, so the
-    /// dispatcher can tell which pods it bound are still in flight (not yet in `used`/`free`)
-    /// and which victims would empty a whole member node. Shared: every reader of a published
-    /// capacity clones it, and it has an entry per offload pod.
-    pub placed: std::sync::Arc<BTreeMap<String, String>>,
+    /// Origin UID → member node and copy of the offload pods already on a node of the pool, so
+    /// the dispatcher can tell which pods it bound are still in flight (not yet in
+    /// `used`/`free`), which victims would empty a whole member node, and which copy exactly
+    /// to delete. Shared: every reader of a published capacity clones it, and it has an entry
+    /// per offload pod.
+    pub placed: std::sync::Arc<BTreeMap<String, Placed>>,
     /// What the policy held back from the surplus (reserve, windows, HPA headroom, pending
     /// online pods), before the watermark.
     pub held_back: Resources,
+}
+
+/// Where an offload pod runs in the member.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Placed {
+    /// The member node.
+    pub node: String,
+    /// The copy's UID in the member: a delete made with it as precondition takes this copy and
+    /// nothing else of the same name.
+    pub copy_uid: String,
 }
 
 /// An admin's capacity settings for a member, parsed (see `CapacitySpec`).
@@ -143,11 +159,24 @@ pub struct HpaView {
     pub node_selector: BTreeMap<String, String>,
 }
 
+/// Replicas an online Deployment or StatefulSet asks for whose pods do not exist yet: its
+/// controller is about to create them, and they count like pending online pods from the
+/// moment the workload is scaled, not from their creation (a ReplicaSet creates a scale-up's
+/// pods in batches, over a few hundred milliseconds).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReplicasToCome {
+    pub replicas: i32,
+    /// Requests of one replica (the workload's pod template).
+    pub per_replica: Resources,
+    pub node_selector: BTreeMap<String, String>,
+}
+
 /// Everything besides nodes and pods that decides a pool's capacity at `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct OnlineDemand<'a> {
     pub policy: &'a CapacityPolicy,
     pub hpas: &'a [HpaView],
+    pub to_come: &'a [ReplicasToCome],
     pub now: jiff::Timestamp,
 }
 
@@ -257,15 +286,33 @@ impl PodView {
             (None, None) => pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
             _ => BTreeMap::new(),
         };
+        let online = origin_uid.is_none();
         Self {
             node,
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
             offload: origin_uid.is_some(),
+            uid: if online { None } else { pod.metadata.uid.clone() },
             origin_uid,
             node_selector,
             priority: pod.spec.as_ref().and_then(|s| s.priority),
+            workload: if online { workload_of(pod) } else { None },
         }
+    }
+}
+
+/// The Deployment or StatefulSet whose controller owns `pod`. A Deployment's pods are owned
+/// by one of its ReplicaSets, named after it and the template hash the pods carry as a label.
+fn workload_of(pod: &Pod) -> Option<(&'static str, Box<str>)> {
+    let owner = pod.metadata.owner_references.as_ref()?.iter().find(|o| o.controller == Some(true))?;
+    match owner.kind.as_str() {
+        "StatefulSet" => Some(("StatefulSet", owner.name.as_str().into())),
+        "ReplicaSet" => {
+            let hash = pod.metadata.labels.as_ref()?.get("pod-template-hash")?;
+            let name = owner.name.strip_suffix(hash.as_str())?.strip_suffix('-')?;
+            Some(("Deployment", name.into()))
+        }
+        _ => None,
     }
 }
 
@@ -278,7 +325,7 @@ pub fn pool_capacity<'a>(
     selector: &BTreeMap<String, String>,
 ) -> PoolCapacity {
     let policy = CapacityPolicy::default();
-    let demand = OnlineDemand { policy: &policy, hpas: &[], now: jiff::Timestamp::UNIX_EPOCH };
+    let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
     pool_capacity_under(nodes, pods, selector, &demand)
 }
 
@@ -288,8 +335,10 @@ pub fn pool_capacity<'a>(
 /// capacity(P) = clamp≥0( Σ_n (allocatable(n) − online(n))
 ///                        − reserve − windows(now) − hpaHeadroom(P) − pendingOnline(P) ) × watermark
 /// ```
-/// HPA headroom and pending online pods count for a pool when their node selector matches
-/// one of its nodes: that is where the member's scheduler could put them.
+/// `pendingOnline` is the online pods not yet placed and the replicas whose pods are yet to
+/// be created ([`ReplicasToCome`]). HPA headroom and pending online demand count for a pool
+/// when their node selector matches one of its nodes: that is where the member's scheduler
+/// could put them.
 pub fn pool_capacity_under<'a>(
     nodes: impl IntoIterator<Item = &'a NodeView>,
     pods: impl IntoIterator<Item = &'a PodView>,
@@ -322,6 +371,11 @@ pub fn pool_capacity_under<'a>(
             held_back.add_one(k, amount);
         }
     }
+    for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector)) {
+        for (k, v) in w.per_replica.iter() {
+            held_back.add_one(k, v.saturating_mul(i64::from(w.replicas.max(0))));
+        }
+    }
     let mut used = Resources::new();
     let mut placed = BTreeMap::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
@@ -336,7 +390,8 @@ pub fn pool_capacity_under<'a>(
         if p.offload {
             used.add(&p.requests);
             if let Some(uid) = &p.origin_uid {
-                placed.insert(uid.clone(), node.to_owned());
+                let copy_uid = p.uid.clone().unwrap_or_default();
+                placed.insert(uid.clone(), Placed { node: node.to_owned(), copy_uid });
             }
         } else {
             capacity.sub(&p.requests);
@@ -482,7 +537,7 @@ mod tests {
         let c = pool_capacity(&nodes, &[offload, online], &BTreeMap::new());
         // capacity: 8−4 = 4 GPUs, 7 cpu; used: 6 GPUs, 2 cpu → deficit 2 GPUs, no cpu.
         assert_eq!(c.deficit(), r(&[("cpu", "0"), ("nvidia.com/gpu", "2")]));
-        assert_eq!(c.placed.get("u1").map(String::as_str), Some("a"));
+        assert_eq!(c.placed.get("u1").map(|p| p.node.as_str()), Some("a"));
     }
 
     fn policy(reserve: &[(&str, &str)], watermark: u32) -> CapacityPolicy {
@@ -496,7 +551,7 @@ mod tests {
         hpas: &[HpaView],
         now: &str,
     ) -> PoolCapacity {
-        let demand = OnlineDemand { policy, hpas, now: now.parse().unwrap() };
+        let demand = OnlineDemand { policy, hpas, to_come: &[], now: now.parse().unwrap() };
         pool_capacity_under(nodes, pods, &BTreeMap::new(), &demand)
     }
 
@@ -541,6 +596,52 @@ mod tests {
         // An HPA whose pods cannot land in the pool holds nothing back there.
         let elsewhere = HpaView { node_selector: BTreeMap::from([("pool".into(), "cpu".into())]), ..hpa };
         assert_eq!(under(&nodes, &[], &p, &[elsewhere], "2026-11-30T12:00:00Z").capacity.get("cpu"), 64_000);
+    }
+
+    #[test]
+    fn replicas_yet_to_come_are_held_back_in_full_where_they_could_land() {
+        let nodes = [node("a", &[("nvidia.com/gpu", "16")])];
+        let policy = CapacityPolicy { hpa_percent: 50, ..Default::default() };
+        let to_come = [
+            ReplicasToCome { replicas: 4, per_replica: r(&[("nvidia.com/gpu", "2")]), ..Default::default() },
+            ReplicasToCome {
+                replicas: 3,
+                per_replica: r(&[("nvidia.com/gpu", "1")]),
+                node_selector: BTreeMap::from([("pool".into(), "cpu".into())]),
+            },
+        ];
+        let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &to_come, now: jiff::Timestamp::UNIX_EPOCH };
+        let c = pool_capacity_under(&nodes, &[], &BTreeMap::new(), &demand);
+        // 16 − 4 × 2: in full, not scaled by the HPA factor (they are asked for); the
+        // replicas that could not land here hold nothing back.
+        assert_eq!(c.capacity.get(GPU), 8000);
+        assert_eq!(c.held_back.get(GPU), 8000);
+    }
+
+    #[test]
+    fn a_pod_names_its_deployment_through_its_replica_set_or_its_stateful_set() {
+        let pod = |kind: &str, owner: &str, hash: Option<&str>| -> Pod {
+            let mut p: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind,
+                             "name": owner, "uid": "u", "controller": true}]},
+            }))
+            .unwrap();
+            if let Some(h) = hash {
+                p.metadata.labels = Some(BTreeMap::from([("pod-template-hash".to_owned(), h.to_owned())]));
+            }
+            p
+        };
+        let of = |p: &Pod| PodView::from_pod(p).workload.map(|(k, n)| (k, n.to_string()));
+        assert_eq!(of(&pod("ReplicaSet", "web-6b9f7c", Some("6b9f7c"))), Some(("Deployment", "web".into())));
+        assert_eq!(of(&pod("StatefulSet", "db", None)), Some(("StatefulSet", "db".into())));
+        // A ReplicaSet of its own (no template hash of its name), or another controller.
+        assert_eq!(of(&pod("ReplicaSet", "web", Some("6b9f7c"))), None);
+        assert_eq!(of(&pod("ReplicaSet", "web-6b9f7c", None)), None);
+        assert_eq!(of(&pod("Job", "batch", None)), None);
+        // An offload copy is nobody's replica.
+        let mut copy = pod("StatefulSet", "db", None);
+        copy.metadata.labels = Some(BTreeMap::from([(keys::LABEL_ORIGIN_UID.to_owned(), "u1".to_owned())]));
+        assert_eq!(of(&copy), None);
     }
 
     #[test]
@@ -648,7 +749,8 @@ mod tests {
         assert!(worth_publishing(
             &base,
             &with(&|c| {
-                std::sync::Arc::make_mut(&mut c.placed).insert("uid".into(), "n1".into());
+                let placed = Placed { node: "n1".into(), copy_uid: "c1".into() };
+                std::sync::Arc::make_mut(&mut c.placed).insert("uid".into(), placed);
             })
         ));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("example.com/fpga", 1_000))));

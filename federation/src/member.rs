@@ -27,7 +27,7 @@ use tidepool_config::metrics::metrics;
 
 use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    pod_requests, pool_capacity_under, worth_publishing,
+    ReplicasToCome, pod_requests, pool_capacity_under, worth_publishing,
 };
 use crate::health::Health;
 use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
@@ -91,10 +91,42 @@ fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<Worklo
             Some(HpaView {
                 max_replicas: h.max_replicas,
                 // Replicas already asked for have pods, counted as online or pending online
-                // demand: only growth beyond them is headroom. (The HPA's status lags a
+                // demand, or are about to ([`ReplicasToCome`]): only growth beyond them is
+                // headroom. (The HPA's status lags a
                 // scale-up by its sync period; counting from it alone held the same replicas
                 // back twice.)
                 current_replicas: h.current_replicas.max(t.replicas),
+                per_replica: t.per_replica.clone(),
+                node_selector: t.node_selector.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Per workload, the replicas it asks for beyond the pods it has (those not ended): pods its
+/// controller is about to create, to hold room for before they exist (see
+/// [`ReplicasToCome`]). One pass over the member's pods.
+fn replicas_to_come<'a>(
+    templates: &ViewCache<WorkloadKey, Template>,
+    pods: impl Iterator<Item = (&'a PodCapacityKey, &'a PodView)>,
+) -> Vec<ReplicasToCome> {
+    if templates.values().next().is_none() {
+        return Vec::new();
+    }
+    let mut existing: HashMap<(&str, &str, &str), i32> = HashMap::new();
+    for ((ns, _), p) in pods {
+        if let Some((kind, name)) = &p.workload
+            && !p.terminated
+        {
+            *existing.entry((ns.as_str(), kind, name)).or_default() += 1;
+        }
+    }
+    templates
+        .iter()
+        .filter_map(|((ns, kind, name), t)| {
+            let have = existing.get(&(ns.as_str(), kind.as_str(), name.as_str())).copied().unwrap_or(0);
+            (t.replicas > have).then(|| ReplicasToCome {
+                replicas: t.replicas - have,
                 per_replica: t.per_replica.clone(),
                 node_selector: t.node_selector.clone(),
             })
@@ -333,11 +365,20 @@ impl Session {
                         (Ok(h), Ok(t)) => join_hpas(&h, &t),
                         _ => Vec::new(),
                     };
-                    let demand = OnlineDemand { policy: &policy, hpas: &hpa_views, now: jiff::Timestamp::now() };
                     // Computed under the caches' locks, from the views in place: a large
                     // member's pods are not copied for it.
                     let nexts: Vec<PoolCapacity> = match (nodes.lock(), pods.lock()) {
                         (Ok(n), Ok(p)) if n.synced && p.synced => {
+                            let to_come = match templates.lock() {
+                                Ok(t) => replicas_to_come(&t, p.iter()),
+                                Err(_) => Vec::new(),
+                            };
+                            let demand = OnlineDemand {
+                                policy: &policy,
+                                hpas: &hpa_views,
+                                to_come: &to_come,
+                                now: jiff::Timestamp::now(),
+                            };
                             let conflict = priority_conflict(p.iter(), offload_ceiling());
                             conflict_tx.send_if_modified(|cur| {
                                 let changed = *cur != conflict;
@@ -562,9 +603,40 @@ mod tests {
         // The HPA may still grow by 4 replicas.
         assert_eq!(join_hpas(&hpas, &templates)[0].current_replicas, 1);
         // The Deployment was scaled to 5 before the HPA's status says so: its 4 new pods are
-        // pending online demand already, and no headroom is left to hold back for them again.
+        // pending online demand already (or replicas to come), and no headroom is left to
+        // hold back for them again.
         templates.apply(watcher::Event::Apply((target, template(5))));
         assert_eq!(join_hpas(&hpas, &templates)[0].current_replicas, 5);
+    }
+
+    #[test]
+    fn replicas_to_come_are_those_asked_for_beyond_the_pods_that_exist() {
+        let gpu = |n: &str| Resources::from_pairs([("nvidia.com/gpu", n)]).unwrap();
+        let mut templates = ViewCache::default();
+        let template = |replicas| Template { per_replica: gpu("2"), node_selector: BTreeMap::new(), replicas };
+        let web: WorkloadKey = ("online".into(), "Deployment".into(), "web".into());
+        let db: WorkloadKey = ("online".into(), "StatefulSet".into(), "db".into());
+        templates.apply(watcher::Event::Apply((web, template(5))));
+        templates.apply(watcher::Event::Apply((db, template(2))));
+        let pod = |ns: &str, name: &str, workload: Option<(&'static str, &str)>, terminated: bool| {
+            let view = PodView { workload: workload.map(|(k, n)| (k, n.into())), terminated, ..Default::default() };
+            ((ns.to_owned(), name.to_owned()), view)
+        };
+        let pods = [
+            // web: one running, one pending, one ended (its replacement is to come).
+            pod("online", "web-1", Some(("Deployment", "web")), false),
+            pod("online", "web-2", Some(("Deployment", "web")), false),
+            pod("online", "web-3", Some(("Deployment", "web")), true),
+            // db has both its pods; a same-named Deployment elsewhere is not it.
+            pod("online", "db-0", Some(("StatefulSet", "db")), false),
+            pod("online", "db-1", Some(("StatefulSet", "db")), false),
+            pod("other", "web-1", Some(("Deployment", "web")), false),
+        ];
+        let to_come = replicas_to_come(&templates, pods.iter().map(|(k, v)| (k, v)));
+        assert_eq!(to_come.len(), 1);
+        assert_eq!((to_come[0].replicas, &to_come[0].per_replica), (3, &gpu("2")));
+        // No workloads known: nothing to come, and the pods are not even counted.
+        assert!(replicas_to_come(&ViewCache::default(), pods.iter().map(|(k, v)| (k, v))).is_empty());
     }
 
     #[test]

@@ -286,7 +286,11 @@ impl Tidepool {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
             .args(["run", "--exit-on-stdin-eof", "--config"])
             .arg(&config)
-            .env("RUST_LOG", "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("TIDEPOOL_TEST_LOG")
+                    .unwrap_or_else(|_| "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn".to_owned()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

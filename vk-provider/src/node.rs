@@ -185,6 +185,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                         config: config.clone(),
                         member: member.clone(),
                         pool: pool.clone(),
+                        written: None,
                     };
                     tokio::spawn(
                         task.run(stop).instrument(info_span!("virtual_node", member = %member.name, node = %node)),
@@ -227,6 +228,8 @@ struct NodeTask {
     config: Arc<BridgeConfig>,
     member: Arc<MemberHandle>,
     pool: PoolHandle,
+    /// What the last status written carried: the allocatable and the health it followed.
+    written: Option<(Resources, Health)>,
 }
 
 impl NodeTask {
@@ -249,7 +252,7 @@ impl NodeTask {
                 // 2. capacity changed: new allocatable right away
                 res = self.pool.capacity.changed() => {
                     if res.is_err() { return; }
-                    if let Err(e) = self.patch_status().await { warn!(error = %e, "cannot update virtual node status"); registered = None; }
+                    if let Err(e) = self.patch_status(false).await { warn!(error = %e, "cannot update virtual node status"); registered = None; }
                 }
                 // 3. the member's health changed: Ready condition and taints follow at once
                 res = health.changed() => {
@@ -278,6 +281,7 @@ impl NodeTask {
     /// Creates the Node, or brings an existing one's labels and status up to date. Returns
     /// its UID (the Lease's owner).
     async fn register(&mut self) -> Result<String, Error> {
+        self.written = None;
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
         let health = self.member.health.borrow().clone();
@@ -326,13 +330,21 @@ impl NodeTask {
                 .map_err(|e| Error::training("update node taints", e))?;
             info!(healthy = health.is_healthy(), "virtual node taints updated");
         }
-        self.patch_status().await
+        self.patch_status(true).await
     }
 
-    async fn patch_status(&mut self) -> Result<(), Error> {
+    /// Writes the node's status; unless `always` (a heartbeat, a health change), only when
+    /// what it advertises changed. Most capacity changes are the pool's usage, which the
+    /// node does not show: they cost no write.
+    async fn patch_status(&mut self, always: bool) -> Result<(), Error> {
         let capacity = self.pool.capacity.borrow_and_update().clone();
         let health = self.member.health.borrow().clone();
-        let status = node_status(&self.config, &capacity, &health, jiff::Timestamp::now());
+        let advertised = (whole_units(&capacity.capacity), health);
+        if !always && self.written.as_ref() == Some(&advertised) {
+            return Ok(());
+        }
+        let health = &advertised.1;
+        let status = node_status(&self.config, &capacity, health, jiff::Timestamp::now());
         debug!(capacity = %capacity.capacity, "virtual node status");
         Api::<Node>::all(self.training.clone())
             .patch_status(
@@ -342,6 +354,7 @@ impl NodeTask {
             )
             .await
             .map_err(|e| Error::training("update node status", e))?;
+        self.written = Some(advertised);
         Ok(())
     }
 

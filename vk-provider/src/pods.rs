@@ -640,6 +640,15 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
 
     ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
 
+    // The dispatcher is deleting the copy, reclaiming the pod: neither a second delete nor
+    // the notice is worth a member write. Back once the handover is over, if the copy is
+    // still there.
+    if copy.metadata.deletion_timestamp.is_none()
+        && let Some(left) = ctx.handed_over(&pod)
+    {
+        return Ok(Action::requeue(left));
+    }
+
     // 7. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
     if terminal {
         if copy.metadata.deletion_timestamp.is_none() {
