@@ -10,7 +10,7 @@
 //!    member watch) and the offload pod's deletion (notice→gone, grace 0).
 //! 2. Time until 4 online replicas run after the Deployment scales, the same 7 offline pods
 //!    running (a) through tidepool and (b) directly in the member as low-priority pods that
-//!    the member's scheduler preempts natively; `BENCH_ROUNDS` (default 5) rounds, the two
+//!    the member's scheduler preempts natively; `BENCH_ROUNDS` (default 11) rounds, the two
 //!    paths alternating, p50 compared.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -253,9 +253,10 @@ async fn main() {
     clear_pods(&training, NS).await;
     reset(&offload).await;
 
-    // 2. Time until online pods run: tidepool vs native preemption, alternating, a few
-    //    rounds (one sample each is too noisy to compare).
-    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    // 2. Time until online pods run: tidepool vs native preemption, alternating, 11 rounds
+    //    by default: on a 2-core machine running both clusters, one path's time varies by
+    //    a third from round to round, and the p50 of 5 rounds by a quarter from run to run.
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(11);
     let mut times: std::collections::BTreeMap<&str, Vec<f64>> = std::collections::BTreeMap::new();
     let mut how: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, usize>> =
         std::collections::BTreeMap::new();
