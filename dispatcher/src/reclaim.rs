@@ -464,7 +464,7 @@ async fn free_copy(ctx: &Context, p: &PodLite) {
     let copy_uid = p
         .node_name()
         .and_then(|n| member.pool_for_node(n))
-        .and_then(|pool| pool.capacity.borrow().placed.get(uid).map(|c| c.copy_uid.clone()));
+        .and_then(|pool| pool.capacity.borrow().placed.get(uid).and_then(|c| c.copy_uid.clone()));
     delete_copy(&member, p, copy_uid).await;
 }
 
@@ -516,7 +516,7 @@ async fn delete_copy(member: &MemberHandle, p: &PodLite, copy_uid: Option<String
     let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
     let mut dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
     let started = std::time::Instant::now();
-    let deleted = match copy_uid.filter(|u| !u.is_empty()) {
+    let deleted = match copy_uid {
         Some(copy_uid) => {
             dp.preconditions = Some(Preconditions { uid: Some(copy_uid), resource_version: None });
             match api.delete(&p.name_any(), &dp).await {

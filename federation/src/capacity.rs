@@ -89,7 +89,7 @@ pub struct Placed {
     pub node: String,
     /// The copy's UID in the member: a delete made with it as precondition takes this copy and
     /// nothing else of the same name.
-    pub copy_uid: String,
+    pub copy_uid: Option<String>,
 }
 
 /// An admin's capacity settings for a member, parsed (see `CapacitySpec`).
@@ -390,8 +390,7 @@ pub fn pool_capacity_under<'a>(
         if p.offload {
             used.add(&p.requests);
             if let Some(uid) = &p.origin_uid {
-                let copy_uid = p.uid.clone().unwrap_or_default();
-                placed.insert(uid.clone(), Placed { node: node.to_owned(), copy_uid });
+                placed.insert(uid.clone(), Placed { node: node.to_owned(), copy_uid: p.uid.clone() });
             }
         } else {
             capacity.sub(&p.requests);
@@ -749,7 +748,7 @@ mod tests {
         assert!(worth_publishing(
             &base,
             &with(&|c| {
-                let placed = Placed { node: "n1".into(), copy_uid: "c1".into() };
+                let placed = Placed { node: "n1".into(), copy_uid: Some("c1".into()) };
                 std::sync::Arc::make_mut(&mut c.placed).insert("uid".into(), placed);
             })
         ));
