@@ -92,9 +92,8 @@ fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<Worklo
                 max_replicas: h.max_replicas,
                 // Replicas already asked for have pods, counted as online or pending online
                 // demand, or are about to ([`ReplicasToCome`]): only growth beyond them is
-                // headroom. (The HPA's status lags a
-                // scale-up by its sync period; counting from it alone held the same replicas
-                // back twice.)
+                // headroom. (The HPA's status lags a scale-up by its sync period; counting
+                // from it alone held the same replicas back twice.)
                 current_replicas: h.current_replicas.max(t.replicas),
                 per_replica: t.per_replica.clone(),
                 node_selector: t.node_selector.clone(),
@@ -219,9 +218,10 @@ const COALESCE_MAX: Duration = Duration::from_secs(1);
 /// How far apart the next computation must start from the last one, given what the last
 /// one cost and whether online demand moves (`short`, see [`COALESCE_SHORT`]): ten times the
 /// cost, so a large member's capacity model takes at most about a tenth of a core under
-/// constant churn, between [`COALESCE`] ([`COALESCE_SHORT`] while short) and [`COALESCE_MAX`]. A change after a quiet
-/// spell is computed at once (an online service growing wants its capacity back now); only
-/// the changes that follow it wait for the spacing. Offload churn (a burst of copies
+/// constant churn, between [`COALESCE`] ([`COALESCE_SHORT`] while short) and
+/// [`COALESCE_MAX`]. A change after a quiet spell is computed at once (an online service
+/// growing wants its capacity back now); only the changes that follow it wait for the
+/// spacing. Offload churn (a burst of copies
 /// starting) keeps the longer spacing: it changes nothing online demand waits for, and each
 /// publication rewrites the virtual node and wakes the dispatcher.
 fn coalesce_after(cost: Duration, short: bool) -> Duration {

@@ -286,6 +286,8 @@ impl Tidepool {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
             .args(["run", "--exit-on-stdin-eof", "--config"])
             .arg(&config)
+            // TIDEPOOL_TEST_LOG overrides the filter (say, `tidepool_dispatcher=debug` to see
+            // how long a reclaim's member delete took).
             .env(
                 "RUST_LOG",
                 std::env::var("TIDEPOOL_TEST_LOG")
