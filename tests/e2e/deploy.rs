@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -31,10 +32,15 @@ fn helm() -> PathBuf {
     PathBuf::from(path)
 }
 
-/// `helm template` of the chart for one side, as the plain manifests hold it.
+/// `helm template` of the chart for one side, as the plain manifests hold it (release `tidepool`).
 fn render(target: &str, namespace: &str, extra: &[&str]) -> String {
+    render_release("tidepool", target, namespace, extra)
+}
+
+/// `helm template` of the chart for one side as release `release`.
+fn render_release(release: &str, target: &str, namespace: &str, extra: &[&str]) -> String {
     let out = std::process::Command::new(helm())
-        .args(["template", "tidepool", CHART, "--namespace", namespace, "--set", &format!("target={target}")])
+        .args(["template", release, CHART, "--namespace", namespace, "--set", &format!("target={target}")])
         .args(extra)
         .output()
         .unwrap();
@@ -93,6 +99,7 @@ async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept
         "RoleBinding",
         "ServiceAccount",
         "Service",
+        "PodDisruptionBudget",
         "CustomResourceDefinition",
     ] {
         assert!(docs.iter().any(|d| d["kind"] == kind), "the training side lacks a {kind}");
@@ -109,6 +116,244 @@ async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept
         let accepted = out.lines().filter(|l| l.contains("(server dry run)")).count();
         assert_eq!(accepted, expect, "{cluster}: not every object of {file} accepted:\n{out}");
     }
+}
+
+// Render-only checks of the chart's values (helm, no cluster).
+
+/// `(kind, namespace, name)` of every object of a rendered stream.
+fn object_names(text: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    documents(text)
+        .iter()
+        .map(|d| {
+            let field = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_owned();
+            (field(&d["kind"]), field(&d["metadata"]["namespace"]), field(&d["metadata"]["name"]))
+        })
+        .collect()
+}
+
+fn find<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> Option<&'a serde_yaml::Value> {
+    docs.iter().find(|d| d["kind"] == kind)
+}
+
+/// The bridge config inside the rendered ConfigMap, parsed as tidepool does.
+fn bridge_config(docs: &[serde_yaml::Value]) -> BridgeConfig {
+    let text = find(docs, "ConfigMap").and_then(|d| d["data"]["tidepool.yaml"].as_str()).expect("no ConfigMap");
+    BridgeConfig::parse(text).unwrap_or_else(|e| panic!("chart config refused: {e:?}\n{text}"))
+}
+
+fn checksum(text: &str) -> String {
+    let docs = documents(text);
+    let deployment = find(&docs, "Deployment").expect("no Deployment");
+    deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .expect("no checksum/config annotation")
+        .to_owned()
+}
+
+/// The env of the tidepool container: name → the whole entry.
+fn container_env(text: &str) -> std::collections::BTreeMap<String, serde_yaml::Value> {
+    let docs = documents(text);
+    let deployment = find(&docs, "Deployment").expect("no Deployment");
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_sequence().expect("no env");
+    env.iter().map(|e| (e["name"].as_str().unwrap().to_owned(), e.clone())).collect()
+}
+
+#[test]
+fn two_releases_render_disjoint_object_names_and_leases() {
+    let ns = "tidepool-system";
+    let a = render_release("shard-a", "training", ns, &["--set", "config.memberSelector=tidepool.io/shard=a"]);
+    let b = render_release("shard-b", "training", ns, &["--set", "config.memberSelector=tidepool.io/shard=b"]);
+    let (names_a, names_b) = (object_names(&a), object_names(&b));
+    assert!(names_a.len() >= 12, "too few objects: {names_a:?}");
+    let shared: Vec<_> = names_a.intersection(&names_b).collect();
+    assert!(shared.is_empty(), "two training releases in one namespace collide on {shared:?}");
+    for (release, text) in [("shard-a", &a), ("shard-b", &b)] {
+        let docs = documents(text);
+        let config = bridge_config(&docs);
+        assert_eq!(config.leader_election.lease_name, format!("{release}-tidepool"), "lease of {release}");
+        let sa = format!("{release}-tidepool");
+        // Every binding grants to the release's own ServiceAccount; the pods run as it and mount
+        // the release's ConfigMap.
+        for binding in docs.iter().filter(|d| d["kind"] == "RoleBinding" || d["kind"] == "ClusterRoleBinding") {
+            assert_eq!(binding["subjects"][0]["name"].as_str(), Some(sa.as_str()), "{binding:?}");
+        }
+        let pod = &find(&docs, "Deployment").unwrap()["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"].as_str(), Some(sa.as_str()));
+        assert_eq!(
+            pod["volumes"][0]["configMap"]["name"].as_str(),
+            Some(format!("{release}-tidepool-config").as_str())
+        );
+        assert!(text.contains(&format!("app.kubernetes.io/instance: {release}")));
+    }
+    // Member side: two identities in one member cluster; the offload ClusterRole (whose name
+    // tidepool binds) is made by the first only.
+    let a = render_release("train-1", "member", "tidepool-member", &[]);
+    let b = render_release("train-2", "member", "tidepool-member", &["--set", "member.createOffloadRole=false"]);
+    let shared: Vec<_> = object_names(&a).intersection(&object_names(&b)).cloned().collect();
+    assert!(shared.is_empty(), "two member releases collide on {shared:?}");
+    assert!(object_names(&a).contains(&("ClusterRole".into(), String::new(), keys::OFFLOAD_CLUSTER_ROLE.into())));
+    assert!(object_names(&b).contains(&("Secret".into(), "tidepool-member".into(), "train-2-tidepool-token".into())));
+    // The names stay within 63 characters, whatever the release is called.
+    // The names stay within 63 characters, whatever the release (helm allows 53) or override.
+    let long = "r".repeat(53);
+    let override_ = format!("fullnameOverride={}", "f".repeat(70));
+    for target in ["training", "member"] {
+        for extra in [&[][..], &["--set", override_.as_str()][..]] {
+            for (kind, _, name) in object_names(&render_release(&long, target, "tidepool-system", extra)) {
+                assert!(name.len() <= 63 && !name.ends_with('-'), "{kind} {name}");
+            }
+        }
+    }
+    let named = render_release(
+        "x",
+        "training",
+        "ns",
+        &["--set", "fullnameOverride=bridge", "--set", "serviceAccount.name=custom"],
+    );
+    let names = object_names(&named);
+    assert!(names.contains(&("Deployment".into(), "ns".into(), "bridge".into())), "{names:?}");
+    assert!(names.contains(&("ServiceAccount".into(), "ns".into(), "custom".into())), "{names:?}");
+    assert_eq!(bridge_config(&documents(&named)).leader_election.lease_name, "bridge");
+}
+
+#[test]
+fn any_change_to_the_rendered_configmap_rolls_the_pods() {
+    let base = checksum(&render("training", "tidepool-system", &[]));
+    assert_eq!(base, checksum(&render("training", "tidepool-system", &[])), "the checksum is not stable");
+    for set in [
+        "leaderElection.leaseDurationSeconds=20",
+        "leaderElection.leaseName=other",
+        "metrics.port=9000",
+        "kubelet.port=10251",
+        "kubelet.tlsSecret=kubelet-tls",
+        "config.memberLossTimeoutSeconds=60",
+    ] {
+        assert_ne!(
+            base,
+            checksum(&render("training", "tidepool-system", &["--set", set])),
+            "{set} does not roll the pods"
+        );
+    }
+    // Values outside the ConfigMap do not.
+    assert_eq!(base, checksum(&render("training", "tidepool-system", &["--set", "replicas=3"])));
+}
+
+#[test]
+fn the_pod_disruption_budget_is_there_unless_disabled_or_single_replica() {
+    let docs = documents(&render("training", "tidepool-system", &[]));
+    let pdb = find(&docs, "PodDisruptionBudget").expect("no PodDisruptionBudget by default");
+    assert_eq!(pdb["spec"]["minAvailable"].as_u64(), Some(1));
+    assert_eq!(pdb["metadata"]["name"].as_str(), Some("tidepool"));
+    let deployment = find(&docs, "Deployment").unwrap();
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"]);
+    for set in ["podDisruptionBudget.enabled=false", "replicas=1"] {
+        let docs = documents(&render("training", "tidepool-system", &["--set", set]));
+        assert!(find(&docs, "PodDisruptionBudget").is_none(), "a PodDisruptionBudget with {set}");
+    }
+    assert!(find(&documents(&render("member", "tidepool-member", &[])), "PodDisruptionBudget").is_none());
+}
+
+#[test]
+fn the_service_monitor_is_rendered_only_when_enabled() {
+    assert!(!render("training", "tidepool-system", &[]).contains("ServiceMonitor"));
+    let text = render(
+        "training",
+        "tidepool-system",
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.interval=15s",
+            "--set",
+            "metrics.serviceMonitor.labels.release=prometheus",
+        ],
+    );
+    let docs = documents(&text);
+    let monitor = find(&docs, "ServiceMonitor").expect("no ServiceMonitor when enabled");
+    assert_eq!(monitor["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    assert_eq!(monitor["metadata"]["labels"]["release"].as_str(), Some("prometheus"));
+    assert_eq!(monitor["spec"]["endpoints"][0]["interval"].as_str(), Some("15s"));
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"].as_str(), Some("metrics"));
+    // It selects the metrics Service, and only it.
+    let service = find(&docs, "Service").unwrap();
+    let selector = monitor["spec"]["selector"]["matchLabels"].as_mapping().unwrap();
+    for (key, value) in selector {
+        assert_eq!(&service["metadata"]["labels"][key], value, "the Service lacks {key:?}");
+    }
+    let selected = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .filter(|d| selector.iter().all(|(k, v)| &d["metadata"]["labels"][k] == v))
+        .count();
+    assert_eq!(selected, 1);
+}
+
+#[test]
+fn api_server_host_sets_the_in_cluster_env_and_the_node_address_stays_the_pod_ip() {
+    let default = container_env(&render("training", "tidepool-system", &[]));
+    assert!(!default.contains_key("KUBERNETES_SERVICE_HOST") && !default.contains_key("KUBERNETES_SERVICE_PORT"));
+    let env = container_env(&render(
+        "training",
+        "tidepool-system",
+        &["--set", "apiServer.host=172.31.0.1", "--set", "apiServer.port=6443"],
+    ));
+    assert_eq!(env["KUBERNETES_SERVICE_HOST"]["value"].as_str(), Some("172.31.0.1"));
+    assert_eq!(env["KUBERNETES_SERVICE_PORT"]["value"].as_str(), Some("6443"));
+    let env = container_env(&render("training", "tidepool-system", &["--set", "apiServer.host=10.0.0.1"]));
+    assert_eq!(env["KUBERNETES_SERVICE_PORT"]["value"].as_str(), Some("443"));
+    for env in [&default, &env] {
+        assert_eq!(
+            env["TIDEPOOL_KUBELET_NODE_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+            Some("status.podIP")
+        );
+        assert_eq!(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"].as_str(), Some("metadata.name"));
+    }
+}
+
+#[test]
+fn the_pod_runs_the_image_with_probes_and_the_kubelet_api_needs_no_files() {
+    let text = render("training", "tidepool-system", &[]);
+    let docs = documents(&text);
+    let pod = &find(&docs, "Deployment").unwrap()["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let chart: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(Path::new(CHART).join("Chart.yaml")).unwrap()).unwrap();
+    let app_version = chart["appVersion"].as_str().unwrap();
+    assert_eq!(container["image"].as_str(), Some(format!("tidepool.invalid/tidepool:{app_version}").as_str()));
+    assert_eq!(container["imagePullPolicy"].as_str(), Some("IfNotPresent"));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"].as_str(), Some("metrics"));
+    assert!(container["readinessProbe"]["failureThreshold"].as_u64().unwrap_or(0) > 1);
+    let custom = render(
+        "training",
+        "tidepool-system",
+        &["--set", "image.repository=registry.invalid/x", "--set", "image.tag=t"],
+    );
+    assert!(custom.contains("image: registry.invalid/x:t"));
+    // No TLS files: RBAC to request the serving certificate and read the client CA; no mount.
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let csr = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| r["apiGroups"][0] == "certificates.k8s.io" && r["resources"][0] == "certificatesigningrequests")
+        .expect("no CertificateSigningRequest rule");
+    let verbs: Vec<&str> = csr["verbs"].as_sequence().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert_eq!(verbs, ["create", "get", "list", "watch"]);
+    let reader = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == "kube-system")
+        .expect("no RoleBinding in kube-system");
+    assert_eq!(reader["roleRef"]["kind"].as_str(), Some("Role"));
+    assert_eq!(reader["roleRef"]["name"].as_str(), Some("extension-apiserver-authentication-reader"));
+    bridge_config(&docs);
+    assert!(!text.contains("kubelet-tls") && !text.contains("tlsCertFile"));
+    // With a Secret: mounted, and the config names its files.
+    let text = render("training", "tidepool-system", &["--set", "kubelet.tlsSecret=kubelet-tls"]);
+    assert!(text.contains("secretName: kubelet-tls") && text.contains("mountPath: /etc/tidepool/kubelet"));
+    bridge_config(&documents(&text));
+    assert!(text.contains("tlsCertFile: /etc/tidepool/kubelet/tls.crt"));
 }
 
 /// The examples in deploy/examples are valid: those whose API the local clusters serve pass a
@@ -150,6 +395,10 @@ const NS: &str = "e2e-least-privilege";
 const MEMBER: &str = "e2e-lp-a";
 const NODE: &str = "tidepool-e2e-lp-a";
 const MEMBER_NS: &str = "tidepool-member";
+/// The chart's release on both sides: its objects are named after it (`<release>-tidepool`), so
+/// they do not touch a `tidepool` release installed in the same clusters.
+const RELEASE: &str = "e2e-lp";
+const SA: &str = "e2e-lp-tidepool";
 
 /// A token for ServiceAccount `namespace/name`, from the TokenRequest API.
 async fn token(client: &Client, namespace: &str, name: &str) -> String {
@@ -200,17 +449,18 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
 
     // 1. Member side: the chart's identity and roles, applied for real; its token in a Secret.
     ensure_namespace(&member, MEMBER_NS).await;
-    kubectl_with(&env, "member-a", &["apply", "-f", "-"], &render("member", MEMBER_NS, &[])).await.unwrap();
-    let member_token = token(&member, MEMBER_NS, "tidepool").await;
+    kubectl_with(&env, "member-a", &["apply", "-f", "-"], &render_release(RELEASE, "member", MEMBER_NS, &[]))
+        .await
+        .unwrap();
+    let member_token = token(&member, MEMBER_NS, SA).await;
     let member_kubeconfig = token_kubeconfig(&env, env.var("MEMBER_A_SERVER"), &member_token);
     put_kubeconfig_secret(&training, NS, "member-a-least", member_kubeconfig.as_bytes()).await;
 
     // 2. Training side: the chart's ServiceAccount and roles in NS (no replicas: the test runs
     //    the binary itself, as that ServiceAccount).
-    kubectl_with(&env, "training", &["apply", "-f", "-"], &render("training", NS, &["--set", "replicas=0"]))
-        .await
-        .unwrap();
-    let training_token = token(&training, NS, "tidepool").await;
+    let rendered = render_release(RELEASE, "training", NS, &["--set", "replicas=0"]);
+    kubectl_with(&env, "training", &["apply", "-f", "-"], &rendered).await.unwrap();
+    let training_token = token(&training, NS, SA).await;
     let dir = tempfile::tempdir().unwrap();
     let training_kubeconfig = dir.path().join("training.kubeconfig");
     std::fs::write(&training_kubeconfig, token_kubeconfig(&env, env.var("TRAINING_SERVER"), &training_token)).unwrap();
@@ -263,7 +513,7 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         Api::<RoleBinding>::namespaced(member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
     assert!(
         bindings.items.iter().any(|b| b.role_ref.name == keys::OFFLOAD_CLUSTER_ROLE
-            && b.subjects.iter().flatten().any(|s| s.name == "tidepool" && s.namespace.as_deref() == Some(MEMBER_NS))),
+            && b.subjects.iter().flatten().any(|s| s.name == SA && s.namespace.as_deref() == Some(MEMBER_NS))),
         "no RoleBinding of the offload role for tidepool's member identity in {offload_ns}"
     );
 
@@ -324,8 +574,25 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         "training: Deployments",
     );
     forbidden(
-        Api::<RoleBinding>::namespaced(lp_training, "kube-system").list(&ListParams::default()).await,
+        Api::<RoleBinding>::namespaced(lp_training.clone(), "kube-system").list(&ListParams::default()).await,
         "training: RoleBindings",
+    );
+    // The kubelet API without files: it may request a serving certificate and read the client
+    // CA, but not approve its own request.
+    let csrs = Api::<CertificateSigningRequest>::all(lp_training.clone());
+    csrs.list(&ListParams::default()).await.expect("training: list CertificateSigningRequests");
+    Api::<ConfigMap>::namespaced(lp_training, "kube-system")
+        .get("extension-apiserver-authentication")
+        .await
+        .expect("training: the client CA ConfigMap");
+    forbidden(
+        csrs.patch_approval(
+            "tidepool-e2e-none",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}})),
+        )
+        .await,
+        "training: approve a CertificateSigningRequest",
     );
 
     drain_pods(&training, NS).await;
