@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, etcd, kwok) from the pinned Go modules beside this script.
+# kubectl, etcd, kwok) and the kubelet of the real nodes from the pinned Go modules beside
+# this script.
 #
 # The binaries are cached outside the repo in $TIDEPOOL_CACHE/cp-<key>, where <key> is the
 # sha256 of the go.mod/go.sum files and this script: a second run with the same inputs does
@@ -61,10 +62,11 @@ log "downloading modules"
 log "building etcd (1/3)"
 (cd "$here/k8s" && go build -v -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3) 2>&1 | progress etcd
 
-log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (2/3)"
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet (2/3)"
 (cd "$here/k8s" && go build -v -ldflags "$ldflags" -o "$tmp/" \
    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) 2>&1 | progress kubernetes
+   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+   k8s.io/kubernetes/cmd/kubelet) 2>&1 | progress kubernetes
 
 log "building kwok (3/3)"
 kwok_version=$(cd "$here/kwok" && go list -m -f '{{.Version}}' sigs.k8s.io/kwok)
@@ -79,7 +81,7 @@ for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat
   cp "$kw/kustomize/stage/$f" "$tmp/kwok-stages/$(basename "$f")"
 done
 
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kwok; do
   [[ -x "$tmp/$b" ]] || { log "missing $b after build"; exit 1; }
 done
 touch "$tmp/.complete"
