@@ -2,6 +2,8 @@
 # Starts and stops three real local Kubernetes control planes on loopback, for tidepool's
 # integration tests and demo: "training" (where tidepool's virtual kubelet registers) and
 # two member clusters, "member-a" and "member-b", whose fake GPU nodes are run by kwok.
+# Each cluster also gets one real node (containerd, kubelet, CNI bridge, CoreDNS) that runs
+# real containers: realnode.sh beside this file.
 # See shared/controlplane.md §3 for the recipe and §5 for the pitfalls behind the details.
 #
 # Usage:
@@ -13,6 +15,9 @@
 #                   kube-scheduler, kubectl, kwok and kwok-stages/*.yaml
 #                   (default: built or found in the cache by tests/controlplane/build.sh)
 #   CP_PORT_OFFSET  added to every port below (default 0), for parallel runs
+#   CP_REAL_NODES   1 (default): a real node per cluster (needs root); 0: kwok nodes only
+#   CP_NODE_BIN     containerd, ctr, shim, runc, coredns, cni/ (default: tests/nodes/build.sh)
+#   CP_IMAGES       pause.tar, workload.tar [, tidepool.tar] (default: tests/images/build.sh)
 #
 # Ports (127.0.0.1 only, plus CP_PORT_OFFSET):
 #   etcd 2379 (client) 2380 (peer); kube-apiserver training 6443, member-a 6444,
@@ -38,6 +43,8 @@
 set -Eeuo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=realnode.sh
+source "$here/realnode.sh"
 CLUSTERS=(training member-a member-b)
 MEMBERS=(member-a member-b)
 
@@ -222,6 +229,12 @@ check_ports() {
     want[$(port_of kcm "$c")]="$c kube-controller-manager"
     want[$(port_of scheduler "$c")]="$c kube-scheduler"
     want[$(port_of kubelet "$c")]="$c kubelet API"
+    if ((REAL)); then
+      want[$(real_port kubelet "$c")]="$c real kubelet"
+      want[$(real_port healthz "$c")]="$c real kubelet healthz"
+      want[$(real_port dns-health "$c")]="$c CoreDNS health"
+      want[$(real_port dns-ready "$c")]="$c CoreDNS ready"
+    fi
   done
   for f in /proc/net/tcp /proc/net/tcp6; do
     [[ -r $f ]] || continue
@@ -268,7 +281,7 @@ extendedKeyUsage=serverAuth'
 
     # Shared by the three apiservers (and the KCMs/schedulers): all serve on 127.0.0.1.
     sign apiserver "/CN=kube-apiserver" "$srv
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$(real_bridge_ip training),IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     # system:masters bypasses authorization; KCM, scheduler and kwok use it too (§3.5).
     sign admin "/O=system:masters/CN=admin" "$cli"
     # What the apiservers present to kubelets, i.e. to tidepool's kubelet API.
@@ -410,10 +423,17 @@ start_kcm_and_scheduler() {
              --client-ca-file="$PKI/ca.crt" --authentication-skip-lookup=true)
   # The KCM is not optional: it creates the default ServiceAccount (ServiceAccount
   # admission) and lifts the not-ready taint from new nodes (node lifecycle).
-  # No --cluster-signing-* files: nothing here signs CSRs, and the four signers would each
-  # hold an inotify instance on the files. Those are few (128 per user by default) and kwok
+  # Only the kubelet-serving signer has files: the four signers would each hold an inotify
+  # instance on the files. Those are few (128 per user by default) and kwok
   # needs one per followed log (`kubectl logs -f`), so parallel cluster sets ran out.
-  start "$c-kcm" "$BIN/kube-controller-manager" \
+  # The training cluster signs kubelet serving certificates (tidepool asks for its own with a
+  # CSR, as a kubelet with serverTLSBootstrap does; an admin approves it).
+  local signing=()
+  if [[ $c == training ]]; then
+    signing=(--cluster-signing-kubelet-serving-cert-file="$PKI/ca.crt"
+             --cluster-signing-kubelet-serving-key-file="$PKI/ca.key")
+  fi
+  start "$c-kcm" "$BIN/kube-controller-manager" "${signing[@]}" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of kcm "$c")" "${tls[@]}" \
     --leader-elect=false --cluster-name="$c" --controllers='*' \
@@ -554,6 +574,7 @@ prepare_state_dir() {
   shopt -u nullglob dotglob
   if [[ -e $S/.tidepool-cluster ]]; then
     stop_all || fail "could not stop the previous run's processes in $S"
+    real_nodes_down
     rm -rf -- "${entries[@]}"
   elif ((${#entries[@]})); then
     fail "$S is not empty and was not made by cluster.sh: refusing to wipe it"
@@ -581,6 +602,18 @@ write_env() {
       TIDEPOOL_KUBELET_PORT "$(port_of kubelet training)" \
       TIDEPOOL_KUBELET_CERT "$PKI/vk-serving.crt" TIDEPOOL_KUBELET_KEY "$PKI/vk-serving.key" \
       TIDEPOOL_KUBELET_CLIENT_CA "$PKI/ca.crt" KUBECTL "$BIN/kubectl"
+    printf 'export %s=%q\n' CP_REAL_NODES "$REAL"
+    if ((REAL)); then
+      printf 'export %s=%q\n' CP_NODE_BIN "$NODE_BIN" CP_IMAGES "$IMAGES" CTR "$NODE_BIN/ctr" \
+        APISERVER_RELAY_HOST "$(real_bridge_ip training)" \
+        WORKLOAD_IMAGE tidepool.invalid/workload:1 REAL_NODE_TAINT "$REAL_TAINT_KEY"
+      for c in "${CLUSTERS[@]}"; do
+        var=${c^^}; var=${var//-/_}
+        printf 'export %s=%q\n' "${var}_REAL_NODE" "$(real_node_name "$c")" \
+          "${var}_BRIDGE_IP" "$(real_bridge_ip "$c")" \
+          "${var}_CONTAINERD" "$S/nodes/$c/containerd/state/containerd.sock"
+      done
+    fi
   } >"$S/cluster.env"
 }
 
@@ -588,7 +621,7 @@ on_up_exit() {
   local rc=$?
   ((UP_OK)) && return
   log "start-up failed (exit $rc): stopping what was started"
-  if stop_all; then log "stopped"; fi
+  if stop_all; then real_nodes_down; log "stopped"; fi
 }
 
 cmd_up() {
@@ -603,6 +636,7 @@ cmd_up() {
 
   prepare_state_dir
   resolve_bin
+  if ((REAL)); then resolve_node_bin; fi
   log "binaries: $BIN"
   check_ports
 
@@ -627,6 +661,12 @@ cmd_up() {
   for c in "${MEMBERS[@]}"; do write_kwok_debugging "$c"; start_kwok "$c"; done
   create_nodes
   await 60 "all nodes Ready and untainted" nodes_ready "@-kwok @-kcm @-apiserver etcd" "${MEMBERS[@]}"
+  if ((REAL)); then
+    t=$(now_ms)
+    real_nodes_up
+    real_apiserver_relays
+    log "real nodes up ($(secs $(($(now_ms) - t))) s)"
+  fi
 
   write_env
   UP_OK=1
@@ -637,6 +677,7 @@ cmd_down() {
   # Nothing was started if the directory is not there (down is idempotent).
   [[ -d $S ]] || return 0
   stop_all || exit 1
+  real_nodes_down
   log "stopped"
 }
 
@@ -645,6 +686,8 @@ cmd_down() {
 (($# == 2)) || usage
 [[ $2 ]] || usage
 OFF=${CP_PORT_OFFSET:-0}
+REAL=${CP_REAL_NODES:-1}
+[[ $REAL =~ ^[01]$ ]] || { echo "CP_REAL_NODES must be 0 or 1" >&2; exit 2; }
 [[ $OFF =~ ^[0-9]+$ ]] || { echo "CP_PORT_OFFSET must be a non-negative integer" >&2; exit 2; }
 case $1 in
   up)
