@@ -319,6 +319,11 @@ fn the_pod_runs_the_image_with_probes_and_the_kubelet_api_needs_no_files() {
     let chart: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(Path::new(CHART).join("Chart.yaml")).unwrap()).unwrap();
     let app_version = chart["appVersion"].as_str().unwrap();
+    assert_eq!(
+        app_version,
+        env!("CARGO_PKG_VERSION"),
+        "Chart.yaml appVersion (the default image tag) is not the workspace version tests/images/build.sh tags the image with"
+    );
     assert_eq!(container["image"].as_str(), Some(format!("tidepool.invalid/tidepool:{app_version}").as_str()));
     assert_eq!(container["imagePullPolicy"].as_str(), Some("IfNotPresent"));
     assert_eq!(container["livenessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
