@@ -40,6 +40,20 @@ Call with (list . "suffix").
 {{- .Values.leaderElection.leaseName | default (include "tidepool.fullname" .) -}}
 {{- end -}}
 
+{{- /*
+"true" when this release (target member) makes the offload ClusterRole, else empty. There is one
+per member cluster, shared by every tidepool identity there (tidepool binds it by its name): the
+first release that finds it missing makes it and keeps it; any other leaves it alone. At
+`helm template` lookup sees no cluster, so the role is always rendered there.
+*/ -}}
+{{- define "tidepool.makesOffloadRole" -}}
+{{- $existing := lookup "rbac.authorization.k8s.io/v1" "ClusterRole" "" .Values.member.offloadRoleName -}}
+{{- $owner := dig "metadata" "annotations" "meta.helm.sh/release-name" "" $existing -}}
+{{- $ownerNs := dig "metadata" "annotations" "meta.helm.sh/release-namespace" "" $existing -}}
+{{- $ours := or (empty $existing) (and (eq $owner .Release.Name) (eq $ownerNs .Release.Namespace)) -}}
+{{- if and .Values.member.createOffloadRole $ours }}true{{ end -}}
+{{- end -}}
+
 {{- define "tidepool.labels" -}}
 {{ include "tidepool.selector" . }}
 app.kubernetes.io/component: {{ ternary "bridge" "member-identity" (eq .Values.target "training") }}
