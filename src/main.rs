@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod leader;
+mod ready;
 mod serve;
 mod status;
 
@@ -105,12 +106,13 @@ fn init_tracing() {
 }
 
 async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()> {
+    let (ready, readiness) = tokio::sync::watch::channel(ready::Readiness::Connecting);
+    if let Some(addr) = config.metrics.bind_address {
+        serve::start(addr, readiness).await?;
+    }
     let training = training_client(&config).await?;
     let version = training.apiserver_version().await.context("training cluster does not answer")?;
     info!(version = %version.git_version, cluster = %config.cluster_name, "connected to the training cluster");
-    if let Some(addr) = config.metrics.bind_address {
-        serve::start(addr).await?;
-    }
     let shutdown = shutdown(exit_on_stdin_eof);
     tokio::pin!(shutdown);
 
@@ -121,6 +123,7 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     });
     match &elector {
         Some(elector) => {
+            ready.send_replace(ready::Readiness::Standby);
             info!(identity = %elector.identity(), "waiting for the leader Lease");
             tokio::select! {
                 () = elector.acquire() => {}
@@ -132,6 +135,7 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
         }
     }
 
+    ready.send_replace(ready::Readiness::Syncing("the federation to start".into()));
     let config = Arc::new(config);
     let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
@@ -139,6 +143,14 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
     let pods = tidepool_federation::TrainingPods::start(training.clone());
     let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members(), pods.clone());
+    // Ends once ready: nothing more to report then.
+    tokio::spawn(ready::follow(
+        ready,
+        training.clone(),
+        config.member_selector.clone(),
+        federation.members(),
+        pods.clone(),
+    ));
     let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members(), pods);
 
     let lost = async {

@@ -129,7 +129,8 @@ impl Default for DispatcherConfig {
     }
 }
 
-/// Where the training cluster's API server reaches tidepool's kubelet API.
+/// Where the training cluster's API server reaches tidepool's kubelet API, and how that API
+/// gets its TLS (see [`KubeletServing`]).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct KubeletConfig {
@@ -137,10 +138,17 @@ pub struct KubeletConfig {
     pub node_address: IpAddr,
     /// `daemonEndpoints.kubeletEndpoint.Port` of every virtual node.
     pub port: u16,
+    /// Where the serving certificate and client CA come from. Unset: `files` when the three
+    /// files are set, `csr` when none is (see [`KubeletConfig::serving_mode`]).
+    pub serving: Option<KubeletServing>,
+    /// `csr`: the request's subject is `O=system:nodes, CN=system:node:<servingNodeName>`,
+    /// the subject the `kubernetes.io/kubelet-serving` signer requires.
+    pub serving_node_name: String,
+    /// `csr`: DNS names asked for in the certificate's SAN besides `nodeAddress`.
+    pub serving_dns_names: Vec<String>,
     /// PEM serving certificate of the kubelet API; its SAN must hold `nodeAddress`, since
     /// the API server checks it against the address it dials. The three files are set
-    /// together; without them the kubelet API is not served (`kubectl logs`/`exec` on
-    /// offloaded pods then fail).
+    /// together, or none of them.
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tlsCertFile`.
     pub tls_key_file: Option<PathBuf>,
@@ -150,10 +158,47 @@ pub struct KubeletConfig {
     pub client_ca_file: Option<PathBuf>,
 }
 
+/// How the kubelet API gets its serving certificate and the CA of its callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KubeletServing {
+    /// `tlsCertFile`, `tlsKeyFile` and `clientCaFile`, read once at start.
+    Files,
+    /// As a kubelet with `serverTLSBootstrap`: a key made in memory, its certificate asked
+    /// for with a `kubernetes.io/kubelet-serving` CertificateSigningRequest (approved by an
+    /// admin or an approver, never by tidepool) and renewed before it expires; the client CA
+    /// read from ConfigMap `kube-system/extension-apiserver-authentication` and followed.
+    Csr,
+    /// No kubelet API: `kubectl logs`/`exec`/`attach` on offloaded pods fail.
+    Off,
+}
+
 impl KubeletConfig {
-    /// Whether the kubelet API is to be served (all three files set; see `validate`).
+    /// Where the kubelet API's TLS comes from: `serving` if set, otherwise the files when
+    /// they are set, otherwise a CSR. Files configured by hand always win over the default.
+    pub fn serving_mode(&self) -> KubeletServing {
+        match self.serving {
+            Some(mode) => mode,
+            None if self.files_set() > 0 => KubeletServing::Files,
+            None => KubeletServing::Csr,
+        }
+    }
+
+    /// Whether the kubelet API is to be served.
     pub fn serves(&self) -> bool {
-        self.tls_cert_file.is_some() && self.tls_key_file.is_some() && self.client_ca_file.is_some()
+        self.serving_mode() != KubeletServing::Off
+    }
+
+    fn files(&self) -> [(&'static str, &Option<PathBuf>); 3] {
+        [
+            ("kubelet.tlsCertFile", &self.tls_cert_file),
+            ("kubelet.tlsKeyFile", &self.tls_key_file),
+            ("kubelet.clientCaFile", &self.client_ca_file),
+        ]
+    }
+
+    fn files_set(&self) -> usize {
+        self.files().iter().filter(|(_, f)| f.is_some()).count()
     }
 
     fn validate(&self, errors: &mut Vec<FieldError>) {
@@ -163,13 +208,8 @@ impl KubeletConfig {
         if self.node_address.is_unspecified() {
             errors.push(FieldError::new("kubelet.nodeAddress", "must be an address the API server can dial"));
         }
-        let files = [
-            ("kubelet.tlsCertFile", &self.tls_cert_file),
-            ("kubelet.tlsKeyFile", &self.tls_key_file),
-            ("kubelet.clientCaFile", &self.client_ca_file),
-        ];
-        let set = files.iter().filter(|(_, f)| f.is_some()).count();
-        for (path, file) in files {
+        let set = self.files_set();
+        for (path, file) in self.files() {
             match file {
                 Some(f) if f.as_os_str().is_empty() => errors.push(FieldError::new(path, "must not be empty")),
                 None if set > 0 => errors.push(FieldError::new(
@@ -177,6 +217,28 @@ impl KubeletConfig {
                     "must be set too: tlsCertFile, tlsKeyFile and clientCaFile go together",
                 )),
                 _ => {}
+            }
+        }
+        match (self.serving, set) {
+            (Some(KubeletServing::Files), 0) => {
+                errors.push(FieldError::new("kubelet.serving", "files needs tlsCertFile, tlsKeyFile and clientCaFile"))
+            }
+            (Some(mode @ (KubeletServing::Csr | KubeletServing::Off)), 1..) => {
+                let mode = if mode == KubeletServing::Csr { "csr" } else { "off" };
+                errors.push(FieldError::new(
+                    "kubelet.serving",
+                    format!("{mode} does not read tlsCertFile, tlsKeyFile or clientCaFile: remove them, or use files"),
+                ));
+            }
+            _ => {}
+        }
+        // Part of a certificate subject (CN=system:node:<name>), as a kubelet's node name is.
+        if !crate::is_dns_subdomain(&self.serving_node_name) {
+            errors.push(FieldError::new("kubelet.servingNodeName", "must be a DNS-1123 subdomain"));
+        }
+        for (i, name) in self.serving_dns_names.iter().enumerate() {
+            if !crate::is_dns_subdomain(name) {
+                errors.push(FieldError::new(format!("kubelet.servingDnsNames[{i}]"), "must be a DNS-1123 subdomain"));
             }
         }
     }
@@ -250,6 +312,9 @@ impl Default for KubeletConfig {
         Self {
             node_address: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
             port: 10250,
+            serving: None,
+            serving_node_name: "tidepool".to_owned(),
+            serving_dns_names: Vec::new(),
             tls_cert_file: None,
             tls_key_file: None,
             client_ca_file: None,
@@ -429,7 +494,60 @@ mod tests {
         assert_eq!(paths, ["kubelet.tlsKeyFile", "kubelet.clientCaFile"]);
         let c = BridgeConfig::parse("kubelet: {tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}\n").unwrap();
         assert!(c.kubelet.serves());
-        assert!(!BridgeConfig::default().kubelet.serves());
+    }
+
+    #[test]
+    fn the_kubelet_api_serves_files_when_given_and_a_csr_certificate_otherwise() {
+        let cases = [
+            ("no files and no mode: a certificate from a CSR", "kubelet: {}", KubeletServing::Csr),
+            (
+                "the three files and no mode: the files",
+                "kubelet: {tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}",
+                KubeletServing::Files,
+            ),
+            (
+                "an explicit files mode with the files",
+                "kubelet: {serving: files, tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}",
+                KubeletServing::Files,
+            ),
+            ("an explicit csr mode", "kubelet: {serving: csr}", KubeletServing::Csr),
+            ("off serves nothing", "kubelet: {serving: off}", KubeletServing::Off),
+        ];
+        for (case, yaml, want) in cases {
+            let c = BridgeConfig::parse(yaml).unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(c.kubelet.serving_mode(), want, "{case}");
+            assert_eq!(c.kubelet.serves(), want != KubeletServing::Off, "{case}");
+        }
+        assert_eq!(BridgeConfig::default().kubelet.serving_mode(), KubeletServing::Csr);
+    }
+
+    #[test]
+    fn a_kubelet_serving_mode_that_contradicts_the_files_is_an_error() {
+        let cases = [
+            ("files without files", "kubelet: {serving: files}"),
+            ("csr with files", "kubelet: {serving: csr, tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}"),
+            ("off with files", "kubelet: {serving: off, tlsCertFile: /c, tlsKeyFile: /k, clientCaFile: /ca}"),
+        ];
+        for (case, yaml) in cases {
+            let Err(ParseError::Invalid(errors)) = BridgeConfig::parse(yaml) else { panic!("{case}: accepted") };
+            let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+            assert_eq!(paths, ["kubelet.serving"], "{case}");
+        }
+        assert!(BridgeConfig::parse("kubelet: {serving: sometimes}").is_err());
+    }
+
+    #[test]
+    fn the_csr_subject_and_dns_names_must_be_dns_names() {
+        let Err(ParseError::Invalid(errors)) =
+            BridgeConfig::parse("kubelet: {servingNodeName: 'Bad Name', servingDnsNames: [ok.example, '-x']}")
+        else {
+            panic!("accepted");
+        };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["kubelet.servingNodeName", "kubelet.servingDnsNames[1]"]);
+        let c = BridgeConfig::parse("kubelet: {servingNodeName: vk-1, servingDnsNames: [tidepool.example]}").unwrap();
+        assert_eq!(c.kubelet.serving_node_name, "vk-1");
+        assert_eq!(BridgeConfig::default().kubelet.serving_node_name, "tidepool");
     }
 
     #[test]

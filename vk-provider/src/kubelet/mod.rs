@@ -8,14 +8,21 @@
 //! exec/attach bridged from the SPDY streams the API server opens here ([`exec`], framing in
 //! [`spdy`]) to a WebSocket session on the member.
 //!
-//! Only callers with a client certificate from `kubelet.clientCaFile` get past the TLS
-//! handshake ([`tls`]).
+//! Only callers with a client certificate from the API server's client CA get past the TLS
+//! handshake ([`tls`]). Certificate and CA come from the bridge config's files, or, with
+//! none configured, from the training cluster: a CertificateSigningRequest for the serving
+//! certificate and the API server's published client CA ([`bootstrap`], requests in [`csr`]).
 
+mod bootstrap;
+mod csr;
+mod der;
 mod exec;
 mod logs;
 pub mod spdy;
 mod target;
 mod tls;
+
+pub use bootstrap::CertError;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,12 +38,13 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use tidepool_config::bridge::KubeletConfig;
+use rustls::server::ServerConfig;
+use tidepool_config::bridge::{KubeletConfig, KubeletServing};
 use tidepool_federation::Members;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 /// How long a client gets to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,30 +72,60 @@ pub(crate) struct Context {
 }
 
 /// Binds the kubelet API and serves it in the background until the runtime stops. `None`
-/// when the config does not ask for it (no TLS files: see `KubeletConfig::serves`).
+/// when the config turns it off (`kubelet.serving: off`).
+///
+/// With files, they are read here (a bad file is a start-up error, as a bad address is).
+/// Without, the listener is bound now and answers once the training cluster has issued its
+/// serving certificate and published its client CA ([`bootstrap`]); the rest of tidepool
+/// does not wait for that.
 pub async fn start(
     config: &KubeletConfig,
     training: Client,
     members: watch::Receiver<Members>,
 ) -> Result<Option<SocketAddr>, ServeError> {
-    let (Some(cert), Some(key), Some(ca)) = (&config.tls_cert_file, &config.tls_key_file, &config.client_ca_file)
-    else {
-        warn!(
-            "kubelet.tlsCertFile/tlsKeyFile/clientCaFile not set: no kubelet API, so logs and exec of offloaded pods fail"
-        );
-        return Ok(None);
+    let mode = config.serving_mode();
+    let initial = match (mode, &config.tls_cert_file, &config.tls_key_file, &config.client_ca_file) {
+        (KubeletServing::Off, ..) => {
+            warn!("kubelet.serving is off: no kubelet API, so logs and exec of offloaded pods fail");
+            return Ok(None);
+        }
+        (KubeletServing::Files, Some(cert), Some(key), Some(ca)) => {
+            let (certified, roots) = tls::from_files(cert, key, ca)?;
+            let resolver = Arc::new(tls::ServingCert::new(Arc::new(certified)));
+            Some(Arc::new(tls::server_config(resolver, Arc::new(roots))?))
+        }
+        // Validation keeps the files together and `files` with them.
+        (KubeletServing::Files, ..) => {
+            return Err(ServeError::Tls("kubelet.serving is files but a file is not set".into()));
+        }
+        (KubeletServing::Csr, ..) => None,
     };
-    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert, key, ca)?));
     let addr = SocketAddr::new(config.node_address, config.port);
     let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
     let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-    info!(%addr, "kubelet API listening");
+    let (tls_tx, tls_rx) = watch::channel(initial);
+    if mode == KubeletServing::Csr {
+        info!(%addr, "kubelet API bound; it answers once its serving certificate is issued");
+        let identity = csr::ServingIdentity::from_config(config);
+        tokio::spawn(bootstrap::run(training.clone(), identity, tls_tx).instrument(info_span!("kubelet_tls", %addr)));
+    } else {
+        info!(%addr, "kubelet API listening");
+    }
     let ctx = Arc::new(Context { training, members });
-    tokio::spawn(accept_loop(listener, acceptor, ctx));
+    tokio::spawn(accept_loop(listener, tls_rx, ctx));
     Ok(Some(addr))
 }
 
-async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc<Context>) {
+/// Accepts connections once `tls` holds a config; each handshake uses the config current
+/// when its connection was accepted.
+async fn accept_loop(listener: TcpListener, mut tls: watch::Receiver<Option<Arc<ServerConfig>>>, ctx: Arc<Context>) {
+    // Until the first config, connections wait in the listen backlog.
+    while tls.borrow_and_update().is_none() {
+        if tls.changed().await.is_err() {
+            return;
+        }
+    }
+    info!("kubelet API serving");
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -98,7 +136,8 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, ctx: Arc<Cont
                 continue;
             }
         };
-        let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
+        let Some(config) = tls.borrow().clone() else { continue };
+        let (acceptor, ctx) = (TlsAcceptor::from(config), ctx.clone());
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,

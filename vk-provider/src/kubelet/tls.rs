@@ -1,60 +1,123 @@
-//! The kubelet API's TLS: the serving certificate from the bridge config, and client
-//! certificates required and verified against the configured CA, so only the API server
-//! (its `--kubelet-client-certificate`) gets past the handshake.
+//! The kubelet API's TLS: a serving certificate that can be swapped under a running listener
+//! ([`ServingCert`]), and client certificates required and verified against a CA, so only
+//! the API server (its `--kubelet-client-certificate`) gets past the handshake.
+//!
+//! Both come from the bridge config's files, or from the training cluster
+//! ([`super::bootstrap`]): a CertificateSigningRequest, and the API server's client CA.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 
 use super::ServeError;
 
-/// The server side of the kubelet API's TLS, from PEM files.
-pub fn server_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<ServerConfig, ServeError> {
-    let file_error = |field: &'static str, path: &Path| {
-        let path = path.to_owned();
-        move |e: rustls::pki_types::pem::Error| ServeError::File { field, path, message: e.to_string() }
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(file_error("tlsCertFile", cert))?;
-    if chain.is_empty() {
-        return Err(ServeError::File { field: "tlsCertFile", path: cert.into(), message: "no certificate".into() });
+/// The serving certificate every handshake gets; [`ServingCert::swap`] replaces it for the
+/// handshakes that follow, without touching the listener or open connections.
+#[derive(Debug)]
+pub(super) struct ServingCert(RwLock<Arc<CertifiedKey>>);
+
+impl ServingCert {
+    pub(super) fn new(key: Arc<CertifiedKey>) -> Self {
+        Self(RwLock::new(key))
     }
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(file_error("tlsKeyFile", key))?;
+
+    pub(super) fn swap(&self, key: Arc<CertifiedKey>) {
+        // A poisoned lock only means a writer panicked mid-assignment of an Arc: the value is
+        // whole either way, so take it over.
+        let mut current = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *current = key;
+    }
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate chain (leaf first) with its private key, checked to belong together.
+pub(super) fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, rustls::Error> {
+    if chain.is_empty() {
+        return Err(rustls::Error::General("no certificate".into()));
+    }
+    CertifiedKey::from_der(chain, key, &provider())
+}
+
+/// The certificates of a PEM bundle (anything else in it is skipped, as PEM readers do).
+pub(super) fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+}
+
+/// A trust store of the CAs in a PEM bundle; an empty bundle is an error (it would refuse
+/// every caller).
+pub(super) fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
-    let cas = CertificateDer::pem_file_iter(client_ca)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(file_error("clientCaFile", client_ca))?;
-    for ca in cas {
-        roots.add(ca).map_err(|e| ServeError::File {
-            field: "clientCaFile",
-            path: client_ca.into(),
-            message: e.to_string(),
-        })?;
+    for ca in pem_certificates(pem)? {
+        roots.add(ca).map_err(|e| e.to_string())?;
     }
     if roots.is_empty() {
-        return Err(ServeError::File {
-            field: "clientCaFile",
-            path: client_ca.into(),
-            message: "no certificate".into(),
-        });
+        return Err("no certificate".into());
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+    Ok(roots)
+}
+
+/// The server side of the kubelet API's TLS: certificates from `cert`, callers verified
+/// against `client_cas`.
+pub(super) fn server_config(
+    cert: Arc<dyn ResolvesServerCert>,
+    client_cas: Arc<RootCertStore>,
+) -> Result<ServerConfig, ServeError> {
+    let provider = provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(client_cas, provider.clone())
         .build()
         .map_err(|e| ServeError::Tls(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServeError::Tls(e.to_string()))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key_der)
-        .map_err(|e| ServeError::Tls(format!("serving certificate and key: {e}")))?;
+        .with_cert_resolver(cert);
     // HTTP/1.1 only: exec and attach are upgraded HTTP/1.1 connections (SPDY), and logs
     // stream fine over chunked HTTP/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// The serving certificate and client CAs from the PEM files of the bridge config.
+pub(super) fn from_files(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+) -> Result<(CertifiedKey, RootCertStore), ServeError> {
+    let file_error = |field: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |message: String| ServeError::File { field, path, message }
+    };
+    let read = |field: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|e| ServeError::File { field, path: path.into(), message: e.to_string() })
+    };
+    let chain = pem_certificates(&read("tlsCertFile", cert)?).map_err(file_error("tlsCertFile", cert))?;
+    if chain.is_empty() {
+        return Err(ServeError::File { field: "tlsCertFile", path: cert.into(), message: "no certificate".into() });
+    }
+    let key_der = PrivateKeyDer::from_pem_slice(&read("tlsKeyFile", key)?).map_err(|e| ServeError::File {
+        field: "tlsKeyFile",
+        path: key.into(),
+        message: e.to_string(),
+    })?;
+    let roots = roots_from_pem(&read("clientCaFile", client_ca)?).map_err(file_error("clientCaFile", client_ca))?;
+    let certified =
+        certified_key(chain, key_der).map_err(|e| ServeError::Tls(format!("serving certificate and key: {e}")))?;
+    Ok((certified, roots))
 }
