@@ -227,10 +227,7 @@ impl MemberClusterSpec {
         if let Some(prefix) = &self.namespace_prefix
             && !valid_namespace_prefix(prefix)
         {
-            errors.push(FieldError::new(
-                "spec.namespacePrefix",
-                "must be lower-case letters, digits and '-', start with a letter, at most 20 characters",
-            ));
+            errors.push(FieldError::new("spec.namespacePrefix", NAMESPACE_PREFIX_RULE));
         }
         let c = &self.capacity;
         for (k, v) in &c.reserve {
@@ -298,12 +295,25 @@ impl MemberClusterSpec {
     }
 }
 
-/// A namespace prefix leaves room for the training namespace after it.
+/// What [`valid_namespace_prefix`] accepts, for messages.
+pub const NAMESPACE_PREFIX_RULE: &str = "must be a lower-case letter, then lower-case letters and digits, then one '-' \
+     (like tp-), at most 20 characters, not kube-, openshift- or default-";
+
+/// Namespace-name prefixes the cluster itself (or a distribution) keeps for its own
+/// components, and the namespaces `default` and `kube`.
+const RESERVED_NAMESPACE_STEMS: [&str; 3] = ["kube", "openshift", "default"];
+
+/// A namespace prefix leaves room for the training namespace after it, and maps namespaces
+/// one to one: with a single `-`, at its end, `<prefix><ns>` splits at its first `-` into
+/// prefix and training namespace, so `tp-` + `a-b` and `tp-a-` + `b` (both `tp-a-b`)
+/// cannot both be configured. Reserved prefixes (`kube-`, …) are refused: tidepool must
+/// never create a namespace the member's own components own or trust.
 pub fn valid_namespace_prefix(prefix: &str) -> bool {
-    !prefix.is_empty()
-        && prefix.len() <= 20
-        && prefix.starts_with(|c: char| c.is_ascii_lowercase())
-        && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    let Some(stem) = prefix.strip_suffix('-') else { return false };
+    prefix.len() <= 20
+        && stem.starts_with(|c: char| c.is_ascii_lowercase())
+        && stem.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && !RESERVED_NAMESPACE_STEMS.contains(&stem)
 }
 
 #[cfg(test)]
@@ -378,6 +388,17 @@ mod tests {
         s.rate_limits = Some(RateLimitSpec { qps: Some(5), burst: None });
         assert!(s.validate("member-a").is_empty());
         assert_eq!(s.rate_limits.as_ref().map(RateLimitSpec::burst), Some(DEFAULT_MEMBER_BURST));
+    }
+
+    #[test]
+    fn namespace_prefixes_are_unambiguous_and_never_reserved() {
+        // `tp-` + `a-b` and `tp-a-` + `b` would both be `tp-a-b`: one dash, at the end.
+        for bad in ["kube-", "kube-tp-", "kube", "default", "default-", "openshift-", "tp", "tp-a-", "tp--", "-"] {
+            assert!(!valid_namespace_prefix(bad), "{bad:?} accepted");
+        }
+        for good in ["tp-", "offload-", "t1-"] {
+            assert!(valid_namespace_prefix(good), "{good:?} refused");
+        }
     }
 
     #[test]

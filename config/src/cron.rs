@@ -43,10 +43,12 @@ fn field(spec: &str, lo: u32, hi: u32, name: &str) -> Result<(u64, bool), String
         if a < lo || b > hi || a > b {
             return Err(format!("{name} {a}-{b} outside {lo}-{hi}"));
         }
-        let mut v = a;
-        while v <= b {
-            bits |= 1 << v;
-            v += step;
+        // Checked: a step as large as u32 allows would overflow past `b` (and panic in
+        // debug builds) instead of ending the range.
+        let mut v = Some(a);
+        while let Some(x) = v.filter(|x| *x <= b) {
+            bits |= 1 << x;
+            v = x.checked_add(step);
         }
     }
     Ok((bits, spec != "*"))
@@ -137,6 +139,16 @@ mod tests {
         for bad in ["", "* * * *", "60 * * * *", "* 24 * * *", "*/0 * * * *", "a * * * *", "5-1 * * * *"] {
             assert!(Schedule::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_step_beyond_the_range_is_one_value_and_never_overflows() {
+        let s = Schedule::parse("1-59/4294967295 * * * *").unwrap();
+        assert!(s.matches(at("2026-11-30T03:01:00Z")));
+        assert!(!s.matches(at("2026-11-30T03:02:00Z")));
+        let s = Schedule::parse("*/4294967295 * * * *").unwrap();
+        assert!(s.matches(at("2026-11-30T03:00:00Z")));
+        assert!(!s.matches(at("2026-11-30T03:59:00Z")));
     }
 
     #[test]

@@ -58,9 +58,35 @@ impl VirtualNodeName {
     }
 }
 
-/// The member namespace of training namespace `namespace`: `<prefix><namespace>`.
+/// The member namespace of training namespace `namespace`: `<prefix><namespace>`. For
+/// lookups; a namespace tidepool is to create comes from [`offload_namespace`], which
+/// checks that the name can exist.
 pub fn member_namespace(prefix: &str, namespace: &str) -> String {
     format!("{prefix}{namespace}")
+}
+
+/// Longest namespace name the API accepts (a DNS-1123 label).
+pub const MAX_NAMESPACE_LEN: usize = 63;
+
+/// A member namespace that cannot exist: its name would be too long. Not transient: the
+/// same pod fails the same way every time, so it is reported, never retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "member namespace {name} would have {} characters, more than the {MAX_NAMESPACE_LEN} a namespace name may have; \
+     shorten the training namespace or the member's namespacePrefix",
+    name.len()
+)]
+pub struct NamespaceTooLong {
+    pub name: String,
+}
+
+/// [`member_namespace`], refusing a name longer than a namespace name may be.
+pub fn offload_namespace(prefix: &str, namespace: &str) -> Result<String, NamespaceTooLong> {
+    let name = member_namespace(prefix, namespace);
+    if name.len() > MAX_NAMESPACE_LEN {
+        return Err(NamespaceTooLong { name });
+    }
+    Ok(name)
 }
 
 #[cfg(test)]

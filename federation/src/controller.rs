@@ -388,7 +388,7 @@ async fn write_conditions(
     conflict: Option<Option<PriorityConflict>>,
 ) -> Result<(), Error> {
     if !v.ready.0 {
-        warn!(reason = v.ready.1, message = %v.ready.2, "member not ready");
+        warn!(reason = v.ready.1, message = %crate::kubeconfig::scrub_urls(&v.ready.2), "member not ready");
     }
     let old = mc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = mc.metadata.generation;
@@ -471,7 +471,8 @@ fn condition(
         type_: type_.to_owned(),
         status: status.to_owned(),
         reason: reason.to_owned(),
-        message,
+        // Errors of the member's client can quote its server or proxy URL.
+        message: crate::kubeconfig::scrub_urls(&message),
         last_transition_time: since,
         observed_generation: generation,
     }

@@ -18,6 +18,12 @@ pub enum KubeconfigError {
     AuthProvider { user: String },
     #[error("kubeconfig user {user:?} reads files from tidepool's disk ({field}); embed the data instead")]
     FileReference { user: String, field: &'static str },
+    #[error(
+        "kubeconfig cluster {cluster:?} sets insecure-skip-tls-verify; give the member's CA in certificate-authority-data instead"
+    )]
+    InsecureTls { cluster: String },
+    #[error("kubeconfig cluster {cluster:?} has credentials in its server URL; give them as a user instead")]
+    CredentialsInUrl { cluster: String },
     #[error("kubeconfig has no usable context: {0}")]
     Context(String),
 }
@@ -27,7 +33,11 @@ impl KubeconfigError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Syntax { .. } | Self::Context(_) => "KubeconfigInvalid",
-            Self::ExecPlugin { .. } | Self::AuthProvider { .. } | Self::FileReference { .. } => "KubeconfigRejected",
+            Self::ExecPlugin { .. }
+            | Self::AuthProvider { .. }
+            | Self::FileReference { .. }
+            | Self::InsecureTls { .. }
+            | Self::CredentialsInUrl { .. } => "KubeconfigRejected",
         }
     }
 }
@@ -44,7 +54,10 @@ pub async fn client_config(bytes: &[u8]) -> Result<kube::Config, KubeconfigError
         .map_err(|e| KubeconfigError::Context(redact(&e.to_string())))
 }
 
-/// Refuses plugin-based and file-based credentials.
+/// Refuses plugin-based and file-based credentials, connections that would not check the
+/// member's certificate (anyone on the path could then act as the member's API server and
+/// be handed tidepool's token), and credentials in a server URL (which ends up in status
+/// messages). A proxy URL may carry credentials; messages never show them ([`scrub_urls`]).
 pub fn vet(kubeconfig: &Kubeconfig) -> Result<(), KubeconfigError> {
     for named in &kubeconfig.auth_infos {
         let user = named.name.clone();
@@ -68,20 +81,47 @@ pub fn vet(kubeconfig: &Kubeconfig) -> Result<(), KubeconfigError> {
         }
     }
     for named in &kubeconfig.clusters {
-        if named.cluster.as_ref().is_some_and(|c| c.certificate_authority.is_some()) {
+        let Some(cluster) = named.cluster.as_ref() else { continue };
+        if cluster.certificate_authority.is_some() {
             return Err(KubeconfigError::FileReference { user: named.name.clone(), field: "certificate-authority" });
+        }
+        if cluster.insecure_skip_tls_verify == Some(true) {
+            return Err(KubeconfigError::InsecureTls { cluster: named.name.clone() });
+        }
+        if cluster.server.as_deref().is_some_and(|s| scrub_urls(s) != s) {
+            return Err(KubeconfigError::CredentialsInUrl { cluster: named.name.clone() });
         }
     }
     Ok(())
 }
 
-/// Keeps an error message to its first line and cuts anything that looks like key material.
+/// `text` with the user information (`user:password@`) cut out of every URL in it: for
+/// anything that goes into a status, Event or log and may quote a server or proxy URL.
+pub fn scrub_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The authority ends at the first '/', '?', '#' or whitespace; user information is
+        // what comes before its last '@'.
+        let end = tail.find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace()).unwrap_or(tail.len());
+        let authority = &tail[..end];
+        out.push_str(authority.rfind('@').map_or(authority, |i| &authority[i + 1..]));
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Keeps an error message to its first line and cuts anything that looks like key material
+/// or credentials in a URL.
 fn redact(message: &str) -> String {
     let first = message.lines().next().unwrap_or_default();
     if first.contains("BEGIN") || first.len() > 300 {
         "invalid credentials in kubeconfig".to_owned()
     } else {
-        first.to_owned()
+        scrub_urls(first)
     }
 }
 
@@ -94,7 +134,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: m
-  cluster: {server: "https://127.0.0.1:6444", insecure-skip-tls-verify: true}
+  cluster: {server: "https://127.0.0.1:6444"}
 contexts:
 - name: m
   context: {cluster: m, user: u}
@@ -129,6 +169,28 @@ users:
             assert_eq!(err.reason(), reason, "{user}");
             assert!(err.to_string().contains(text), "{err}");
         }
+    }
+
+    #[tokio::test]
+    async fn skipping_tls_verification_is_refused() {
+        let text = with_user("{token: abc}").replace(
+            r#"{server: "https://127.0.0.1:6444"}"#,
+            r#"{server: "https://127.0.0.1:6444", insecure-skip-tls-verify: true}"#,
+        );
+        let err = client_config(text.as_bytes()).await.unwrap_err();
+        assert_eq!(err.reason(), "KubeconfigRejected");
+        assert!(err.to_string().contains("insecure-skip-tls-verify"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn credentials_in_urls_never_reach_a_message() {
+        let text = with_user("{token: abc}").replace("https://127.0.0.1:6444", "https://admin:hunter2@127.0.0.1:6444");
+        let err = client_config(text.as_bytes()).await.unwrap_err();
+        assert_eq!(err.reason(), "KubeconfigRejected");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let message = redact("error trying to connect: proxy http://proxy-user:s3cret@10.0.0.1:3128/ refused");
+        assert_eq!(message, "error trying to connect: proxy http://10.0.0.1:3128/ refused");
+        assert_eq!(redact("socks5h://u@h:1080 and https://ok.example/x"), "socks5h://h:1080 and https://ok.example/x");
     }
 
     #[tokio::test]

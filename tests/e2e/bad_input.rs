@@ -40,8 +40,10 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     // A server nobody listens on (a port just bound and released).
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let secret_token = "e2e-s3cr3t-token-value";
+    // The good member's CA: kubeconfigs that skip TLS verification are refused outright.
+    let ca = good_text.lines().find_map(|l| l.trim().strip_prefix("certificate-authority-data:")).unwrap().trim();
     let unreachable = format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: x, cluster: {{server: \"https://127.0.0.1:{closed_port}\", insecure-skip-tls-verify: true}}}}]\n\
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: x, cluster: {{server: \"https://127.0.0.1:{closed_port}\", certificate-authority-data: {ca}}}}}]\n\
          users: [{{name: u, user: {{token: {secret_token}}}}}]\ncontexts: [{{name: x, context: {{cluster: x, user: u}}}}]\ncurrent-context: x\n"
     );
     let exec = good_text.replace("users:", "users:\n- name: plugin\n  user:\n    exec: {command: /bin/true, apiVersion: client.authentication.k8s.io/v1}\n");

@@ -58,13 +58,27 @@ impl Error {
     }
 
     /// Worth a quick retry (network, throttling, server errors) rather than a slow one.
+    /// A refusal (401, 403, or any other 4xx) is not: the same call is refused again until
+    /// someone changes RBAC, credentials or the object, so it is reported
+    /// ([`Error::event_reason`]) and retried slowly.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Training { source, .. } | Self::Member { source, .. } => match source.as_ref() {
-                kube::Error::Api(e) => e.code == 429 || e.code >= 500 || e.code == 403,
+                kube::Error::Api(e) => e.code == 429 || e.code >= 500,
                 _ => true,
             },
             _ => false,
+        }
+    }
+
+    /// Reason of the Warning Event on the pod for an error that needs a person (tidepool
+    /// lacks a permission, its credentials are refused), or `None`.
+    pub fn event_reason(&self) -> Option<&'static str> {
+        let refused = |source: &kube::Error| matches!(source, kube::Error::Api(e) if e.code == 401 || e.code == 403);
+        match self {
+            Self::Member { source, .. } if refused(source) => Some("MemberForbidden"),
+            Self::Training { source, .. } if refused(source) => Some("TrainingForbidden"),
+            _ => None,
         }
     }
 
@@ -96,5 +110,42 @@ impl VirtualKubelet {
         tokio::spawn(node::run(training.clone(), config.clone(), members.clone()));
         tokio::spawn(pods::run(training, config, members, pods));
         Self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"code": code, "message": "m", "reason": "r"})).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn refusals_are_not_retried_hot_and_outages_are() {
+        let member = MemberName::from("member-a");
+        let cases = [
+            ("forbidden: RBAC will not change in 2 s", 403, false),
+            ("unauthorized: credentials will not change in 2 s", 401, false),
+            ("invalid: the same write fails the same way", 422, false),
+            ("throttled", 429, true),
+            ("server error", 500, true),
+            ("unavailable", 503, true),
+        ];
+        for (name, code, transient) in cases {
+            assert_eq!(Error::member(&member, "create offload pod", api(code)).is_transient(), transient, "{name}");
+            assert_eq!(Error::training("update pod status", api(code)).is_transient(), transient, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_told_to_people_with_a_reason() {
+        let member = MemberName::from("member-a");
+        assert_eq!(Error::member(&member, "create offload pod", api(403)).event_reason(), Some("MemberForbidden"));
+        assert_eq!(Error::member(&member, "create offload pod", api(401)).event_reason(), Some("MemberForbidden"));
+        assert_eq!(Error::training("update pod status", api(403)).event_reason(), Some("TrainingForbidden"));
+        assert_eq!(Error::member(&member, "create offload pod", api(503)).event_reason(), None);
     }
 }

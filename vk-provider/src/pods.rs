@@ -190,9 +190,22 @@ async fn timed_reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
-fn error_policy(pod: Arc<PodLite>, error: &Error, _ctx: Arc<Context>) -> Action {
+/// When a pod whose sync was refused (a 403 from the member, say) is tried again: the
+/// refusal lasts until someone changes RBAC or credentials, and the Event says so.
+const REFUSED_RETRY: Duration = Duration::from_secs(300);
+
+fn error_policy(pod: Arc<PodLite>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), %error, "pod sync failed; retrying");
-    Action::requeue(if error.is_transient() { Duration::from_secs(2) } else { Duration::from_secs(30) })
+    if error.is_transient() {
+        return Action::requeue(Duration::from_secs(2));
+    }
+    if let Some(reason) = error.event_reason() {
+        // Told to people, off the controller's thread (this function cannot wait).
+        let note = format!("{error}; tried again in {} s", REFUSED_RETRY.as_secs());
+        tokio::spawn(async move { publish(&ctx, &pod, EventType::Warning, reason, &note).await }.in_current_span());
+        return Action::requeue(REFUSED_RETRY);
+    }
+    Action::requeue(Duration::from_secs(30))
 }
 
 /// Starts an offload watch for every member session and drops those of ended sessions.
@@ -576,8 +589,8 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
             return Ok(Action::await_change());
         }
-        // 5. Copy what it references into the member namespace.
-        ensure_namespace(&ctx, &watch, &member_ns).await?;
+        // 5. Translate (a copy that cannot exist in the member fails the pod), then copy
+        //    what it references into the member namespace.
         let target = Target {
             cluster: &ctx.config.cluster_name,
             member: member.name.as_str(),
@@ -585,7 +598,16 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             node_selector: &pool.node_selector,
             band: translate::band_of(&whole),
         };
-        let offload = translate::offload_pod(&whole, &target)?;
+        let offload = match translate::offload_pod(&whole, &target) {
+            Ok(offload) => offload,
+            Err(e @ translate::TranslateError::NamespaceTooLong(_)) => {
+                let msg = format!("not offloaded to member {}: {e}", member.name);
+                fail_pod(&ctx, &pod, e.reason(), &msg).await?;
+                return Ok(Action::await_change());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        ensure_namespace(&ctx, &watch, &member_ns).await?;
         let references = reflect::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
         if !references.is_empty() {
             // Until its copy shows what it references, the pod itself says so.

@@ -32,6 +32,19 @@ pub struct Target<'a> {
 pub enum TranslateError {
     #[error("pod has no {0}")]
     MissingField(&'static str),
+    /// The copy's namespace cannot exist in the member: the pod fails with this reason.
+    #[error(transparent)]
+    NamespaceTooLong(#[from] tidepool_config::names::NamespaceTooLong),
+}
+
+impl TranslateError {
+    /// Reason of the training pod's failure and Event.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingField(_) => "OffloadInvalid",
+            Self::NamespaceTooLong(_) => "OffloadNamespaceTooLong",
+        }
+    }
 }
 
 /// Member namespace of a training namespace.
@@ -62,7 +75,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: Some(member_namespace(target.namespace_prefix, &namespace)),
+            namespace: Some(tidepool_config::names::offload_namespace(target.namespace_prefix, &namespace)?),
             labels: Some(labels),
             annotations: Some(annotations),
             ..Default::default()
@@ -426,6 +439,18 @@ mod tests {
             Some(vec![serde_json::from_value(json!({"name": "debugger", "image": "busybox"})).unwrap()]);
         let spec = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap();
         assert_eq!(spec.ephemeral_containers, None);
+    }
+
+    #[test]
+    fn a_namespace_whose_offload_name_would_not_fit_is_refused_not_retried() {
+        let mut p = training_pod();
+        // `tp-` (3) + 60 = 63, the longest namespace name there is.
+        p.metadata.namespace = Some("n".repeat(60));
+        let copy = offload_pod(&p, &target(&BTreeMap::new())).unwrap();
+        assert_eq!(copy.metadata.namespace.map(|n| n.len()), Some(63));
+        p.metadata.namespace = Some("n".repeat(61));
+        let err = offload_pod(&p, &target(&BTreeMap::new())).unwrap_err();
+        assert!(err.to_string().contains("64 characters"), "{err}");
     }
 
     #[test]
