@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -309,8 +309,9 @@ where
 /// Result of syncing one pod's copies.
 #[derive(Debug)]
 pub(crate) enum Outcome {
-    /// Every source that exists is copied and current.
-    Ready,
+    /// Every source that exists is copied and current; the optional ones that do not exist
+    /// are listed, for [`reflect::drop_references`].
+    Ready(BTreeSet<Source>),
     /// Required sources that do not exist in training, described for an Event.
     Missing(Vec<String>),
     /// A source that must not travel; the message names the field that references it.
@@ -340,12 +341,13 @@ impl Reflection<'_> {
     /// deleted in the member too). Writes nothing when all copies are current.
     pub(crate) async fn run(&self, refs: &reflect::References) -> Result<Outcome, Error> {
         if refs.is_empty() {
-            return Ok(Outcome::Ready);
+            return Ok(Outcome::Ready(BTreeSet::new()));
         }
         if !self.sources.ready().await || !self.copies.ready_in(self.member_namespace).await {
             return Ok(Outcome::Retry);
         }
         let mut missing = Vec::new();
+        let mut absent = BTreeSet::new();
         for (source, usage) in refs {
             let describe = || format!("{} {}/{} ({})", source.kind, self.origin_namespace, source.name, usage.field);
             let copy = self.copies.get(source.kind, self.member_namespace, &source.name);
@@ -355,6 +357,8 @@ impl Reflection<'_> {
                 }
                 if usage.required {
                     missing.push(describe());
+                } else {
+                    absent.insert(source.clone());
                 }
                 continue;
             };
@@ -364,7 +368,9 @@ impl Reflection<'_> {
             match self.copy(source, copy.as_ref()).await? {
                 Written::Done => {}
                 Written::SourceGone if usage.required => missing.push(describe()),
-                Written::SourceGone => {}
+                Written::SourceGone => {
+                    absent.insert(source.clone());
+                }
                 Written::Refused(why) => {
                     return Ok(Outcome::Refused(format!(
                         "{}: {} {}/{} {why}",
@@ -380,7 +386,7 @@ impl Reflection<'_> {
                 Written::Stale => return Ok(Outcome::Retry),
             }
         }
-        Ok(if missing.is_empty() { Outcome::Ready } else { Outcome::Missing(missing) })
+        Ok(if missing.is_empty() { Outcome::Ready(absent) } else { Outcome::Missing(missing) })
     }
 
     /// Reads the source and writes its copy; `current` is the copy's metadata if one exists.

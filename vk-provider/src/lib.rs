@@ -40,6 +40,8 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    #[error("member {member}: {namespace} is {owner}; nothing of this training cluster goes in it")]
+    ForeignNamespace { member: MemberName, namespace: String, owner: String },
     #[error("object has no {0}")]
     MissingField(&'static str),
     #[error("created node has no uid")]
@@ -72,12 +74,14 @@ impl Error {
     }
 
     /// Reason of the Warning Event on the pod for an error that needs a person (tidepool
-    /// lacks a permission, its credentials are refused), or `None`.
+    /// lacks a permission, its credentials are refused, the offload namespace is somebody
+    /// else's), or `None`.
     pub fn event_reason(&self) -> Option<&'static str> {
         let refused = |source: &kube::Error| matches!(source, kube::Error::Api(e) if e.code == 401 || e.code == 403);
         match self {
             Self::Member { source, .. } if refused(source) => Some("MemberForbidden"),
             Self::Training { source, .. } if refused(source) => Some("TrainingForbidden"),
+            Self::ForeignNamespace { .. } => Some("OffloadNamespaceConflict"),
             _ => None,
         }
     }
@@ -88,6 +92,7 @@ impl Error {
             Self::Training { .. } => "training_api",
             Self::Member { .. } => "member_api",
             Self::MissingField(_) | Self::MissingUid => "invalid_object",
+            Self::ForeignNamespace { .. } => "namespace_conflict",
             Self::Translate(_) => "translate",
         }
     }

@@ -598,7 +598,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             node_selector: &pool.node_selector,
             band: translate::band_of(&whole),
         };
-        let offload = match translate::offload_pod(&whole, &target) {
+        let mut offload = match translate::offload_pod(&whole, &target) {
             Ok(offload) => offload,
             Err(e @ translate::TranslateError::NamespaceTooLong(_)) => {
                 let msg = format!("not offloaded to member {}: {e}", member.name);
@@ -615,7 +615,13 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
         }
         let reflection = ctx.reflection(&watch, &namespace, &member_ns);
         match reflection.run(&references).await? {
-            Outcome::Ready => {}
+            Outcome::Ready(absent) => {
+                // Optional sources that do not exist in training are not referenced in the
+                // member either: its kubelet would take any object of that name there.
+                if let Some(spec) = offload.spec.as_mut() {
+                    reflect::drop_references(spec, &absent);
+                }
+            }
             Outcome::Missing(missing) => {
                 let msg = format!("waiting for {} before offloading to member {}", missing.join(", "), member.name);
                 publish(&ctx, &pod, EventType::Warning, "ReferenceMissing", &msg).await;
@@ -707,7 +713,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
         match ctx.reflection(&watch, &namespace, &member_ns).run(&copy.references).await? {
             // A source deleted in training is deleted in the member too; the pod runs on,
             // as it would with a kubelet of its own.
-            Outcome::Ready | Outcome::Missing(_) => {}
+            Outcome::Ready(_) | Outcome::Missing(_) => {}
             Outcome::Refused(msg) | Outcome::Conflict(msg) => {
                 publish(&ctx, &pod, EventType::Warning, "ReflectionFailed", &msg).await;
             }
@@ -802,9 +808,21 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Resu
         },
         ..Default::default()
     };
-    match Api::<Namespace>::all(member.client.clone()).create(&PostParams::default(), &namespace).await {
+    let api = Api::<Namespace>::all(member.client.clone());
+    match api.create(&PostParams::default(), &namespace).await {
         Ok(_) => info!(member = %member.name, namespace = ns, "offload namespace created"),
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            // There already: ours, or somebody's — another training cluster's tidepool
+            // (whose copies our pods would mount) or the member's own. Nothing goes into,
+            // and no role is bound in, a namespace that is not ours.
+            let existing =
+                api.get_opt(ns).await.map_err(|e| Error::member(&member.name, "read offload namespace", e))?;
+            if let Some(owner) =
+                existing.and_then(|n| translate::foreign_namespace(&n.metadata, &ctx.config.cluster_name))
+            {
+                return Err(Error::ForeignNamespace { member: member.name.clone(), namespace: ns.to_owned(), owner });
+            }
+        }
         Err(e) => return Err(Error::member(&member.name, "create offload namespace", e)),
     }
     watch.copies.enter(ns).await;

@@ -8,9 +8,9 @@
 //! namespace uses it. The I/O around these functions is in `copies` (sync) and `collect`
 //! (deletion).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{ConfigMap, EnvFromSource, EnvVar, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, EnvFromSource, EnvVar, PodSpec, Secret, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tidepool_config::keys;
 
@@ -113,6 +113,59 @@ pub fn references(spec: &PodSpec) -> References {
         refs.add(Kind::Secret, &secret.name, Some(true), format!("spec.imagePullSecrets[{i}].name"));
     }
     refs.0
+}
+
+/// `spec` without its references to `absent` sources: optional ones that do not exist in
+/// training (a required one holds the pod back instead). Kept, the member's kubelet would
+/// resolve them against whatever object of that name sits in the offload namespace — one
+/// tidepool never copied. Each goes the way the kubelet treats a missing optional source: a
+/// volume becomes an empty directory (its mounts keep working), a projection, an env var,
+/// an `envFrom` entry and an image pull secret are left out.
+pub fn drop_references(spec: &mut PodSpec, absent: &BTreeSet<Source>) {
+    if absent.is_empty() {
+        return;
+    }
+    let gone = |kind: Kind, name: &str| absent.contains(&Source::new(kind, name));
+    for volume in spec.volumes.iter_mut().flatten() {
+        let mut empty = volume.config_map.as_ref().is_some_and(|cm| gone(Kind::ConfigMap, &cm.name))
+            || volume.secret.as_ref().and_then(|s| s.secret_name.as_deref()).is_some_and(|n| gone(Kind::Secret, n));
+        if let Some(sources) = volume.projected.as_mut().and_then(|p| p.sources.as_mut()) {
+            let before = sources.len();
+            sources.retain(|p| {
+                !(p.config_map.as_ref().is_some_and(|cm| gone(Kind::ConfigMap, &cm.name))
+                    || p.secret.as_ref().is_some_and(|s| gone(Kind::Secret, &s.name)))
+            });
+            empty |= before > 0 && sources.is_empty();
+        }
+        if empty {
+            *volume = Volume {
+                name: std::mem::take(&mut volume.name),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            };
+        }
+    }
+    let containers = spec.init_containers.iter_mut().flatten().map(|c| (&mut c.env, &mut c.env_from));
+    let app = spec.containers.iter_mut().map(|c| (&mut c.env, &mut c.env_from));
+    let ephemeral = spec.ephemeral_containers.iter_mut().flatten().map(|c| (&mut c.env, &mut c.env_from));
+    for (env, env_from) in containers.chain(app).chain(ephemeral) {
+        if let Some(env) = env.as_mut() {
+            env.retain(|var| {
+                let from = var.value_from.as_ref();
+                !(from.and_then(|f| f.config_map_key_ref.as_ref()).is_some_and(|r| gone(Kind::ConfigMap, &r.name))
+                    || from.and_then(|f| f.secret_key_ref.as_ref()).is_some_and(|r| gone(Kind::Secret, &r.name)))
+            });
+        }
+        if let Some(env_from) = env_from.as_mut() {
+            env_from.retain(|f| {
+                !(f.config_map_ref.as_ref().is_some_and(|r| gone(Kind::ConfigMap, &r.name))
+                    || f.secret_ref.as_ref().is_some_and(|r| gone(Kind::Secret, &r.name)))
+            });
+        }
+    }
+    if let Some(pull) = spec.image_pull_secrets.as_mut() {
+        pull.retain(|p| !gone(Kind::Secret, &p.name));
+    }
 }
 
 #[derive(Default)]
@@ -355,6 +408,52 @@ mod tests {
             "containers": [{"name": "main"}]
         }));
         assert!(references(&s).is_empty());
+    }
+
+    #[test]
+    fn unresolved_optional_references_leave_the_copy() {
+        let mut s = spec(json!({
+            "volumes": [
+                {"name": "a", "secret": {"secretName": "gone", "optional": true}},
+                {"name": "b", "configMap": {"name": "gone"}},
+                {"name": "c", "projected": {"sources": [{"secret": {"name": "gone", "optional": true}},
+                                                         {"configMap": {"name": "here"}}]}},
+                {"name": "d", "projected": {"sources": [{"configMap": {"name": "gone-cm", "optional": true}}]}},
+                {"name": "e", "configMap": {"name": "gone-cm", "optional": true}}
+            ],
+            "initContainers": [{"name": "init", "envFrom": [{"secretRef": {"name": "gone", "optional": true}},
+                                                            {"configMapRef": {"name": "here"}}]}],
+            "containers": [{"name": "main",
+                "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "k", "optional": true}}},
+                        {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "here", "key": "k"}}},
+                        {"name": "C", "value": "plain"},
+                        {"name": "D", "valueFrom": {"configMapKeyRef": {"name": "gone-cm", "key": "k", "optional": true}}}],
+                "volumeMounts": [{"name": "a", "mountPath": "/a"}, {"name": "e", "mountPath": "/e"}]}],
+            "ephemeralContainers": [{"name": "debug", "envFrom": [{"configMapRef": {"name": "gone-cm", "optional": true}}]}],
+            "imagePullSecrets": [{"name": "gone"}, {"name": "registry"}]
+        }));
+        let absent = BTreeSet::from([Source::new(Kind::Secret, "gone"), Source::new(Kind::ConfigMap, "gone-cm")]);
+        drop_references(&mut s, &absent);
+        // What is left references only what exists (a ConfigMap named like the absent Secret
+        // is another source).
+        assert_eq!(
+            names(&references(&s)),
+            [(Kind::ConfigMap, "gone", true), (Kind::ConfigMap, "here", true), (Kind::Secret, "registry", false)]
+        );
+        let volumes = s.volumes.as_ref().unwrap();
+        let names: Vec<_> = volumes.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c", "d", "e"], "volumes stay, so every mount still has its volume");
+        for i in [0, 3, 4] {
+            let v = serde_json::to_value(&volumes[i]).unwrap();
+            assert_eq!(v, json!({"name": volumes[i].name, "emptyDir": {}}), "volume {i} is an empty directory");
+        }
+        assert_eq!(volumes[2].projected.as_ref().unwrap().sources.as_ref().unwrap().len(), 1);
+        let env: Vec<_> = s.containers[0].env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(env, ["B", "C"]);
+        assert_eq!(s.init_containers.as_ref().unwrap()[0].env_from.as_ref().unwrap().len(), 1);
+        assert_eq!(s.ephemeral_containers.as_ref().unwrap()[0].env_from.as_deref().map(<[_]>::len), Some(0));
+        let pull: Vec<_> = s.image_pull_secrets.iter().flatten().map(|p| p.name.as_str()).collect();
+        assert_eq!(pull, ["registry"]);
     }
 
     fn target() -> CopyTarget<'static> {

@@ -131,6 +131,22 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
     s
 }
 
+/// Who else owns member namespace `meta`, if it is not one this training cluster's tidepool
+/// created (labels managed-by tidepool and origin-cluster `cluster`): then nothing of ours
+/// goes in. Two training clusters sharing one offload namespace would see and mount each
+/// other's copies; a namespace tidepool did not create is somebody's.
+pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str) -> Option<String> {
+    let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str);
+    if label(keys::LABEL_MANAGED_BY) != Some(keys::MANAGED_BY) {
+        return Some("a namespace not created by tidepool".to_owned());
+    }
+    match label(keys::LABEL_ORIGIN_CLUSTER) {
+        Some(origin) if origin == cluster => None,
+        Some(origin) => Some(format!("the offload namespace of training cluster {origin}")),
+        None => Some("a tidepool namespace of no known training cluster".to_owned()),
+    }
+}
+
 /// True for a volume holding a service-account token of the training cluster (the projected
 /// `kube-api-access-*` volume): translation drops it, so nothing it references travels.
 pub fn carries_training_token(volume: &Volume) -> bool {
@@ -451,6 +467,21 @@ mod tests {
         p.metadata.namespace = Some("n".repeat(61));
         let err = offload_pod(&p, &target(&BTreeMap::new())).unwrap_err();
         assert!(err.to_string().contains("64 characters"), "{err}");
+    }
+
+    #[test]
+    fn an_offload_namespace_is_shared_with_no_other_training_cluster() {
+        let ns = |labels: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(json!({"name": "tp-team-a", "labels": labels})).unwrap()
+        };
+        let managed = keys::LABEL_MANAGED_BY;
+        let origin = keys::LABEL_ORIGIN_CLUSTER;
+        assert_eq!(foreign_namespace(&ns(json!({managed: "tidepool", origin: "training"})), "training"), None);
+        let other = foreign_namespace(&ns(json!({managed: "tidepool", origin: "other"})), "training");
+        assert!(other.as_deref().is_some_and(|o| o.contains("training cluster other")), "{other:?}");
+        let unmanaged = foreign_namespace(&ns(json!({"team": "payments"})), "training");
+        assert!(unmanaged.as_deref().is_some_and(|o| o.contains("not created by tidepool")), "{unmanaged:?}");
+        assert!(foreign_namespace(&ObjectMeta::default(), "training").is_some());
     }
 
     #[test]
