@@ -776,6 +776,70 @@ mod tests {
         }
     }
 
+    /// A gang the search cannot settle within [`SEARCH_BUDGET`], on a pool that can take it.
+    ///
+    /// Thirteen cpu pods (8, 8, 7 × 6, 5, 5, 4, 4, 3) and a last pod of 1 cpu and 10Gi memory
+    /// on five nodes whose cpu adds up to exactly the gang's 80: node 0 (8 cpu, the only
+    /// one with memory) must hold one 7-cpu pod and the memory pod, and nothing else. Best fit
+    /// fills node 0 with an 8-cpu pod, and the depth-first search, which tries node 0 first
+    /// for every pod, needs about 59,000 steps to find an assignment.
+    fn budget_buster() -> (GangDemand, PoolView, Vec<usize>) {
+        let cpu = |n: i64| {
+            let mut res = Resources::new();
+            res.set("cpu", n * 1000);
+            res
+        };
+        let mut pods: Vec<Resources> = [7, 8, 5, 5, 7, 7, 8, 7, 7, 7, 3, 4, 4].map(cpu).to_vec();
+        pods.push(r(&[("cpu", "1"), ("memory", "10Gi")]));
+        let nodes = vec![r(&[("cpu", "8"), ("memory", "10Gi")]), cpu(15), cpu(12), cpu(21), cpu(24)];
+        // One assignment that fits, written by hand: pod i goes on node planted[i].
+        let planted = vec![0, 2, 4, 1, 3, 4, 4, 3, 1, 3, 1, 4, 2, 0];
+        let mut a = pool("tidepool-a", nodes);
+        a.gpu_product = None;
+        (gang(pods), a, planted)
+    }
+
+    #[test]
+    fn a_pool_whose_search_runs_out_of_budget_is_refused_never_given_a_half_checked_placement() {
+        let (g, a, planted) = budget_buster();
+        // The gang does fit on the pool: the hand-written assignment, checked node by node.
+        let mut load = vec![Resources::new(); a.free_per_node.len()];
+        for (pod, &n) in g.pods.iter().zip(&planted) {
+            load[n].add(pod);
+        }
+        for (l, free) in load.iter().zip(&a.free_per_node) {
+            assert!(l.fits_in(free), "{l} on {free}");
+        }
+        // The search gives up and the pool is refused with a reason: no placement is made
+        // from an assignment that was not checked to the end.
+        let err = place(&g, std::slice::from_ref(&a)).unwrap_err();
+        assert!(err.message.starts_with("no pool fits all 14 pods together (tidepool-a: only "), "{}", err.message);
+        // The same for an elastic pod joining the 13 cpu pods already planned there.
+        let (last, already) = g.pods.split_last().unwrap();
+        assert!(!fits_one(last, &a, already));
+    }
+
+    #[test]
+    fn a_pool_whose_search_runs_out_of_budget_does_not_keep_the_gang_from_another_pool() {
+        let (g, a, _) = budget_buster();
+        // A roomier pool (one node of 96 cpu and 16Gi) ranks after the tight one when both
+        // fit; with the tight one refused, the gang goes there, whole.
+        let mut b = pool("tidepool-b", vec![r(&[("cpu", "96"), ("memory", "16Gi")])]);
+        b.gpu_product = None;
+        let p = place(&g, &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(p.node, "tidepool-b");
+        assert_eq!(p.per_pod_member_node, vec![0; 14]);
+        // A gang recorded on the tight pool stays there and waits: it never moves.
+        let mut pinned = g;
+        pinned.pinned = Some("tidepool-a".into());
+        let err = place(&pinned, &[a, b]).unwrap_err();
+        assert!(
+            err.message.starts_with("the gang's recorded pool tidepool-a cannot take all 14 pods together: only "),
+            "{}",
+            err.message
+        );
+    }
+
     // ---- properties ----
 
     const NAMES: [&str; 3] = [GPU, "cpu", "memory"];
@@ -881,6 +945,69 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// Gangs made to measure for a pool, like [`budget_buster`]: 12–14 cpu pods of 4–9 cpu
+    /// dealt onto 4–5 nodes whose cpu is exactly what they were dealt, plus a last pod of
+    /// 1 cpu and 10 memory that only node 0 has room for. Every such gang fits its pool; about
+    /// one in eight runs the search out of budget (see the test below).
+    fn arb_planted() -> impl Strategy<Value = (GangDemand, PoolView)> {
+        (4usize..=5, proptest::collection::vec((4i64..=9, 0usize..5), 12..=14)).prop_map(|(k, dealt)| {
+            let mut free = vec![res([0, 0, 0]); k];
+            free[0] = res([0, 1, 10]);
+            let mut pods = Vec::new();
+            for (cpu, node) in dealt {
+                free[node % k].add(&res([0, cpu, 0]));
+                pods.push(res([0, cpu, 0]));
+            }
+            pods.push(res([0, 1, 10]));
+            let mut a = pool("tidepool-a", free);
+            a.gpu_product = None;
+            (gang(pods), a)
+        })
+    }
+
+    /// A pool that takes any planted gang by best fit: one node with room for all of it.
+    fn roomy() -> PoolView {
+        let mut b = pool("tidepool-b", vec![res([0, 200, 20])]);
+        b.gpu_product = None;
+        b
+    }
+
+    #[test]
+    fn the_planted_gangs_include_ones_that_run_the_search_out_of_budget() {
+        // Each planted gang fits its pool by construction, and the search is exhaustive
+        // below its budget (a_gang_is_placed_exactly_when_some_pool_can_take_all_of_it), so
+        // a refusal here is a search that ran out.
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = arb_planted();
+        let refused = (0..200)
+            .filter(|_| {
+                let (g, a) = proptest::strategy::ValueTree::current(&strategy.new_tree(&mut runner).unwrap());
+                place(&g, &[a]).is_err()
+            })
+            .count();
+        assert!(refused >= 5, "only {refused} of 200 planted gangs exhausted the search");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn a_gang_its_pool_can_take_is_placed_validly_or_refused_and_never_kept_from_a_roomy_pool(
+            (g, a) in arb_planted(),
+        ) {
+            let alone = std::slice::from_ref(&a);
+            if let Ok(p) = place(&g, alone) {
+                check_placement(&g, alone, &p)?;
+            }
+            let both = [a.clone(), roomy()];
+            let p = place(&g, &both);
+            prop_assert!(p.is_ok(), "{:?}", p);
+            if let Ok(p) = p {
+                check_placement(&g, &both, &p)?;
+            }
+        }
     }
 
     proptest! {

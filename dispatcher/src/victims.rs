@@ -565,6 +565,14 @@ mod tests {
         })
     }
 
+    /// Like [`arb_running`], with few enough pods that every subset can be tried.
+    fn arb_running_small() -> impl Strategy<Value = Vec<OffloadPodView>> {
+        arb_running().prop_map(|mut v| {
+            v.truncate(9);
+            v
+        })
+    }
+
     fn arb_deficit() -> impl Strategy<Value = Resources> {
         proptest::collection::vec(-2i64..12, 3).prop_map(|v| {
             let mut d = Resources::new();
@@ -672,6 +680,47 @@ mod tests {
         }
 
         #[test]
+        fn a_pod_is_taken_only_after_its_cheaper_twins_in_the_same_job(
+            deficit in arb_deficit(),
+            running in arb_running(),
+            twins in proptest::collection::vec((0usize..12, 0usize..4, -3i32..4), 1..4),
+        ) {
+            // A twin: the same job, band and requests as an existing pod, on any node, at
+            // another pod-deletion-cost. Only the cost (and the node) tells them apart.
+            let mut running = running;
+            prop_assume!(!running.is_empty());
+            for (n, (of, node, cost)) in twins.into_iter().enumerate() {
+                let mut twin = running[of % running.len()].clone();
+                twin.key = format!("ns/twin{n}");
+                twin.member_node = format!("n{node}");
+                twin.deletion_cost = cost;
+                running.push(twin);
+            }
+            let v = victims(&deficit, &running);
+            let at: BTreeMap<&str, usize> = v.iter().enumerate().map(|(i, x)| (x.key.as_str(), i)).collect();
+            let medium_jobs: BTreeSet<&str> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            for a in &running {
+                for b in &running {
+                    let twins = a.job == b.job && a.band == b.band && a.requests == b.requests;
+                    // A job taken whole goes at once: its costs do not order anything.
+                    if !twins || a.deletion_cost >= b.deletion_cost || medium_jobs.contains(a.job.as_str()) {
+                        continue;
+                    }
+                    if let Some(&b_at) = at.get(b.key.as_str()) {
+                        let a_at = at.get(a.key.as_str());
+                        prop_assert!(
+                            a_at.is_some_and(|&i| i < b_at),
+                            "{} (cost {}) taken while its twin {} (cost {}) is {}",
+                            b.key, b.deletion_cost, a.key, a.deletion_cost,
+                            if a_at.is_some() { "taken later" } else { "left running" }
+                        );
+                    }
+                }
+            }
+        }
+
+        #[test]
         fn the_answer_does_not_depend_on_input_order(
             deficit in arb_deficit(), running in arb_running(), seed in any::<u64>(),
         ) {
@@ -679,6 +728,124 @@ mod tests {
             let mut shuffled = running.clone();
             crate::testutil::shuffle(&mut shuffled, seed);
             prop_assert_eq!(first, victims(&deficit, &shuffled));
+        }
+    }
+
+    /// The last band a selection reached, what was taken below it (fixed by the band rule),
+    /// and the units that band could take: single pods of it, or (medium) the rest of a job
+    /// with a gang core. Units the pod-deletion-cost rule forbids are kept out: a pod goes
+    /// only with every cheaper pod of its job and band that frees something still lacking.
+    struct LastBand<'a> {
+        top: Band,
+        below: Vec<&'a str>,
+        taken: Vec<&'a str>,
+        /// Allowed sets of the last band, as lists of pod keys (a pod with the cheaper pods
+        /// of its job and band it needs to come after).
+        units: Vec<Vec<&'a str>>,
+        /// What is still lacking after `below`.
+        rest: Resources,
+    }
+
+    fn last_band<'a>(deficit: &Resources, running: &'a [OffloadPodView], v: &'a [Victim]) -> Option<LastBand<'a>> {
+        let medium_jobs: BTreeSet<&str> = v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+        let stage = |v: &Victim| {
+            if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+        };
+        let top = v.iter().map(stage).max()?;
+        let below: Vec<&str> = v.iter().filter(|x| stage(x) < top).map(|x| x.key.as_str()).collect();
+        let taken: Vec<&str> = v.iter().filter(|x| stage(x) == top).map(|x| x.key.as_str()).collect();
+        let mut rest = deficit.clone();
+        rest.sub(&freed(running, below.iter().copied()));
+        let helps = |p: &OffloadPodView| p.requests.iter().any(|(n, a)| a > 0 && rest.get(n) > 0);
+        let free: Vec<&OffloadPodView> = running.iter().filter(|p| !below.contains(&p.key.as_str())).collect();
+        let units = if top == Band::Medium {
+            let mut jobs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for p in &free {
+                jobs.entry(p.job.as_str()).or_default().push(p.key.as_str());
+            }
+            jobs.into_iter()
+                .filter(|(job, _)| free.iter().any(|p| p.job == *job && p.band == Band::Medium))
+                .map(|(_, keys)| keys)
+                .collect()
+        } else {
+            free.iter()
+                .filter(|p| p.band == top && helps(p))
+                .map(|p| {
+                    let mut unit: Vec<&str> = free
+                        .iter()
+                        .filter(|q| q.band == top && q.job == p.job && q.deletion_cost < p.deletion_cost && helps(q))
+                        .map(|q| q.key.as_str())
+                        .collect();
+                    unit.push(p.key.as_str());
+                    unit
+                })
+                .collect()
+        };
+        Some(LastBand { top, below, taken, units, rest })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn a_unit_that_covers_the_rest_alone_is_all_the_last_band_takes(
+            deficit in arb_deficit(), running in arb_running(),
+        ) {
+            let v = victims(&deficit, &running);
+            let Some(last) = last_band(&deficit, &running, &v) else { return Ok(()) };
+            // Single units only: a pod that must come after cheaper ones is not one unit.
+            let alone: Vec<&Vec<&str>> = last
+                .units
+                .iter()
+                .filter(|u| last.top == Band::Medium || u.len() == 1)
+                .filter(|u| covers(&freed(&running, u.iter().copied()), &last.rest))
+                .collect();
+            let Some(fewest) = alone.iter().map(|u| u.len()).min() else { return Ok(()) };
+            let mut taken = last.taken.clone();
+            taken.sort_unstable();
+            prop_assert!(
+                alone.iter().any(|u| {
+                    let mut u = (*u).clone();
+                    u.sort_unstable();
+                    u == taken
+                }),
+                "band {:?}: took {:?} although {:?} covers alone", last.top, last.taken, alone
+            );
+            prop_assert_eq!(taken.len(), fewest, "band {:?}: took {:?}", last.top, last.taken);
+        }
+
+        /// README: "the dispatcher picks the smallest set of victims". It does not: the
+        /// selection is greedy, so it is irreducible (nothing of the last band can be put back,
+        /// see the_last_band_holds_no_victim_the_deficit_does_not_need) but not always the
+        /// smallest. Smallest counter-example: five `low` pods of 3, 3, 3, 5 and 4 cpu of five
+        /// jobs on one node, deficit 9 cpu: it takes the three 3-cpu pods, where the 5 and the
+        /// 4 would do. Run with `--ignored` to see it; kept until the product decides.
+        #[test]
+        #[ignore = "victims are irreducible, not the smallest set: see the doc comment"]
+        fn no_smaller_allowed_set_of_the_last_band_covers_the_deficit(
+            deficit in arb_deficit(), running in arb_running_small(),
+        ) {
+            let v = victims(&deficit, &running);
+            let all = freed(&running, running.iter().map(|p| p.key.as_str()));
+            let Some(last) = last_band(&deficit, &running, &v) else { return Ok(()) };
+            if !covers(&all, &deficit) || last.units.len() > 12 {
+                return Ok(());
+            }
+            for mask in 0u32..(1 << last.units.len()) {
+                let chosen: BTreeSet<&str> = (0..last.units.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .flat_map(|i| last.units[i].iter().copied())
+                    .collect();
+                if chosen.len() >= last.taken.len() {
+                    continue;
+                }
+                let set = last.below.iter().copied().chain(chosen.iter().copied());
+                prop_assert!(
+                    !covers(&freed(&running, set), &deficit),
+                    "{:?} (band {:?}) covers with {} pods; victims took {}: {:?}",
+                    chosen, last.top, chosen.len(), last.taken.len(), keys(&v)
+                );
+            }
         }
     }
 }

@@ -435,6 +435,7 @@ pub fn pool_capacity_under<'a>(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn node(name: &str, alloc: &[(&str, &str)]) -> NodeView {
         NodeView {
@@ -718,6 +719,361 @@ mod tests {
             prop_assert!(b >= 0);
             prop_assert!(a <= alloc * 1000);
         }
+    }
+
+    // ---- model-based property: the capacity formula re-done on plain numbers ----
+
+    /// The resources of the model. Cases are written in whole units; the model and the
+    /// comparison work in milli-units, as the product does.
+    const DIMS: [&str; 3] = [GPU, "cpu", "memory"];
+    const M: i64 = 1000;
+
+    /// A pool's nodes and pods as plain numbers: what the model computes from.
+    #[derive(Debug, Clone)]
+    struct Case {
+        nodes: Vec<CaseNode>,
+        pods: Vec<CasePod>,
+        /// Whether the pool is the `pool=gpu` nodes (else every node).
+        gpu_pool: bool,
+        reserve: [i64; 3],
+        watermark: u32,
+        hpa_percent: u32,
+        /// (max, current, selector, per replica)
+        hpas: Vec<(i32, i32, Sel, [i64; 3])>,
+        /// (replicas, selector, per replica)
+        to_come: Vec<(i32, Sel, [i64; 3])>,
+        /// A window firing daily at 18:00 UTC: (duration minutes, lead seconds, reserve).
+        window: Option<(i64, i64, [i64; 3])>,
+        /// Seconds after 2026-11-30T00:00:00Z.
+        now: i64,
+    }
+
+    /// (ready, cordoned, label `pool=gpu` (else `pool=cpu`), GPU model 0/1/none, allocatable)
+    type CaseNode = (bool, bool, bool, Option<u8>, [i64; 3]);
+    /// (node index or pending, terminated, offload, selector, requests)
+    type CasePod = (Option<usize>, bool, bool, Sel, [i64; 3]);
+
+    /// A node selector of a pod, an HPA or a workload.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Sel {
+        Any,
+        Gpu,
+        Cpu,
+    }
+
+    impl Sel {
+        fn map(self) -> BTreeMap<String, String> {
+            match self {
+                Sel::Any => BTreeMap::new(),
+                Sel::Gpu => BTreeMap::from([("pool".to_owned(), "gpu".to_owned())]),
+                Sel::Cpu => BTreeMap::from([("pool".to_owned(), "cpu".to_owned())]),
+            }
+        }
+
+        /// Whether a node labelled `pool=gpu` (`gpu_label`) or `pool=cpu` matches.
+        fn admits(self, gpu_label: bool) -> bool {
+            match self {
+                Sel::Any => true,
+                Sel::Gpu => gpu_label,
+                Sel::Cpu => !gpu_label,
+            }
+        }
+    }
+
+    const DAY0: i64 = 1_795_996_800; // 2026-11-30T00:00:00Z
+
+    fn units(v: [i64; 3]) -> Resources {
+        let mut r = Resources::new();
+        for (name, x) in DIMS.iter().zip(v) {
+            r.set(name, x * M);
+        }
+        r
+    }
+
+    /// What the model expects, per resource in milli-units.
+    #[derive(Debug, PartialEq)]
+    struct Expected {
+        capacity: [i64; 3],
+        used: [i64; 3],
+        held_back: [i64; 3],
+        nodes: u32,
+        gpu_product: Option<String>,
+        /// Sorted, largest first.
+        free_per_node: Vec<[i64; 3]>,
+        placed: BTreeMap<String, String>,
+    }
+
+    /// The capacity formula of the module docs, written out without any of the code above.
+    fn model(c: &Case) -> Expected {
+        let in_pool: Vec<usize> = (0..c.nodes.len())
+            .filter(|&i| {
+                let (ready, cordoned, gpu_label, _, _) = c.nodes[i];
+                ready && !cordoned && (!c.gpu_pool || gpu_label)
+            })
+            .collect();
+        let could_land = |s: Sel| in_pool.iter().any(|&i| s.admits(c.nodes[i].2));
+        let mut surplus = [0i64; 3];
+        let mut free: Vec<[i64; 3]> = Vec::new();
+        let mut used = [0i64; 3];
+        let mut placed = BTreeMap::new();
+        for &i in &in_pool {
+            let alloc = c.nodes[i].4.map(|x| x * M);
+            let mut f = alloc;
+            for (k, (node, terminated, offload, _, req)) in c.pods.iter().enumerate() {
+                if *node != Some(i) || *terminated {
+                    continue;
+                }
+                for d in 0..3 {
+                    f[d] -= req[d] * M;
+                    if *offload {
+                        used[d] += req[d] * M;
+                    } else {
+                        surplus[d] -= req[d] * M;
+                    }
+                }
+                if *offload {
+                    placed.insert(format!("origin-{k}"), format!("n{i}"));
+                }
+            }
+            for d in 0..3 {
+                surplus[d] += alloc[d];
+            }
+            free.push(f.map(|x| x.max(0)));
+        }
+        let mut held = c.reserve.map(|x| x * M);
+        if let Some((minutes, lead, reserve)) = c.window {
+            // Firings at 18:00 of the day before, the day and the day after `now`'s day.
+            let active = (-1..=2).any(|day| {
+                let start = day * 86_400 + 18 * 3600;
+                start - lead <= c.now && c.now < start + minutes * 60
+            });
+            if active {
+                for d in 0..3 {
+                    held[d] += reserve[d] * M;
+                }
+            }
+        }
+        for &(max, current, sel, per) in &c.hpas {
+            if could_land(sel) {
+                let growth = i64::from((max - current).max(0));
+                for d in 0..3 {
+                    held[d] += per[d] * M * growth * i64::from(c.hpa_percent) / 100;
+                }
+            }
+        }
+        for &(replicas, sel, per) in &c.to_come {
+            if could_land(sel) {
+                for d in 0..3 {
+                    held[d] += per[d] * M * i64::from(replicas.max(0));
+                }
+            }
+        }
+        for (node, terminated, offload, sel, req) in &c.pods {
+            if node.is_none() && !terminated && !offload && could_land(*sel) {
+                for d in 0..3 {
+                    held[d] += req[d] * M;
+                }
+            }
+        }
+        let capacity = std::array::from_fn(|d| (surplus[d] - held[d]).max(0) * i64::from(c.watermark) / 100);
+        free.sort_by(|a, b| b.cmp(a));
+        let models: BTreeSet<Option<u8>> = in_pool.iter().map(|&i| c.nodes[i].3).collect();
+        let gpu_product = match models.iter().collect::<Vec<_>>()[..] {
+            [Some(m)] => Some(format!("model-{m}")),
+            _ => None,
+        };
+        Expected {
+            capacity,
+            used,
+            held_back: held,
+            nodes: in_pool.len() as u32,
+            gpu_product,
+            free_per_node: free,
+            placed,
+        }
+    }
+
+    /// The same case as views, through the function under test.
+    fn product(c: &Case) -> Expected {
+        let nodes: Vec<NodeView> = c
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (ready, cordoned, gpu_label, gpu_model, alloc))| {
+                let mut labels =
+                    BTreeMap::from([("pool".to_owned(), if *gpu_label { "gpu" } else { "cpu" }.to_owned())]);
+                if let Some(m) = gpu_model {
+                    labels.insert(GPU_PRODUCT_LABEL.to_owned(), format!("model-{m}"));
+                }
+                NodeView {
+                    name: format!("n{i}"),
+                    labels,
+                    ready: *ready,
+                    unschedulable: *cordoned,
+                    allocatable: units(*alloc),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let pods: Vec<PodView> = c
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(k, (node, terminated, offload, sel, req))| PodView {
+                node: node.map(|i| format!("n{i}")),
+                requests: units(*req),
+                terminated: *terminated,
+                offload: *offload,
+                origin_uid: offload.then(|| format!("origin-{k}")),
+                uid: offload.then(|| format!("copy-{k}")),
+                node_selector: sel.map(),
+                ..Default::default()
+            })
+            .collect();
+        let mut policy = CapacityPolicy {
+            reserve: units(c.reserve),
+            watermark_percent: c.watermark,
+            hpa_percent: c.hpa_percent,
+            windows: vec![],
+        };
+        if let Some((minutes, lead, reserve)) = c.window {
+            policy.windows.push(Window {
+                name: "evening".into(),
+                schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+                duration: jiff::SignedDuration::from_mins(minutes),
+                lead: jiff::SignedDuration::from_secs(lead),
+                reserve: units(reserve),
+            });
+        }
+        let hpas: Vec<HpaView> = c
+            .hpas
+            .iter()
+            .map(|(max, current, sel, per)| HpaView {
+                max_replicas: *max,
+                current_replicas: *current,
+                per_replica: units(*per),
+                node_selector: sel.map(),
+            })
+            .collect();
+        let to_come: Vec<ReplicasToCome> = c
+            .to_come
+            .iter()
+            .map(|(replicas, sel, per)| ReplicasToCome {
+                replicas: *replicas,
+                per_replica: units(*per),
+                node_selector: sel.map(),
+            })
+            .collect();
+        let now = jiff::Timestamp::from_second(DAY0 + c.now).unwrap();
+        let demand = OnlineDemand { policy: &policy, hpas: &hpas, to_come: &to_come, now };
+        let selector = if c.gpu_pool { Sel::Gpu.map() } else { BTreeMap::new() };
+        let got = pool_capacity_under(&nodes, &pods, &selector, &demand);
+        let whole = |r: &Resources| DIMS.map(|d| r.get(d));
+        let mut free_per_node: Vec<[i64; 3]> = got.free_per_node.iter().map(whole).collect();
+        free_per_node.sort_by(|a, b| b.cmp(a));
+        Expected {
+            capacity: whole(&got.capacity),
+            used: whole(&got.used),
+            held_back: whole(&got.held_back),
+            nodes: got.nodes,
+            gpu_product: got.gpu_product.clone(),
+            free_per_node,
+            placed: got.placed.iter().map(|(uid, p)| (uid.clone(), p.node.clone())).collect(),
+        }
+    }
+
+    fn arb_amounts(max: i64) -> impl Strategy<Value = [i64; 3]> {
+        (0..=max, 0..=max, 0..=max).prop_map(|(a, b, c)| [a, b, c])
+    }
+
+    fn arb_sel() -> impl Strategy<Value = Sel> {
+        prop_oneof![Just(Sel::Any), Just(Sel::Gpu), Just(Sel::Cpu)]
+    }
+
+    fn arb_case() -> impl Strategy<Value = Case> {
+        let nodes = proptest::collection::vec(
+            (
+                prop::bool::weighted(0.85),
+                prop::bool::weighted(0.15),
+                any::<bool>(),
+                proptest::option::of(0u8..2),
+                arb_amounts(16),
+            ),
+            0..5,
+        );
+        let pods = proptest::collection::vec(
+            (
+                proptest::option::weighted(0.8, 0usize..6),
+                prop::bool::weighted(0.2),
+                any::<bool>(),
+                arb_sel(),
+                arb_amounts(6),
+            ),
+            0..10,
+        );
+        let hpas = proptest::collection::vec((0i32..8, 0i32..8, arb_sel(), arb_amounts(3)), 0..3);
+        let to_come = proptest::collection::vec((-1i32..4, arb_sel(), arb_amounts(3)), 0..3);
+        let window = proptest::option::of((1i64..240, 0i64..3600, arb_amounts(8)));
+        (
+            nodes,
+            pods,
+            any::<bool>(),
+            arb_amounts(8),
+            prop_oneof![Just(100u32), 1u32..=100],
+            // Tens of percent, so every amount stays a multiple of 100 milli-units and the
+            // watermark's rounding cannot differ between the model and the product.
+            (0u32..=20).prop_map(|p| p * 10),
+            hpas,
+            to_come,
+            window,
+            0i64..(2 * 86_400),
+        )
+            .prop_map(
+                |(nodes, pods, gpu_pool, reserve, watermark, hpa_percent, hpas, to_come, window, now)| Case {
+                    nodes,
+                    pods,
+                    gpu_pool,
+                    reserve,
+                    watermark,
+                    hpa_percent,
+                    hpas,
+                    to_come,
+                    window,
+                    now,
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn the_capacity_of_any_pool_is_what_the_formula_gives_on_its_nodes_and_pods(c in arb_case()) {
+            prop_assert_eq!(product(&c), model(&c));
+        }
+    }
+
+    #[test]
+    fn the_model_itself_is_not_trivially_zero() {
+        // One node of 10 cpu with 3 cpu online, 2 cpu offload, 1 cpu reserved, 50 %:
+        // capacity (10 − 3 − 1) × 50 % = 3, used 2, free on the node 10 − 3 − 2 = 5.
+        let c = Case {
+            nodes: vec![(true, false, true, Some(0), [0, 10, 0])],
+            pods: vec![(Some(0), false, false, Sel::Any, [0, 3, 0]), (Some(0), false, true, Sel::Any, [0, 2, 0])],
+            gpu_pool: false,
+            reserve: [0, 1, 0],
+            watermark: 50,
+            hpa_percent: 100,
+            hpas: vec![],
+            to_come: vec![],
+            window: None,
+            now: 0,
+        };
+        let e = model(&c);
+        assert_eq!(e.capacity, [0, 3000, 0]);
+        assert_eq!(e.used, [0, 2000, 0]);
+        assert_eq!(e.free_per_node, [[0, 5000, 0]]);
+        assert_eq!(product(&c), e);
     }
 
     #[test]
