@@ -121,3 +121,108 @@ pub(super) fn from_files(
         certified_key(chain, key_der).map_err(|e| ServeError::Tls(format!("serving certificate and key: {e}")))?;
     Ok((certified, roots))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use rustls::pki_types::{PrivatePkcs8KeyDer, ServerName};
+    use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+    use super::*;
+
+    const ADDRESS: &str = "10.0.0.1";
+
+    /// A CA: its certificate and what signs with it.
+    struct Ca {
+        der: CertificateDer<'static>,
+        pem: String,
+        params: rcgen::CertificateParams,
+        key: rcgen::KeyPair,
+    }
+
+    impl Ca {
+        fn new(name: &str) -> Self {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.distinguished_name.push(rcgen::DnType::CommonName, name);
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let cert = params.self_signed(&key).unwrap();
+            Self { der: cert.der().clone(), pem: cert.pem(), params, key }
+        }
+
+        /// A leaf certificate for `sans`, named `cn`, with its key.
+        fn issue(&self, cn: &str, sans: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut params =
+                rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+            params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            let issuer = rcgen::Issuer::new(self.params.clone(), &self.key);
+            let cert = params.signed_by(&key, &issuer).unwrap().der().clone();
+            (cert, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())))
+        }
+
+        fn roots(&self) -> Arc<RootCertStore> {
+            let mut roots = RootCertStore::empty();
+            roots.add(self.der.clone()).unwrap();
+            Arc::new(roots)
+        }
+    }
+
+    fn client(server_ca: &Ca, identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>) -> TlsConnector {
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(server_ca.roots());
+        let config = match identity {
+            Some((cert, key)) => builder.with_client_auth_cert(vec![cert], key).unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        TlsConnector::from(Arc::new(config))
+    }
+
+    /// One handshake: the serving certificate the client saw, or why it failed on either side.
+    async fn handshake(server: &Arc<ServerConfig>, client: &TlsConnector) -> Result<CertificateDer<'static>, String> {
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let name = ServerName::from(ADDRESS.parse::<IpAddr>().unwrap());
+        let (accepted, connected) =
+            tokio::join!(TlsAcceptor::from(server.clone()).accept(server_io), client.connect(name, client_io));
+        let connected = connected.map_err(|e| format!("client: {e}"))?;
+        accepted.map_err(|e| format!("server: {e}"))?;
+        Ok(connected.get_ref().1.peer_certificates().unwrap()[0].clone())
+    }
+
+    #[tokio::test]
+    async fn a_swapped_certificate_serves_the_next_handshake_under_the_same_config() {
+        let (serving_ca, client_ca) = (Ca::new("serving-ca"), Ca::new("client-ca"));
+        let (first, first_key) = serving_ca.issue("system:node:tidepool", &[ADDRESS]);
+        let resolver = Arc::new(ServingCert::new(Arc::new(certified_key(vec![first.clone()], first_key).unwrap())));
+        let server = Arc::new(server_config(resolver.clone(), client_ca.roots()).unwrap());
+        let apiserver = client(&serving_ca, Some(client_ca.issue("kube-apiserver-kubelet-client", &[])));
+        assert_eq!(handshake(&server, &apiserver).await.unwrap(), first);
+
+        let (renewed, renewed_key) = serving_ca.issue("system:node:tidepool", &[ADDRESS]);
+        resolver.swap(Arc::new(certified_key(vec![renewed.clone()], renewed_key).unwrap()));
+        assert_eq!(handshake(&server, &apiserver).await.unwrap(), renewed);
+    }
+
+    #[tokio::test]
+    async fn callers_without_a_certificate_from_the_client_ca_are_refused() {
+        let (serving_ca, client_ca, stranger_ca) = (Ca::new("serving-ca"), Ca::new("client-ca"), Ca::new("stranger"));
+        let (cert, key) = serving_ca.issue("system:node:tidepool", &[ADDRESS]);
+        let resolver = Arc::new(ServingCert::new(Arc::new(certified_key(vec![cert], key).unwrap())));
+        let server = Arc::new(server_config(resolver, client_ca.roots()).unwrap());
+        let anonymous = client(&serving_ca, None);
+        assert!(handshake(&server, &anonymous).await.unwrap_err().starts_with("server:"));
+        let stranger = client(&serving_ca, Some(stranger_ca.issue("someone", &[])));
+        assert!(handshake(&server, &stranger).await.unwrap_err().starts_with("server:"));
+    }
+
+    #[test]
+    fn a_ca_bundle_without_a_certificate_is_refused() {
+        assert!(roots_from_pem(b"").is_err());
+        assert!(roots_from_pem(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").is_err());
+        let (a, b) = (Ca::new("a"), Ca::new("b"));
+        assert_eq!(roots_from_pem(format!("{}{}", a.pem, b.pem).as_bytes()).unwrap().len(), 2);
+    }
+}
