@@ -44,7 +44,7 @@ use tidepool_federation::Members;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 /// How long a client gets to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -71,61 +71,78 @@ pub(crate) struct Context {
     pub(crate) members: watch::Receiver<Members>,
 }
 
-/// Binds the kubelet API and serves it in the background until the runtime stops. `None`
-/// when the config turns it off (`kubelet.serving: off`).
+/// Serves the kubelet API in the background until the runtime stops. `None` when the
+/// config turns it off (`kubelet.serving: off`).
 ///
-/// With files, they are read here (a bad file is a start-up error, as a bad address is).
-/// Without, the listener is bound now and answers once the training cluster has issued its
-/// serving certificate and published its client CA ([`bootstrap`]); the rest of tidepool
-/// does not wait for that.
+/// With files, they are read and the address bound here: a bad file or address is a
+/// start-up error. Without, nothing waits: the training cluster is asked for a serving
+/// certificate ([`bootstrap`]), and the address is bound once it is issued and the client CA
+/// is read, retried if it is taken. Until then nothing listens, so several tidepools on one
+/// host (tests) only contend for the port once one of them has a certificate.
 pub async fn start(
     config: &KubeletConfig,
     training: Client,
     members: watch::Receiver<Members>,
 ) -> Result<Option<SocketAddr>, ServeError> {
-    let mode = config.serving_mode();
-    let initial = match (mode, &config.tls_cert_file, &config.tls_key_file, &config.client_ca_file) {
+    let addr = SocketAddr::new(config.node_address, config.port);
+    let ctx = Arc::new(Context { training: training.clone(), members });
+    match (config.serving_mode(), &config.tls_cert_file, &config.tls_key_file, &config.client_ca_file) {
         (KubeletServing::Off, ..) => {
             warn!("kubelet.serving is off: no kubelet API, so logs and exec of offloaded pods fail");
-            return Ok(None);
+            Ok(None)
         }
         (KubeletServing::Files, Some(cert), Some(key), Some(ca)) => {
             let (certified, roots) = tls::from_files(cert, key, ca)?;
             let resolver = Arc::new(tls::ServingCert::new(Arc::new(certified)));
-            Some(Arc::new(tls::server_config(resolver, Arc::new(roots))?))
+            let tls = Arc::new(tls::server_config(resolver, Arc::new(roots))?);
+            let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+            let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+            info!(%addr, "kubelet API listening, TLS from files");
+            tokio::spawn(accept_loop(listener, watch::channel(Some(tls)).1, ctx));
+            Ok(Some(addr))
         }
         // Validation keeps the files together and `files` with them.
-        (KubeletServing::Files, ..) => {
-            return Err(ServeError::Tls("kubelet.serving is files but a file is not set".into()));
+        (KubeletServing::Files, ..) => Err(ServeError::Tls("kubelet.serving is files but a file is not set".into())),
+        (KubeletServing::Csr, ..) => {
+            let (tls_tx, mut tls_rx) = watch::channel(None);
+            let identity = csr::ServingIdentity::from_config(config);
+            let span = info_span!("kubelet_tls", %addr);
+            tokio::spawn(bootstrap::run(training, identity, tls_tx).instrument(span.clone()));
+            tokio::spawn(
+                async move {
+                    if tls_rx.wait_for(Option::is_some).await.is_err() {
+                        return;
+                    }
+                    let listener = bind_retrying(addr).await;
+                    info!(%addr, "kubelet API listening, TLS from the training cluster");
+                    accept_loop(listener, tls_rx, ctx).await;
+                }
+                .instrument(span),
+            );
+            Ok(Some(addr))
         }
-        (KubeletServing::Csr, ..) => None,
-    };
-    let addr = SocketAddr::new(config.node_address, config.port);
-    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-    let (tls_tx, tls_rx) = watch::channel(initial);
-    if mode == KubeletServing::Csr {
-        info!(%addr, "kubelet API bound; it answers once its serving certificate is issued");
-        let identity = csr::ServingIdentity::from_config(config);
-        tokio::spawn(bootstrap::run(training.clone(), identity, tls_tx).instrument(info_span!("kubelet_tls", %addr)));
-    } else {
-        info!(%addr, "kubelet API listening");
     }
-    let ctx = Arc::new(Context { training, members });
-    tokio::spawn(accept_loop(listener, tls_rx, ctx));
-    Ok(Some(addr))
 }
 
-/// Accepts connections once `tls` holds a config; each handshake uses the config current
-/// when its connection was accepted.
-async fn accept_loop(listener: TcpListener, mut tls: watch::Receiver<Option<Arc<ServerConfig>>>, ctx: Arc<Context>) {
-    // Until the first config, connections wait in the listen backlog.
-    while tls.borrow_and_update().is_none() {
-        if tls.changed().await.is_err() {
-            return;
+/// Binds `addr`, retrying (1 s doubling to 60 s) while it fails: the port may be another
+/// process's for a while, and the certificate is not worth less for it.
+async fn bind_retrying(addr: SocketAddr) -> TcpListener {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(error) => {
+                error!(%addr, %error, retry_in_seconds = delay.as_secs(), "kubelet API cannot listen; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
         }
     }
-    info!("kubelet API serving");
+}
+
+/// Accepts connections; each handshake uses the config `tls` holds when its connection is
+/// accepted (a connection accepted before there is one is closed).
+async fn accept_loop(listener: TcpListener, tls: watch::Receiver<Option<Arc<ServerConfig>>>, ctx: Arc<Context>) {
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(conn) => conn,
