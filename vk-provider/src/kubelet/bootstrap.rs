@@ -97,10 +97,19 @@ struct Issued {
 /// and the client CA are known, replaced when the CA changes. Certificate renewals do not
 /// replace it: they swap the key inside it. Runs until the runtime stops.
 pub(super) async fn run(client: Client, identity: ServingIdentity, tls: watch::Sender<Option<Arc<ServerConfig>>>) {
-    let (cert_tx, mut certs) = watch::channel(None);
-    let (ca_tx, mut cas) = watch::channel(None);
+    let (cert_tx, certs) = watch::channel(None);
+    let (ca_tx, cas) = watch::channel(None);
     tokio::spawn(certificates(client.clone(), identity, cert_tx).instrument(info_span!("kubelet_serving_cert")));
     tokio::spawn(client_cas(client, ca_tx).instrument(info_span!("kubelet_client_ca")));
+    combine(certs, cas, tls).await;
+}
+
+/// Turns the latest certificate and CA into the server config `tls` holds (see [`run`]).
+async fn combine(
+    mut certs: watch::Receiver<Option<Arc<CertifiedKey>>>,
+    mut cas: watch::Receiver<Option<Arc<RootCertStore>>>,
+    tls: watch::Sender<Option<Arc<ServerConfig>>>,
+) {
     let mut resolver: Option<Arc<tls::ServingCert>> = None;
     let mut served_cas: Option<Arc<RootCertStore>> = None;
     loop {
@@ -361,7 +370,63 @@ async fn sleep_until_wall(at: Timestamp) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tls::testing::{ADDRESS, Ca, client, handshake};
     use super::*;
+
+    /// Lets the spawned task take what was just sent (a current-thread runtime runs it at
+    /// the next yield).
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_config_waits_for_both_swaps_renewed_certificates_and_is_rebuilt_for_a_new_ca() {
+        let (serving_ca, client_ca, rotated_ca) = (Ca::new("signer"), Ca::new("client-ca"), Ca::new("rotated"));
+        let key = |ca: &Ca| {
+            let (cert, key) = ca.issue("system:node:tidepool", &[ADDRESS]);
+            (cert.clone(), Arc::new(tls::certified_key(vec![cert], key).unwrap()))
+        };
+        let (cert_tx, certs) = watch::channel(None);
+        let (ca_tx, cas) = watch::channel(None);
+        let (tls_tx, mut tls_rx) = watch::channel(None);
+        let task = tokio::spawn(combine(certs, cas, tls_tx));
+
+        // 1. A certificate alone serves nothing: callers must be checked against a CA.
+        let (first, first_key) = key(&serving_ca);
+        cert_tx.send_replace(Some(first_key));
+        settle().await;
+        assert!(tls_rx.borrow_and_update().is_none());
+
+        // 2. With the CA, a config.
+        ca_tx.send_replace(Some(client_ca.roots()));
+        settle().await;
+        let config = tls_rx.borrow_and_update().clone().unwrap();
+        let apiserver = client(&serving_ca, Some(client_ca.issue("kube-apiserver-kubelet-client", &[])));
+        assert_eq!(handshake(&config, &apiserver).await.unwrap(), first);
+
+        // 3. A renewal keeps the config and changes what its next handshake serves.
+        let (renewed, renewed_key) = key(&serving_ca);
+        cert_tx.send_replace(Some(renewed_key));
+        settle().await;
+        assert!(!tls_rx.has_changed().unwrap(), "a renewal must not replace the config");
+        assert_eq!(handshake(&config, &apiserver).await.unwrap(), renewed);
+
+        // 4. A new CA makes a new config that trusts it, with the renewed certificate.
+        ca_tx.send_replace(Some(rotated_ca.roots()));
+        settle().await;
+        let rotated = tls_rx.borrow_and_update().clone().unwrap();
+        assert!(!Arc::ptr_eq(&rotated, &config));
+        assert!(handshake(&rotated, &apiserver).await.is_err(), "the old client CA is no longer trusted");
+        let rotated_client = client(&serving_ca, Some(rotated_ca.issue("kube-apiserver-kubelet-client", &[])));
+        assert_eq!(handshake(&rotated, &rotated_client).await.unwrap(), renewed);
+
+        // 5. Both sources gone: the task ends, the config stays.
+        drop((cert_tx, ca_tx));
+        task.await.unwrap();
+        assert!(tls_rx.borrow().is_some());
+    }
 
     #[test]
     fn retries_back_off_from_ten_seconds_to_five_minutes() {

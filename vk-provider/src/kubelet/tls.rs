@@ -122,8 +122,9 @@ pub(super) fn from_files(
     Ok((certified, roots))
 }
 
+/// Certificates and handshakes for the TLS tests here and in [`super::bootstrap`].
 #[cfg(test)]
-mod tests {
+pub(super) mod testing {
     use std::net::IpAddr;
 
     use rustls::pki_types::{PrivatePkcs8KeyDer, ServerName};
@@ -131,18 +132,18 @@ mod tests {
 
     use super::*;
 
-    const ADDRESS: &str = "10.0.0.1";
+    pub(in crate::kubelet) const ADDRESS: &str = "10.0.0.1";
 
     /// A CA: its certificate and what signs with it.
-    struct Ca {
-        der: CertificateDer<'static>,
-        pem: String,
+    pub(in crate::kubelet) struct Ca {
+        pub der: CertificateDer<'static>,
+        pub pem: String,
         params: rcgen::CertificateParams,
         key: rcgen::KeyPair,
     }
 
     impl Ca {
-        fn new(name: &str) -> Self {
+        pub(in crate::kubelet) fn new(name: &str) -> Self {
             let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
             let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
             params.distinguished_name.push(rcgen::DnType::CommonName, name);
@@ -152,7 +153,11 @@ mod tests {
         }
 
         /// A leaf certificate for `sans`, named `cn`, with its key.
-        fn issue(&self, cn: &str, sans: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        pub(in crate::kubelet) fn issue(
+            &self,
+            cn: &str,
+            sans: &[&str],
+        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
             let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
             let mut params =
                 rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
@@ -162,14 +167,17 @@ mod tests {
             (cert, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())))
         }
 
-        fn roots(&self) -> Arc<RootCertStore> {
+        pub(in crate::kubelet) fn roots(&self) -> Arc<RootCertStore> {
             let mut roots = RootCertStore::empty();
             roots.add(self.der.clone()).unwrap();
             Arc::new(roots)
         }
     }
 
-    fn client(server_ca: &Ca, identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>) -> TlsConnector {
+    pub(in crate::kubelet) fn client(
+        server_ca: &Ca,
+        identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+    ) -> TlsConnector {
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -182,7 +190,10 @@ mod tests {
     }
 
     /// One handshake: the serving certificate the client saw, or why it failed on either side.
-    async fn handshake(server: &Arc<ServerConfig>, client: &TlsConnector) -> Result<CertificateDer<'static>, String> {
+    pub(in crate::kubelet) async fn handshake(
+        server: &Arc<ServerConfig>,
+        client: &TlsConnector,
+    ) -> Result<CertificateDer<'static>, String> {
         let (server_io, client_io) = tokio::io::duplex(64 * 1024);
         let name = ServerName::from(ADDRESS.parse::<IpAddr>().unwrap());
         let (accepted, connected) =
@@ -191,6 +202,12 @@ mod tests {
         accepted.map_err(|e| format!("server: {e}"))?;
         Ok(connected.get_ref().1.peer_certificates().unwrap()[0].clone())
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
 
     #[tokio::test]
     async fn a_swapped_certificate_serves_the_next_handshake_under_the_same_config() {
