@@ -151,7 +151,20 @@ async fn certificates(client: Client, identity: ServingIdentity, out: watch::Sen
     let mut failures = 0u32;
     let mut expires: Option<Timestamp> = None;
     loop {
-        match obtain(&api, &identity).await {
+        let request = obtain(&api, &identity);
+        let mut request = pin!(request);
+        let obtained = match expires {
+            // A renewal still waiting when the served certificate expires: say so, keep waiting.
+            Some(not_after) => tokio::select! {
+                obtained = &mut request => obtained,
+                () = sleep_until_wall(not_after) => {
+                    warn!(%not_after, "the kubelet API's serving certificate has expired and is still served: approve the pending request");
+                    request.await
+                }
+            },
+            None => request.await,
+        };
+        match obtained {
             Ok(issued) => {
                 failures = 0;
                 let renew = csr::renew_at(issued.not_before, issued.not_after, fastrand::f64());
@@ -176,9 +189,6 @@ async fn certificates(client: Client, identity: ServingIdentity, out: watch::Sen
                     retry_in_seconds = delay.as_secs(),
                     "kubelet API serving certificate not obtained; retrying with a new request"
                 );
-                if let Some(not_after) = expires.filter(|t| *t <= Timestamp::now()) {
-                    warn!(%not_after, "the kubelet API's serving certificate has expired and is still served");
-                }
                 tokio::time::sleep(delay).await;
             }
         }
