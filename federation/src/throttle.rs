@@ -19,11 +19,13 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 use http::{HeaderMap, Method, Request, Response};
 use kube::client::Body;
 use tidepool_config::crd::RateLimitSpec;
@@ -171,11 +173,27 @@ pub fn client(
     Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&counted).with_layer(&layer).build())
 }
 
+/// The buckets' clock: tokio's, the one the waits sleep on, so a test that pauses time
+/// drives the rate limits too. Outside a paused test it reads the monotonic clock, as
+/// governor's own default does.
+#[derive(Debug, Clone, Copy, Default)]
+struct TokioClock;
+
+impl Clock for TokioClock {
+    type Instant = std::time::Instant;
+
+    fn now(&self) -> Self::Instant {
+        tokio::time::Instant::now().into_std()
+    }
+}
+
+type Bucket = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>;
+
 /// The state the lanes of one member share.
 struct Limits {
-    all: DefaultDirectRateLimiter,
-    bulk: DefaultDirectRateLimiter,
-    clock: DefaultClock,
+    all: Bucket,
+    bulk: Bucket,
+    clock: TokioClock,
     /// Priority calls waiting for a token; bulk calls wait while there are any.
     priority_waiting: AtomicUsize,
     stats: Arc<MemberStats>,
@@ -207,7 +225,7 @@ impl Drop for Waiting<'_> {
 impl Limits {
     /// Waits until `lane` may send one call.
     async fn acquire(&self, lane: Lane) {
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let mut waited = false;
         let _waiting = (lane == Lane::Priority).then(|| Waiting::new(&self.priority_waiting));
         if lane == Lane::Bulk {
@@ -281,9 +299,9 @@ impl ThrottleLayer {
         let (bulk_qps, bulk_burst) = bulk_quota(qps, burst);
         Self {
             limits: Arc::new(Limits {
-                all: RateLimiter::direct(quota(qps, burst)),
-                bulk: RateLimiter::direct(quota(bulk_qps, bulk_burst)),
-                clock: DefaultClock::default(),
+                all: RateLimiter::direct_with_clock(quota(qps, burst), TokioClock),
+                bulk: RateLimiter::direct_with_clock(quota(bulk_qps, bulk_burst), TokioClock),
+                clock: TokioClock,
                 priority_waiting: AtomicUsize::new(0),
                 stats,
                 cluster: cluster.to_owned(),
@@ -462,38 +480,67 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn priority_calls_overtake_waiting_creations() {
+        // 10/s, burst 5; the bulk bucket 8/s, burst 4. Five probes empty the shared bucket at
+        // once; four creations then hold a bulk token each and wait for the shared bucket's
+        // next token, due at 100 ms (time is paused: it only moves when every task waits).
         let stats = Arc::new(MemberStats::default());
-        let layer = ThrottleLayer::new(&RateLimitSpec { qps: Some(20), burst: Some(1) }, stats.clone());
+        let layer = ThrottleLayer::new(&RateLimitSpec { qps: Some(10), burst: Some(5) }, stats.clone());
         let limits = layer.limits.clone();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for i in 0..6 {
+        let acquire = |lane: Lane, name: String| {
             let (limits, order) = (limits.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                limits.acquire(Lane::Bulk).await;
-                order.lock().map(|mut o| o.push(format!("bulk{i}"))).ok();
-            }));
-        }
-        // Let the creations queue up, then send a probe.
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        let (l, o) = (limits.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            l.acquire(Lane::Priority).await;
-            o.lock().map(|mut o| o.push("probe".to_owned())).ok();
-        }));
+            tokio::spawn(async move {
+                limits.acquire(lane).await;
+                order.lock().map(|mut o| o.push(name)).ok();
+            })
+        };
+        let mut tasks: Vec<_> = (0..5).map(|i| acquire(Lane::Priority, format!("early{i}"))).collect();
+        tasks.extend((0..4).map(|i| acquire(Lane::Bulk, format!("bulk{i}"))));
+        // Every creation has asked before the late probe does: they are all waiting.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(order.lock().map(|o| o.len()).unwrap_or(0), 5, "only the five early probes went at once");
+        tasks.push(acquire(Lane::Priority, "probe".to_owned()));
         for t in tasks {
             t.await.ok();
         }
         let order = order.lock().map(|o| o.clone()).unwrap_or_default();
-        let probe = order.iter().position(|s| s == "probe").unwrap_or(usize::MAX);
-        // At 20/s with a burst of 1, about two creations went in the first 60 ms; the probe
-        // goes next rather than after the remaining four.
-        assert!(probe <= 3, "probe went {probe}th: {order:?}");
+        // The probe asked last and goes first of the waiting calls.
+        assert_eq!(order.get(5).map(String::as_str), Some("probe"), "{order:?}");
         let s = stats.snapshot();
-        assert_eq!((s.bulk_calls, s.priority_calls), (6, 1));
-        assert!(s.throttled_calls >= 4 && s.throttle_wait > Duration::ZERO, "{s:?}");
+        assert_eq!((s.bulk_calls, s.priority_calls), (4, 6));
+        // The four creations and the late probe waited; the early probes did not.
+        assert_eq!(s.throttled_calls, 5, "{s:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_burst_calls_go_out_one_per_interval_and_never_sooner() {
+        // 45 calls at once against 10/s with a burst of 5: GCRA lets 5 go at once, then one
+        // every 100 ms, so call k (from 0) gets its token at (k − 4) × 100 ms at the earliest.
+        let stats = Arc::new(MemberStats::default());
+        let layer = ThrottleLayer::new(&RateLimitSpec { qps: Some(10), burst: Some(5) }, stats.clone());
+        let start = tokio::time::Instant::now();
+        let tasks: Vec<_> = (0..45)
+            .map(|_| {
+                let limits = layer.limits.clone();
+                tokio::spawn(async move {
+                    limits.acquire(Lane::Priority).await;
+                    start.elapsed()
+                })
+            })
+            .collect();
+        let mut at = Vec::new();
+        for t in tasks {
+            at.push(t.await.unwrap());
+        }
+        at.sort();
+        for (k, t) in at.iter().enumerate() {
+            let earliest = Duration::from_millis(100) * u32::try_from(k.saturating_sub(4)).unwrap();
+            assert!(*t >= earliest, "call {k} went at {t:?}, before {earliest:?}");
+        }
+        assert_eq!(at.iter().filter(|t| t.is_zero()).count(), 5, "the burst: {at:?}");
+        assert_eq!(stats.snapshot().throttled_calls, 40);
     }
 
     /// Answers each call with the next status of `script` (the last one repeats).

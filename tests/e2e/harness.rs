@@ -315,6 +315,17 @@ impl Tidepool {
         response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
     }
 
+    /// Like [`Tidepool::scrape`], for a check that reads zeros as meaning something: panics
+    /// unless tidepool answered and has counted some API requests already, so a dead or
+    /// not-yet-listening process never passes for one that sent nothing.
+    #[allow(dead_code)]
+    pub fn scrape_live(&self) -> String {
+        let text = self.scrape();
+        let requests = metric_sum(&text, "tidepool_api_requests_total", &[]);
+        assert!(requests > 0.0, "tidepool's /metrics did not answer with live counters:\n{text}\n{}", self.log_tail());
+        text
+    }
+
     /// For the benchmark's memory readings (tests/bench shares this harness).
     #[allow(dead_code)]
     pub fn pid(&self) -> u32 {
@@ -325,6 +336,16 @@ impl Tidepool {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The whole of tidepool's log so far. Panics when the file cannot be read: a check of
+    /// what the log holds must never pass on a log it did not see.
+    #[allow(dead_code)]
+    pub fn log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log)
+            .unwrap_or_else(|e| panic!("cannot read tidepool's log {}: {e}", self.log.display()));
+        assert!(!text.is_empty(), "tidepool's log {} is empty", self.log.display());
+        text
     }
 
     /// The last lines of tidepool's log, for failure messages.

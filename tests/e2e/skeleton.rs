@@ -1,7 +1,6 @@
 //! The walking skeleton: a member's surplus appears as a Ready virtual node, and a pod
 //! bound to it runs in the member, reports status back, and is deleted both ways.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,7 +8,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use tidepool_config::{MemberCluster, Resources, keys};
-use tidepool_federation::capacity::{NodeView, PodView, pool_capacity};
 
 use crate::harness::*;
 
@@ -18,13 +16,82 @@ const NS: &str = "e2e-skeleton";
 const MEMBER: &str = "e2e-skel-a";
 const NODE: &str = "tidepool-e2e-skel-a";
 
-/// What the capacity model says member-a can lend, computed from the member's own API.
+/// What member-a can lend, worked out here from its nodes and pods with none of the
+/// capacity model under test: the allocatable of its Ready, schedulable nodes without a
+/// `NoSchedule`/`NoExecute` taint (the skeleton's member tolerates none), minus the requests
+/// of the online pods on them and of the online pods still pending (no node selector
+/// here picks a node outside that set). Offload copies do not count: they use the surplus.
 async fn member_surplus(member: &Client) -> Resources {
-    let nodes = Api::<Node>::all(member.clone()).list(&ListParams::default()).await.unwrap();
-    let pods = Api::<Pod>::all(member.clone()).list(&ListParams::default()).await.unwrap();
-    let nodes: Vec<NodeView> = nodes.items.iter().map(NodeView::from_node).collect();
-    let pods: Vec<PodView> = pods.items.iter().map(PodView::from_pod).collect();
-    pool_capacity(&nodes, &pods, &BTreeMap::new()).capacity
+    let nodes = Api::<Node>::all(member.clone()).list(&ListParams::default()).await.unwrap().items;
+    let pods = Api::<Pod>::all(member.clone()).list(&ListParams::default()).await.unwrap().items;
+    let lends = |n: &Node| {
+        let spec = n.spec.clone().unwrap_or_default();
+        let hard_taint =
+            spec.taints.unwrap_or_default().iter().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+        is_ready(n) && !spec.unschedulable.unwrap_or(false) && !hard_taint
+    };
+    let lending: Vec<&Node> = nodes.iter().filter(|n| lends(n)).collect();
+    let mut surplus = Resources::new();
+    for n in &lending {
+        surplus.add(&allocatable(n).unwrap_or_default());
+    }
+    for p in &pods {
+        let offload = p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(keys::LABEL_ORIGIN_UID));
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if offload || matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let spec = p.spec.clone().unwrap_or_default();
+        let counts = match &spec.node_name {
+            Some(node) => lending.iter().any(|n| n.metadata.name.as_ref() == Some(node)),
+            None => {
+                let selector = spec.node_selector.clone().unwrap_or_default();
+                lending.iter().any(|n| {
+                    let labels = n.metadata.labels.clone().unwrap_or_default();
+                    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+                })
+            }
+        };
+        if counts {
+            surplus.sub(&requests(&spec));
+        }
+    }
+    surplus.clamp_non_negative();
+    surplus
+}
+
+/// A pod's requests as the member's scheduler counts them, written out for the test: its
+/// containers and restartable init containers (sidecars) together, or its largest other
+/// init container with the sidecars started before it if larger, plus overhead and one pod.
+fn requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Resources {
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|q| Resources::from_quantities(q).ok())
+            .unwrap_or_default()
+    };
+    let mut sidecars = Resources::new();
+    let mut init_peak = Resources::new();
+    for c in spec.init_containers.iter().flatten() {
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars.add(&of(c));
+        } else {
+            let mut during = of(c);
+            during.add(&sidecars);
+            init_peak.max_with(&during);
+        }
+    }
+    let mut total = sidecars;
+    for c in &spec.containers {
+        total.add(&of(c));
+    }
+    total.max_with(&init_peak);
+    if let Some(overhead) = spec.overhead.as_ref().and_then(|q| Resources::from_quantities(q).ok()) {
+        total.add(&overhead);
+    }
+    total.add_one("pods", 1000);
+    total
 }
 
 fn allocatable(node: &Node) -> Option<Resources> {
@@ -65,8 +132,23 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     let status = node.status.clone().unwrap();
     let addresses = status.addresses.unwrap();
     assert_eq!((addresses[0].type_.as_str(), addresses[0].address.as_str()), ("InternalIP", "127.0.0.2"));
+    // An online pod of the member on a GPU node, so the surplus is more than allocatable.
+    ensure_namespace(&member, NS).await;
+    let online_pods = Api::<Pod>::namespaced(member.clone(), NS);
+    let online = format!("online-{}", run_id());
+    let online_pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": online},
+        "spec": {
+            "nodeName": "member-a-gpu-0",
+            "containers": [{"name": "web", "image": "example.invalid/web:1",
+                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    online_pods.create(&PostParams::default(), &online_pod).await.unwrap();
     let expected = member_surplus(&member).await;
-    assert!(expected.get("nvidia.com/gpu") >= 8_000, "member-a should lend GPUs, model says {expected}");
+    // member-a has two 8-GPU nodes; the test's own arithmetic must see at least one of them.
+    assert!(expected.get("nvidia.com/gpu") >= 8_000, "member-a should lend GPUs, the test computes {expected}");
     // Other tests may add pods to member-a meanwhile, so compare until both agree.
     wait_for(Duration::from_secs(30), "allocatable equal to the member's surplus", || {
         let (nodes, member) = (nodes.clone(), member.clone());
@@ -78,6 +160,21 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
         }
     })
     .await;
+
+    // The online pod is counted: allocatable is what the member's nodes have minus it (and
+    // whatever else runs there), never their plain allocatable.
+    let have = allocatable(&nodes.get(NODE).await.unwrap()).unwrap();
+    let all_gpus: i64 = Api::<Node>::all(member.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(allocatable)
+        .map(|a| a.get("nvidia.com/gpu"))
+        .sum();
+    assert!(have.get("nvidia.com/gpu") <= all_gpus - 1000, "the online GPU pod is not subtracted: {have}");
+    online_pods.delete(&online, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
 
     // 2. The Lease is renewed, so the node lifecycle controller keeps the node Ready.
     let leases = Api::<Lease>::namespaced(training.clone(), "kube-node-lease");

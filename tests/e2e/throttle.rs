@@ -1,5 +1,7 @@
 //! The member client's throttle layer (`spec.rateLimits`) against a real member API server:
-//! the calls the server counts arrive no faster than the limit allows.
+//! every call reaches the server once, through the limiter, and the calls beyond the burst
+//! wait for it. How fast they may go is checked on paused time in
+//! `federation::throttle::tests`; how long they took is printed, not asserted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,17 +61,15 @@ async fn a_member_client_keeps_to_its_rate_limit() {
     let after = served_lists(&direct, "podtemplates").await;
     eprintln!("{CALLS} lists: direct {unthrottled:?}, throttled at {QPS}/s burst {BURST}: {elapsed:?}");
 
+    // The counters are live: a scrape that failed would read as zero, not as CALLS.
     assert!(middle - before >= u64::from(CALLS), "server saw {} direct lists", middle - before);
-    assert!(after - middle >= u64::from(CALLS), "server saw {} throttled lists", after - middle);
-    // GCRA: BURST calls at once, then one every 1/QPS s — the last goes out at (CALLS−BURST)/QPS
-    // s. Finishing sooner would mean more than the limit reached the server.
-    let floor = Duration::from_secs_f64(f64::from(CALLS - BURST) / f64::from(QPS));
-    assert!(
-        elapsed >= floor.mul_f64(0.95),
-        "{CALLS} calls in {elapsed:?}: faster than {QPS}/s after a burst of {BURST}"
-    );
+    // Exactly CALLS: each call reached the server once, none twice (no retries), none lost.
+    assert_eq!(after - middle, u64::from(CALLS), "server saw {} throttled lists", after - middle);
     let s = stats.snapshot();
     assert_eq!((s.priority_calls, s.bulk_calls, s.retries), (u64::from(CALLS), 0, 0), "{s:?}");
+    // All CALLS asked at once: BURST went out at once, the rest waited for the limiter (one
+    // more may have found a token that came due while the calls were being started).
     assert!(s.throttled_calls >= u64::from(CALLS - BURST - 1), "{s:?}");
-    assert!(s.throttle_wait >= floor, "{s:?}");
+    assert!(s.throttled_calls <= u64::from(CALLS - BURST), "{s:?}");
+    assert!(s.throttle_wait > Duration::ZERO, "{s:?}");
 }
