@@ -275,10 +275,13 @@ impl Tidepool {
             format!(
                 "clusterName: training\nnamespace: {secret_ns}\ntrainingKubeconfig: {}\nmemberSelector: tidepool.io/test={test}\n\
                  metrics: {{bindAddress: \"127.0.0.1:{metrics_port}\"}}\n\
-                 dispatcher: {{schedulerName: {}{}}}\n{top_level}\n",
+                 dispatcher: {{schedulerName: {}{}}}\n{top_level}\n{}",
                 kubeconfig.display(),
                 scheduler_name(test),
-                if dispatcher.is_empty() { String::new() } else { format!(", {dispatcher}") }
+                if dispatcher.is_empty() { String::new() } else { format!(", {dispatcher}") },
+                // Without a kubelet section tidepool would ask the training cluster for a
+                // serving certificate: only the tests of that path want it.
+                if top_level.contains("kubelet:") { "" } else { "kubelet: {serving: off}\n" },
             ),
         )
         .unwrap();

@@ -13,6 +13,7 @@ mod harness;
 mod kubelet_api;
 mod member_status;
 mod operations;
+mod real_nodes;
 mod reclaim;
 mod restart;
 mod skeleton;

@@ -407,6 +407,8 @@ mod tests {
             name: PoolName::from("default"),
             node: VirtualNodeName::from("tidepool-member-a"),
             node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            runtime_class_names: Vec::new(),
             capacity: rx,
         }
     }

@@ -1,0 +1,401 @@
+//! Real processes across the bridge: member-a's real node (containerd, kubelet, CNI bridge,
+//! CoreDNS; `tests/controlplane/realnode.sh`) runs the offload copies of training pods, and
+//! what the process does comes back to the training cluster: its logs and exec through
+//! tidepool's kubelet API, its exit code, crash loop and OOM kill in the pod status, and the
+//! reclaim notice in its own `/etc/tidepool/annotations` file.
+//!
+//! The pool selects the real node by label and tolerates its taint
+//! (`tidepool.io/real-node=true:NoSchedule`), so nothing else in the suite lands there.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tidepool_config::MemberCluster;
+use tidepool_config::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
+use tidepool_config::keys;
+
+use crate::harness::*;
+
+const TEST: &str = "real-nodes";
+const NS: &str = "e2e-real-nodes";
+const MEMBER: &str = "e2e-real-a";
+const NODE: &str = "tidepool-e2e-real-a-real";
+
+/// tidepool bridging member-a's real node as pool `real`, with its kubelet API.
+struct Setup {
+    env: Env,
+    training: Client,
+    member: Client,
+    tidepool: Tidepool,
+}
+
+impl Setup {
+    async fn start(dispatcher: &str) -> Setup {
+        let env = Env::load();
+        assert_eq!(
+            env.var("CP_REAL_NODES"),
+            "1",
+            "the local clusters were started without real nodes (CP_REAL_NODES=0): these tests need them"
+        );
+        let training = env.client("training").await;
+        let member = env.client("member-a").await;
+        prepare(&env, &training, TEST, NS).await;
+        let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+        put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
+        apply_real_pool_member(&env, &training).await;
+        let tidepool = Tidepool::start_config(&env, TEST, NS, dispatcher, &kubelet_config(&env));
+        let nodes = Api::<Node>::all(training.clone());
+        wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get_opt(NODE).await.ok().flatten()?;
+                let ready = node.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
+            }
+        })
+        .await;
+        Setup { env, training, member, tidepool }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.training.clone(), NS)
+    }
+
+    fn copies(&self) -> Api<Pod> {
+        Api::namespaced(self.member.clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX))
+    }
+
+    /// Creates a training pod bound to the real pool's virtual node, running `script` in the
+    /// workload image.
+    async fn run(&self, name: &str, script: &str, restart: &str, memory_limit: Option<&str>) {
+        let mut limits = json!({});
+        if let Some(limit) = memory_limit {
+            limits = json!({"memory": limit});
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": NODE,
+                "restartPolicy": restart,
+                "terminationGracePeriodSeconds": 2,
+                "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{
+                    "name": "main",
+                    "image": self.env.var("WORKLOAD_IMAGE"),
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                    "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": limits}
+                }]
+            }
+        }))
+        .unwrap();
+        self.pods().create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    /// Waits until the training pod's first container status satisfies `probe`.
+    async fn await_container<T>(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        probe: impl Fn(&k8s_openapi::api::core::v1::ContainerStatus) -> Option<T>,
+    ) -> T {
+        let pods = self.pods();
+        let probe = &probe;
+        wait_for(timeout, what, || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get(name).await.ok()?;
+                pod.status?.container_statuses?.first().and_then(probe)
+            }
+        })
+        .await
+    }
+}
+
+/// MemberCluster `MEMBER` with one pool: member-a's real node, whose taint its copies tolerate.
+async fn apply_real_pool_member(env: &Env, training: &Client) {
+    let taint = env.var("REAL_NODE_TAINT").to_owned();
+    let toleration = PoolToleration {
+        key: Some(taint),
+        operator: Some("Equal".into()),
+        value: Some("true".into()),
+        effect: Some("NoSchedule".into()),
+    };
+    let mut mc = MemberCluster::new(
+        MEMBER,
+        MemberClusterSpec {
+            kubeconfig_secret_ref: SecretKeyRef { name: "member-a".into(), namespace: Some(NS.into()), key: None },
+            pools: vec![PoolSpec {
+                name: "real".into(),
+                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
+                tolerations: vec![toleration],
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), TEST.to_owned())]));
+    Api::<MemberCluster>::all(training.clone())
+        .patch(MEMBER, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_real_process_runs_on_the_members_real_node_and_its_logs_and_exec_come_back() {
+    let s = Setup::start("").await;
+    let id = run_id();
+    let name = format!("hello-{id}");
+    // Three lines at once, then one more after exec is asked for (so `logs` sees the first
+    // three exactly), then it waits to be killed.
+    let script = format!(
+        "for i in 1 2 3; do echo \"line $i of {id}\"; done; \
+         while [ ! -f /tmp/go ]; do sleep 0.2; done; echo \"after exec {id}\"; exec sleep 3600"
+    );
+    s.run(&name, &script, "Never", None).await;
+    s.await_container(&name, "container running", Duration::from_secs(90), |c| {
+        c.state.as_ref()?.running.as_ref().map(|_| ())
+    })
+    .await;
+
+    // The copy runs on the real node, with an address of member-a's pod bridge.
+    let copy = s.copies().get(&name).await.unwrap();
+    assert_eq!(copy.spec.as_ref().unwrap().node_name.as_deref(), Some(s.env.var("MEMBER_A_REAL_NODE")));
+    let training_pod = s.pods().get(&name).await.unwrap();
+    let pod_ip = training_pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let bridge = s.env.var("MEMBER_A_BRIDGE_IP");
+    assert_eq!(
+        pod_ip.rsplit_once('.').map(|(net, _)| net),
+        bridge.rsplit_once('.').map(|(net, _)| net),
+        "pod IP {pod_ip} is not on member-a's pod bridge {bridge}"
+    );
+
+    // kubectl logs through the training cluster: exactly what the process printed.
+    let expected: String = (1..=3).map(|i| format!("line {i} of {id}\n")).collect();
+    let (code, out, err) = kubectl(&s.env, "training", &["-n", NS, "logs", &name], None).await;
+    assert_eq!(code, 0, "kubectl logs failed: {err}\n{}", s.tidepool.log_tail());
+    assert_eq!(out, expected);
+
+    // exec runs in the container (its files, its PID namespace) and returns its exit code.
+    let (code, out, err) = kubectl(
+        &s.env,
+        "training",
+        &["-n", NS, "exec", &name, "--", "sh", "-c", "touch /tmp/go; cat /proc/1/comm; hostname; exit 7"],
+        None,
+    )
+    .await;
+    assert_eq!(code, 7, "exit code of the remote command: stdout {out:?}, stderr {err:?}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("sh"), "PID 1 of the container is the pod's shell: {out:?}");
+    assert_eq!(lines.next(), Some(name.as_str()), "hostname is the pod name: {out:?}");
+    // The line it printed after exec reached it.
+    wait_for(Duration::from_secs(20), "line after exec in the logs", || {
+        let (env, name, id) = (&s.env, &name, &id);
+        async move {
+            let (_, out, _) = kubectl(env, "training", &["-n", NS, "logs", name], None).await;
+            out.ends_with(&format!("after exec {id}\n")).then_some(())
+        }
+    })
+    .await;
+    drain_pods(&s.training, NS).await;
+}
+
+#[tokio::test]
+async fn exit_codes_crash_loops_and_oom_kills_of_real_containers_reach_the_training_pod() {
+    let s = Setup::start("").await;
+    let id = run_id();
+    let (exits, crashes, hungry) = (format!("exits-{id}"), format!("crashes-{id}"), format!("hungry-{id}"));
+    s.run(&exits, "echo bye; exit 3", "Never", None).await;
+    s.run(&crashes, "echo crash; exit 1", "Always", None).await;
+    // 64 MiB in one buffer against a 24 MiB limit: the kernel's OOM killer ends it (dd is the
+    // container's main process, so the container ends with it).
+    s.run(&hungry, "exec dd if=/dev/zero of=/dev/null bs=64M count=1", "Never", Some("24Mi")).await;
+
+    // 1. A container that exits 3: the pod Failed, with exit code 3.
+    let code = s
+        .await_container(&exits, "terminated container", Duration::from_secs(90), |c| {
+            c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code)
+        })
+        .await;
+    assert_eq!(code, 3);
+    let phase = wait_for(Duration::from_secs(30), "pod phase Failed", || {
+        let pods = s.pods();
+        let exits = exits.clone();
+        async move {
+            let phase = pods.get(&exits).await.ok()?.status?.phase?;
+            (phase == "Failed").then_some(phase)
+        }
+    })
+    .await;
+    assert_eq!(phase, "Failed");
+
+    // 2. A container that keeps crashing: CrashLoopBackOff and its restart count.
+    let restarts = s
+        .await_container(&crashes, "CrashLoopBackOff", Duration::from_secs(120), |c| {
+            let waiting = c.state.as_ref()?.waiting.as_ref()?;
+            (waiting.reason.as_deref() == Some("CrashLoopBackOff")).then_some(c.restart_count)
+        })
+        .await;
+    assert!(restarts >= 1, "a crash loop has restarted at least once, got {restarts}");
+    let copy = s.copies().get(&crashes).await.unwrap();
+    let member_restarts = copy.status.unwrap().container_statuses.unwrap()[0].restart_count;
+    assert!(member_restarts >= restarts, "training shows {restarts} restarts, the member {member_restarts}");
+
+    // 3. Over its memory limit: OOMKilled.
+    let reason = s
+        .await_container(&hungry, "OOM-killed container", Duration::from_secs(90), |c| {
+            c.state.as_ref()?.terminated.as_ref().map(|t| (t.reason.clone(), t.exit_code))
+        })
+        .await;
+    assert_eq!(reason, (Some("OOMKilled".to_owned()), 137));
+    drain_pods(&s.training, NS).await;
+}
+
+#[tokio::test]
+async fn the_process_sees_the_reclaim_notice_in_its_annotations_file() {
+    // Reclaim quickly, and leave the low band a minute between notice and deletion.
+    let s = Setup::start("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 60, medium: 60, low: 60}").await;
+    let id = run_id();
+    let name = format!("trainer-{id}");
+    let script = "echo started; \
+                  until grep -q reclaim-deadline /etc/tidepool/annotations; do sleep 0.3; done; \
+                  echo \"notice: $(grep reclaim-deadline /etc/tidepool/annotations)\"; exec sleep 3600";
+    // Placed by the dispatcher (the notice is its doing), on the only node of the pool.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler_name(TEST),
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main",
+                "image": s.env.var("WORKLOAD_IMAGE"),
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"requests": {"cpu": "500m", "memory": "16Mi"}}
+            }]
+        }
+    }))
+    .unwrap();
+    s.pods().create(&PostParams::default(), &pod).await.unwrap();
+    s.await_container(&name, "trainer running", Duration::from_secs(90), |c| {
+        c.state.as_ref()?.running.as_ref().map(|_| ())
+    })
+    .await;
+    wait_for(Duration::from_secs(20), "trainer started", || {
+        let (env, name) = (&s.env, &name);
+        async move {
+            let (_, out, _) = kubectl(env, "training", &["-n", NS, "logs", name], None).await;
+            (out == "started\n").then_some(())
+        }
+    })
+    .await;
+    let (code, before, err) =
+        kubectl(&s.env, "training", &["-n", NS, "exec", &name, "--", "cat", "/etc/tidepool/annotations"], None).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!before.contains("reclaim-deadline"), "a notice before any demand: {before}");
+
+    // The member admin holds back all but 300m of the real node's CPU (say, for an evening
+    // peak): the trainer's 500m no longer fit, and tidepool reclaims it with a notice. (An
+    // online pod that cannot fit would be answered by the member's scheduler first: it
+    // preempts the copy at once, and the trainer gets only SIGTERM.)
+    let node = Api::<Node>::all(s.member.clone()).get(s.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
+    let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+    let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
+    let reserve = json!({"spec": {"capacity": {"reserve": {"cpu": format!("{}m", cores * 1000 - 300)}}}});
+    Api::<MemberCluster>::all(s.training.clone())
+        .patch(MEMBER, &PatchParams::default(), &Patch::Merge(&reserve))
+        .await
+        .unwrap();
+
+    // The process itself reports the notice it read from its file: the same deadline the
+    // dispatcher wrote on the training pod.
+    let line = wait_for(Duration::from_secs(60), "the trainer's own notice line", || {
+        let (env, name) = (&s.env, &name);
+        async move {
+            let (_, out, _) = kubectl(env, "training", &["-n", NS, "logs", name], None).await;
+            out.lines().find(|l| l.starts_with("notice: ")).map(str::to_owned)
+        }
+    })
+    .await;
+    let deadline = s.pods().get(&name).await.unwrap().metadata.annotations.unwrap()[keys::ANNOTATION_RECLAIM_DEADLINE].clone();
+    assert_eq!(line, format!("notice: {}=\"{deadline}\"", keys::ANNOTATION_RECLAIM_DEADLINE));
+
+    drain_pods(&s.training, NS).await;
+}
+
+#[tokio::test]
+async fn pods_on_a_real_node_reach_each_other_by_ip_and_resolve_services_through_cluster_dns() {
+    // Straight in member-a, no tidepool: the member's own pod network and DNS, which mirrored
+    // Services of distributed jobs rely on.
+    let env = Env::load();
+    let member = env.client("member-a").await;
+    let ns = "e2e-real-network";
+    ensure_namespace(&member, ns).await;
+    clear_pods(&member, ns).await;
+    let pods = Api::<Pod>::namespaced(member.clone(), ns);
+    let id = run_id();
+    let pod = |name: &str, labels: serde_json::Value, script: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {"kubernetes.io/hostname": env.var("MEMBER_A_REAL_NODE")},
+                "tolerations": [{"key": env.var("REAL_NODE_TAINT"), "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "main", "image": env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                                "command": ["/bin/sh", "-c", script]}]
+            }
+        }))
+        .unwrap()
+    };
+    let server = format!("server-{id}");
+    pods.create(
+        &PostParams::default(),
+        &pod(&server, json!({"app": "echo"}), "while true; do echo pong | nc -l -p 7000; done"),
+    )
+    .await
+    .unwrap();
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": "echo"},
+        "spec": {"clusterIP": "None", "selector": {"app": "echo"}, "ports": [{"name": "echo", "port": 7000}]}
+    }))
+    .unwrap();
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(member.clone(), ns);
+    let _ = services.delete("echo", &Default::default()).await;
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let server_ip = wait_for(Duration::from_secs(90), "server running with an IP", || {
+        let (pods, server) = (pods.clone(), server.clone());
+        async move {
+            let status = pods.get(&server).await.ok()?.status?;
+            (status.phase.as_deref() == Some("Running")).then_some(())?;
+            status.pod_ip
+        }
+    })
+    .await;
+    let client = format!("client-{id}");
+    let fqdn = format!("echo.{ns}.svc.cluster.local");
+    let script = format!(
+        "set -e; by_ip=$(nc -w 5 {server_ip} 7000 </dev/null); \
+         resolved=$(nslookup {fqdn} | awk '/^Address/ {{a=$NF}} END {{print a}}'); \
+         by_name=$(nc -w 5 {fqdn} 7000 </dev/null); echo \"$by_ip $resolved $by_name\""
+    );
+    pods.create(&PostParams::default(), &pod(&client, json!({}), &script)).await.unwrap();
+    let phase = wait_for(Duration::from_secs(90), "client done", || {
+        let (pods, client) = (pods.clone(), client.clone());
+        async move {
+            let phase = pods.get(&client).await.ok()?.status?.phase?;
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        }
+    })
+    .await;
+    let (_, out, _) = kubectl(&env, "member-a", &["-n", ns, "logs", &client], None).await;
+    assert_eq!(phase, "Succeeded", "client output: {out}");
+    assert_eq!(out.trim(), format!("pong {server_ip} pong"));
+    clear_pods(&member, ns).await;
+}
