@@ -3,13 +3,13 @@
 //! consistent state writes nothing for the pods.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::json;
 use tidepool_config::keys;
 
@@ -34,16 +34,19 @@ fn pod(name: &str) -> Pod {
     .unwrap()
 }
 
-/// Offload pods per origin UID in the member's offload namespace.
-async fn offload_copies(member: &Api<Pod>) -> BTreeMap<String, usize> {
+/// Offload pods per origin UID in the member's offload namespace, of this run's pods (named
+/// `burst-<run>-…`; copies an earlier run left may still be there): the pods carrying
+/// tidepool's origin label, whatever else of the training pod travels.
+async fn offload_copies(member: &Api<Pod>, run: &str) -> kube::Result<BTreeMap<String, usize>> {
     let mut per_origin = BTreeMap::new();
-    let Ok(list) = member.list(&ListParams::default().labels("app=burst")).await else { return per_origin };
-    for p in list.items {
+    let prefix = format!("burst-{run}-");
+    let listed = member.list(&ListParams::default().labels(keys::LABEL_ORIGIN_UID)).await?.items;
+    for p in listed.iter().filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with(&prefix))) {
         if let Some(uid) = p.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)) {
             *per_origin.entry(uid.clone()).or_insert(0) += 1;
         }
     }
-    per_origin
+    Ok(per_origin)
 }
 
 #[tokio::test]
@@ -61,28 +64,83 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
     })
     .await;
 
-    // A watcher of the member: never two offload pods for one origin, at any moment.
+    let run = run_id();
+    // A watch of the member: never two offload pods for one origin, at any moment. A watch
+    // sees every pod that ever existed, however briefly (a poll could miss one that lived
+    // between two LISTs), and a watch error fails the test instead of being skipped.
     let offload = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
-    let worst = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn({
-        let (offload, worst, stop) = (offload.clone(), worst.clone(), stop.clone());
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+    // How many offload pods of this run the watch has seen so far.
+    let (seen_tx, mut seen_rx) = tokio::sync::watch::channel(0usize);
+    // The most offload pods one origin had at once, so far.
+    let (worst_tx, worst_rx) = tokio::sync::watch::channel(0usize);
+    let prefix = format!("burst-{run}-");
+    let watch = tokio::spawn({
+        let offload = offload.clone();
         async move {
-            // Bounded: at most 10 minutes of 50 ms polls.
-            for _ in 0..12_000 {
-                if stop.load(Ordering::SeqCst) {
-                    return;
+            // Pod name → origin UID, of the pods that exist now.
+            let mut live: BTreeMap<String, String> = BTreeMap::new();
+            let mut listing: Option<BTreeMap<String, String>> = None;
+            let (mut worst, mut events) = (0usize, 0usize);
+            let mut ready = Some(ready_tx);
+            let stream = watcher(offload, watcher::Config::default().labels(keys::LABEL_ORIGIN_UID));
+            futures::pin_mut!(stream);
+            loop {
+                let event = tokio::select! {
+                    _ = &mut stop_rx => return (worst, events),
+                    event = stream.next() => event,
+                };
+                let event = match event {
+                    Some(Ok(event)) => event,
+                    Some(Err(e)) => panic!("watch of the member's offload pods failed: {e}"),
+                    None => panic!("watch of the member's offload pods ended"),
+                };
+                // This run's pods only: copies an earlier run left may still be there.
+                let origin = |p: &Pod| -> Option<(String, String)> {
+                    let uid = p.metadata.labels.as_ref()?.get(keys::LABEL_ORIGIN_UID)?.clone();
+                    Some((p.metadata.name.clone().filter(|n| n.starts_with(&prefix))?, uid))
+                };
+                match event {
+                    watcher::Event::Init => listing = Some(BTreeMap::new()),
+                    watcher::Event::InitApply(p) => {
+                        if let (Some(l), Some((name, uid))) = (listing.as_mut(), origin(&p)) {
+                            l.insert(name, uid);
+                        }
+                    }
+                    watcher::Event::InitDone => {
+                        live = listing.take().unwrap_or_default();
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    watcher::Event::Apply(p) => {
+                        if let Some((name, uid)) = origin(&p) {
+                            events += 1;
+                            seen_tx.send_modify(|n| *n += 1);
+                            live.insert(name, uid);
+                        }
+                    }
+                    watcher::Event::Delete(p) => {
+                        if let Some((name, _)) = origin(&p) {
+                            events += 1;
+                            live.remove(&name);
+                        }
+                    }
                 }
-                let most = offload_copies(&offload).await.into_values().max().unwrap_or(0);
-                worst.fetch_max(most, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut per_origin: BTreeMap<&str, usize> = BTreeMap::new();
+                for uid in live.values() {
+                    *per_origin.entry(uid.as_str()).or_insert(0) += 1;
+                }
+                worst = worst.max(per_origin.into_values().max().unwrap_or(0));
+                worst_tx.send_replace(worst);
             }
         }
     });
+    tokio::time::timeout(Duration::from_secs(30), ready_rx).await.unwrap().unwrap();
 
     // The burst, with a SIGKILL once some (not all) offload pods exist.
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
-    let run = run_id();
     let creating = tokio::spawn({
         let pods = pods.clone();
         let run = run.clone();
@@ -97,21 +155,27 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
             }
         }
     });
-    wait_for(Duration::from_secs(60), "first offload pods in the member", || {
-        let offload = offload.clone();
-        async move { (offload_copies(&offload).await.len() >= 5).then_some(()) }
-    })
-    .await;
+    // Killed the moment the watch sees the first offload pod: a poll would come too late
+    // (tidepool makes the 40 in well under a second).
+    tokio::time::timeout(Duration::from_secs(60), seen_rx.wait_for(|n| *n >= 1))
+        .await
+        .expect("no offload pod within 60 s")
+        .unwrap();
     first.kill();
     creating.await.unwrap();
-    let copies_at_kill = offload_copies(&offload).await.len();
+    // The kill landed in the middle of the burst: some offload pods made, not all.
+    let copies_at_kill = offload_copies(&offload, &run).await.unwrap().len();
+    assert!((1..PODS).contains(&copies_at_kill), "SIGKILL with {copies_at_kill} of {PODS} offload pods made");
 
     // 2. After the restart: exactly one offload pod per origin, every training pod Running.
     let second = Tidepool::start(&env, TEST, NS);
     wait_for(Duration::from_secs(120), "one offload pod per origin and every pod Running", || {
-        let (offload, pods) = (offload.clone(), pods.clone());
+        let (offload, pods, run) = (offload.clone(), pods.clone(), run.clone());
+        let worst = *worst_rx.borrow();
         async move {
-            let copies = offload_copies(&offload).await;
+            // A duplicate fails the test at once, not only after convergence (or its timeout).
+            assert!(worst <= 1, "{worst} offload pods existed at once for one origin");
+            let copies = offload_copies(&offload, &run).await.ok()?;
             let listed = pods.list(&ListParams::default().labels("app=burst")).await.ok()?;
             let running =
                 listed.items.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
@@ -119,27 +183,31 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
         }
     })
     .await;
-    stop.store(true, Ordering::SeqCst);
-    watcher.await.unwrap();
-    assert_eq!(worst.load(Ordering::SeqCst), 1, "two offload pods existed at once for one origin");
+    let _ = stop_tx.send(());
+    let (worst, events) = watch.await.unwrap();
+    // The watch saw the burst (at least one event per offload pod), and never two at once.
+    assert!(events >= PODS, "the watch saw only {events} events for {PODS} offload pods");
+    assert_eq!(worst, 1, "two offload pods existed at once for one origin");
     eprintln!("SIGKILL with {copies_at_kill} of {PODS} offload pods created; all {PODS} converged after restart");
     drop(second);
 
-    // 3. A restart over this consistent state: the new process lists and watches, and writes
-    //    no pod anywhere (its own counters, after it has had time to sync everything).
+    // 3. A restart over this consistent state: the new process lists and watches, looks at
+    //    every pod, and writes no pod anywhere (its own counters, once its pod sync has run for
+    //    every pod and nothing is queued).
     let third = Tidepool::start(&env, TEST, NS);
-    wait_for(Duration::from_secs(60), "restarted tidepool synced", || {
+    wait_for(Duration::from_secs(60), "restarted tidepool synced every pod", || {
         let text = third.scrape();
         async move {
             let ready = metric_value(&text, "tidepool_member_ready", &format!("member=\"{MEMBER}\"")) == Some(1.0);
             let watching =
                 metric_sum(&text, "tidepool_api_requests_total", &["verb=\"watch\"", "resource=\"pods\""]) > 0.0;
-            (ready && watching).then_some(())
+            let synced = metric_value(&text, "tidepool_sync_duration_seconds_count", "controller=\"pod\"")?;
+            let queued = metric_value(&text, "tidepool_queue_depth", "queue=\"pod_triggers\"").unwrap_or(0.0);
+            (ready && watching && synced >= PODS as f64 && queued == 0.0).then_some(())
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let text = third.scrape();
+    let text = third.scrape_live();
     for verb in ["create", "update", "patch", "delete"] {
         for resource in ["pods", "pods/status"] {
             let writes = metric_sum(
