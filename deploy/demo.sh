@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The tidepool demo on a fresh machine: builds what is missing (cached), starts a training
-# cluster and two member clusters on loopback, runs tidepool between them, registers both
-# members, and sends a training pod across the bridge. Everything stays up afterwards so you
-# can look around with kubectl; `bash deploy/demo.sh down` stops it all.
+# cluster and two member clusters on loopback (kwok GPU nodes, and one real node each:
+# containerd, kubelet, CNI, CoreDNS), runs tidepool between them with its embedded default
+# config, registers both members, sends a real trainer process across the bridge (its logs
+# and exec through the training cluster), places an elastic job whole, and reclaims by band
+# with a checkpoint notice. Everything stays up afterwards so you can look around with
+# kubectl; `bash deploy/demo.sh down` stops it all. Needs root (the real nodes).
 #
 # Environment: TIDEPOOL_DEMO_DIR (state, default $TMPDIR/tidepool-demo), CP_PORT_OFFSET (0).
 set -euo pipefail
@@ -30,10 +33,15 @@ fi
 say "building the local control plane from source (cached after the first run)"
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN
+say "building the real nodes' containerd, CNI plugins and CoreDNS (cached after the first run)"
+CP_NODE_BIN=$(bash tests/nodes/build.sh | tail -n 1)
+export CP_NODE_BIN
 say "building tidepool"
 cargo build --locked --bin tidepool
+CP_IMAGES=$(bash tests/images/build.sh | tail -n 1)
+export CP_IMAGES
 stop_tidepool
-say "starting the clusters: training + member-a + member-b (kwok nodes with GPUs)"
+say "starting the clusters: training + member-a + member-b (kwok nodes with GPUs, a real node each)"
 bash tests/controlplane/cluster.sh up "$state"
 # shellcheck disable=SC1091
 source "$state/cluster.env"
@@ -46,28 +54,42 @@ k wait --for condition=Established crd/memberclusters.tidepool.io --timeout=30s
 k create namespace tidepool-system --dry-run=client -o yaml | k apply -f -
 k -n tidepool-system create secret generic member-a-kubeconfig --from-file=kubeconfig="$MEMBER_A_TOKEN_KUBECONFIG" --dry-run=client -o yaml | k apply -f -
 k -n tidepool-system create secret generic member-b-kubeconfig --from-file=kubeconfig="$MEMBER_B_TOKEN_KUBECONFIG" --dry-run=client -o yaml | k apply -f -
-k apply -f deploy/examples/membercluster.yaml -f deploy/examples/membercluster-pools.yaml
+# member-a lends its H100 nodes and its dedicated real node as two pools.
+k apply -f deploy/examples/membercluster-dedicated.yaml -f deploy/examples/membercluster-pools.yaml
 
 say "starting tidepool (embedded default config; log: $state/tidepool.log)"
 KUBECONFIG="$TRAINING_KUBECONFIG" setsid "$root/target/debug/tidepool" run >"$state/tidepool.log" 2>&1 < /dev/null &
 echo $! > "$state/tidepool.pid"
 
+say "the kubelet API: tidepool asks for a serving certificate; an admin approves it"
+csr=""
+for _ in $(seq 120); do
+  csr=$(k get csr -l app.kubernetes.io/component=kubelet-serving --no-headers 2>/dev/null | awk '$NF == "Pending" {print $1}' | tail -n 1)
+  [[ -n "$csr" ]] && break; sleep 0.5
+done
+k certificate approve "$csr"
+
 say "waiting for the virtual nodes"
-for node in tidepool-member-a tidepool-member-b-a100; do
+for node in tidepool-member-a-gpu tidepool-member-a-real tidepool-member-b-a100; do
   for _ in $(seq 120); do k get node "$node" >/dev/null 2>&1 && break; sleep 0.5; done
   k wait --for condition=Ready "node/$node" --timeout=60s
 done
 k get nodes -o wide
 k get memberclusters
 
-say "a training pod on member-a's virtual node"
+say "a real trainer process on member-a's real node, across the bridge"
 k create namespace team-a --dry-run=client -o yaml | k apply -f -
 for _ in $(seq 60); do k -n team-a get serviceaccount default >/dev/null 2>&1 && break; sleep 0.5; done
-k apply -f deploy/examples/pod-on-virtual-node.yaml
+k apply -f deploy/examples/trainer-real.yaml
 k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s
 k -n team-a get pods -o wide
-echo "-- its offload copy in member-a, placed by member-a's own scheduler:"
+echo "-- its offload copy in member-a, placed by member-a's own scheduler on the real node:"
 ka -n tp-team-a get pods -o wide
+sleep 3
+echo "-- kubectl logs trainer-0 (through the training apiserver, tidepool's kubelet API, member-a):"
+k -n team-a logs trainer-0 --tail=3
+echo "-- kubectl exec trainer-0 -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3':"
+k -n team-a exec trainer-0 -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3' || echo "(exit code $?)"
 
 say "an elastic training job (6 workers, gang of 4) placed whole on one pool"
 k apply -f deploy/examples/elastic-job.yaml
@@ -115,6 +137,8 @@ cat <<MSG
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
   export KUBECONFIG=$TRAINING_KUBECONFIG
   $CP_BIN/kubectl get nodes,memberclusters
+  $CP_BIN/kubectl -n team-a logs -f trainer-0        # a real process on member-a's real node
+  $CP_BIN/kubectl -n team-a exec -it trainer-0 -- sh
   $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in member-a first, then here
 Stop everything:  bash deploy/demo.sh down
 MSG

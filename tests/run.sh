@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every tidepool test: unit and property tests of the crates, then the end-to-end tests
 # against real local clusters (one training and two member control planes, built from source
-# by tests/controlplane/build.sh and cached outside the repo). The clusters are started once,
-# shared by all e2e tests, and stopped when this script exits, whatever happens.
+# by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
+# real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, images
+# from tests/images/build.sh, tidepool's own image from its release binary). The clusters are
+# started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
 # TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters).
@@ -21,8 +23,18 @@ echo "== building helm, to render deploy/helm/tidepool (cached after the first r
 TIDEPOOL_HELM=$(bash tests/tools/build-helm.sh | tail -n 1)
 export TIDEPOOL_HELM
 
+echo "== building the real nodes' containerd, CNI plugins and CoreDNS (cached after the first run)" >&2
+CP_NODE_BIN=$(bash tests/nodes/build.sh | tail -n 1)
+export CP_NODE_BIN
+
 echo "== building tidepool and its tests" >&2
 cargo build --workspace --all-targets --locked
+echo "== building tidepool's release binary, for its image" >&2
+cargo build --release --locked --bin tidepool
+
+echo "== building the images: pause, workload, tidepool (cached by their inputs)" >&2
+CP_IMAGES=$(bash tests/images/build.sh "$root/target/release/tidepool" | tail -n 1)
+export CP_IMAGES
 
 echo "== starting the local clusters in $state" >&2
 trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT
