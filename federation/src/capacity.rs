@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use tidepool_config::crd::PoolToleration;
 use tidepool_config::{Resources, keys};
 
 /// What the capacity model needs of a member node.
@@ -21,6 +22,17 @@ pub struct NodeView {
     pub ready: bool,
     pub unschedulable: bool,
     pub allocatable: Resources,
+    /// `NoSchedule` and `NoExecute` taints: a pool counts the node only if its copies
+    /// tolerate them all ([`NodeView::tolerated_by`]).
+    pub taints: Vec<HardTaint>,
+}
+
+/// A taint that keeps every pod off a node unless the pod tolerates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardTaint {
+    pub key: String,
+    pub value: Option<String>,
+    pub effect: String,
 }
 
 /// Key of a member pod: namespace and name.
@@ -42,6 +54,9 @@ pub struct PodView {
     pub uid: Option<String>,
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
+    /// `spec.tolerations` of a pending online pod: a pool of tainted (dedicated) nodes is
+    /// where it could land only if it tolerates them.
+    pub tolerations: Vec<PoolToleration>,
     /// `spec.priority`, resolved by the API server at admission.
     pub priority: Option<i32>,
     /// The online workload whose controller created the pod: kind (`Deployment`, through
@@ -157,6 +172,8 @@ pub struct HpaView {
     /// Requests of one replica (the target's pod template).
     pub per_replica: Resources,
     pub node_selector: BTreeMap<String, String>,
+    /// The template's tolerations (see [`PodView::tolerations`]).
+    pub tolerations: Vec<PoolToleration>,
 }
 
 /// Replicas an online Deployment or StatefulSet asks for whose pods do not exist yet: its
@@ -169,6 +186,8 @@ pub struct ReplicasToCome {
     /// Requests of one replica (the workload's pod template).
     pub per_replica: Resources,
     pub node_selector: BTreeMap<String, String>,
+    /// The template's tolerations (see [`PodView::tolerations`]).
+    pub tolerations: Vec<PoolToleration>,
 }
 
 /// Everything besides nodes and pods that decides a pool's capacity at `now`.
@@ -268,7 +287,25 @@ impl NodeView {
             ready,
             unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
             allocatable,
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+                .map(|t| HardTaint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() })
+                .collect(),
         }
+    }
+
+    /// Whether pods carrying `tolerations` may be placed here as far as taints go: the
+    /// member's scheduler would keep a copy off a node with any hard taint it does not
+    /// tolerate, so such a node lends nothing to the pool.
+    pub fn tolerated_by(&self, tolerations: &[PoolToleration]) -> bool {
+        self.taints
+            .iter()
+            .all(|t| tolerations.iter().any(|tol| tol.tolerates(&t.key, t.value.as_deref(), &t.effect)))
     }
 
     pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
@@ -282,9 +319,12 @@ impl PodView {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         // Only a pending online pod's selector is ever read (which pools it could land in).
-        let node_selector = match (&node, &origin_uid) {
-            (None, None) => pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
-            _ => BTreeMap::new(),
+        let (node_selector, tolerations) = match (&node, &origin_uid) {
+            (None, None) => (
+                pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+                pod.spec.as_ref().map(tolerations_of).unwrap_or_default(),
+            ),
+            _ => (BTreeMap::new(), Vec::new()),
         };
         let online = origin_uid.is_none();
         Self {
@@ -295,6 +335,7 @@ impl PodView {
             uid: if online { None } else { pod.metadata.uid.clone() },
             origin_uid,
             node_selector,
+            tolerations,
             priority: pod.spec.as_ref().and_then(|s| s.priority),
             workload: if online { workload_of(pod) } else { None },
         }
@@ -317,6 +358,21 @@ fn workload_of(pod: &Pod) -> Option<(&'static str, Box<str>)> {
 }
 
 pub use tidepool_config::pod::pod_requests;
+
+/// A pod spec's tolerations as the capacity model matches them against node taints
+/// (`tolerationSeconds` does not matter for where a pod may land).
+pub fn tolerations_of(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<PoolToleration> {
+    spec.tolerations
+        .iter()
+        .flatten()
+        .map(|t| PoolToleration {
+            key: t.key.clone(),
+            operator: t.operator.clone(),
+            value: t.value.clone(),
+            effect: t.effect.clone(),
+        })
+        .collect()
+}
 
 /// The plain surplus of a pool (no reserves, windows or HPAs): `Σ allocatable − Σ online`.
 pub fn pool_capacity<'a>(
@@ -357,21 +413,23 @@ pub fn pool_capacity_under<'a>(
         capacity.add(&n.allocatable);
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
-    let could_land = |sel: &BTreeMap<String, String>| in_pool.values().any(|n| n.matches(sel));
+    let could_land = |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| {
+        in_pool.values().any(|n| n.matches(sel) && n.tolerated_by(tolerations))
+    };
     let mut held_back = demand.policy.reserve.clone();
     for w in &demand.policy.windows {
         if w.schedule.window_active(demand.now, w.duration, w.lead) {
             held_back.add(&w.reserve);
         }
     }
-    for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector)) {
+    for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector, &h.tolerations)) {
         let growth = i64::from((h.max_replicas - h.current_replicas).max(0));
         for (k, v) in h.per_replica.iter() {
             let amount = v.saturating_mul(growth).saturating_mul(i64::from(demand.policy.hpa_percent)) / 100;
             held_back.add_one(k, amount);
         }
     }
-    for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector)) {
+    for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector, &w.tolerations)) {
         for (k, v) in w.per_replica.iter() {
             held_back.add_one(k, v.saturating_mul(i64::from(w.replicas.max(0))));
         }
@@ -380,7 +438,7 @@ pub fn pool_capacity_under<'a>(
     let mut placed = BTreeMap::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
     for p in pods {
-        if p.pending_online() && could_land(&p.node_selector) {
+        if p.pending_online() && could_land(&p.node_selector, &p.tolerations) {
             held_back.add(&p.requests);
         }
         let Some(node) = p.node.as_deref() else { continue };
@@ -444,6 +502,53 @@ mod tests {
             allocatable: Resources::from_pairs(alloc.iter().copied()).unwrap(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn online_demand_counts_for_a_dedicated_pool_only_if_it_tolerates_the_taint() {
+        let mut dedicated = node("dedicated", &[("cpu", "8")]);
+        dedicated.taints = vec![HardTaint { key: "lend".into(), value: None, effect: "NoSchedule".into() }];
+        let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
+        let pending = |tolerations: Vec<PoolToleration>| PodView {
+            requests: Resources::from_pairs([("cpu", "3")]).unwrap(),
+            tolerations,
+            ..Default::default()
+        };
+        let pool: Vec<&NodeView> = [&dedicated].into_iter().filter(|n| n.tolerated_by(std::slice::from_ref(&lend))).collect();
+        let hpa = |tolerations: Vec<PoolToleration>| HpaView {
+            max_replicas: 2,
+            current_replicas: 1,
+            per_replica: Resources::from_pairs([("cpu", "2")]).unwrap(),
+            tolerations,
+            ..Default::default()
+        };
+        let capacity = |pods: &[PodView], hpas: &[HpaView]| {
+            let policy = CapacityPolicy { hpa_percent: 100, ..Default::default() };
+            let demand = OnlineDemand { policy: &policy, hpas, to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
+            pool_capacity_under(pool.iter().copied(), pods, &BTreeMap::new(), &demand).capacity
+        };
+        let cpu = |n: &str| Resources::from_pairs([("cpu", n)]).unwrap();
+        // Neither the pending pod nor the HPA's replicas could go there: all 8 CPUs lend.
+        assert_eq!(capacity(&[pending(vec![])], &[hpa(vec![])]), cpu("8"));
+        // Tolerating the taint, they could: 3 pending and 2 of headroom are held back.
+        assert_eq!(capacity(&[pending(vec![lend.clone()])], &[hpa(vec![lend.clone()])]), cpu("3"));
+    }
+
+    #[test]
+    fn a_tainted_node_lends_only_to_a_pool_whose_copies_tolerate_its_taints() {
+        let mut dedicated = node("dedicated", &[("cpu", "8")]);
+        dedicated.taints = vec![HardTaint { key: "lend".into(), value: Some("yes".into()), effect: "NoSchedule".into() }];
+        let nodes = [node("plain", &[("cpu", "4")]), dedicated];
+        let untolerated: Vec<&NodeView> = nodes.iter().filter(|n| n.tolerated_by(&[])).collect();
+        assert_eq!(pool_capacity(untolerated, [], &BTreeMap::new()).capacity, Resources::from_pairs([("cpu", "4")]).unwrap());
+        let lend = PoolToleration {
+            key: Some("lend".into()),
+            value: Some("yes".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        };
+        let tolerated: Vec<&NodeView> = nodes.iter().filter(|n| n.tolerated_by(std::slice::from_ref(&lend))).collect();
+        assert_eq!(pool_capacity(tolerated, [], &BTreeMap::new()).capacity, Resources::from_pairs([("cpu", "12")]).unwrap());
     }
 
     fn pod(node: &str, req: &[(&str, &str)]) -> PodView {
@@ -608,6 +713,7 @@ mod tests {
                 replicas: 3,
                 per_replica: r(&[("nvidia.com/gpu", "1")]),
                 node_selector: BTreeMap::from([("pool".into(), "cpu".into())]),
+                ..Default::default()
             },
         ];
         let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &to_come, now: jiff::Timestamp::UNIX_EPOCH };
@@ -953,6 +1059,7 @@ mod tests {
                 current_replicas: *current,
                 per_replica: units(*per),
                 node_selector: sel.map(),
+                ..Default::default()
             })
             .collect();
         let to_come: Vec<ReplicasToCome> = c
@@ -962,6 +1069,7 @@ mod tests {
                 replicas: *replicas,
                 per_replica: units(*per),
                 node_selector: sel.map(),
+                ..Default::default()
             })
             .collect();
         let now = jiff::Timestamp::from_second(DAY0 + c.now).unwrap();

@@ -32,13 +32,14 @@ real_bridge() { echo "tp$(real_group)br$(real_index "$1")"; }
 real_bridge_ip() { echo "10.88.$(($(real_group) * 4 + $(real_index "$1"))).1"; }
 real_subnet() { echo "10.88.$(($(real_group) * 4 + $(real_index "$1"))).0/24"; }
 real_group_net() { echo "10.88.$(($(real_group) * 4)).0/22"; }
-real_port() {  # real_port WHAT CLUSTER: kubelet healthz, CoreDNS health and ready, per cluster
+real_port() {  # real_port WHAT CLUSTER: kubelet, its healthz, CoreDNS health and ready
+  # One thousand apart per kind, so the port offsets of side-by-side sets never meet.
   local k; k=$(real_index "$2")
   case $1 in
-    kubelet) echo $((12250 + k + OFF)) ;;
-    healthz) echo $((12260 + k + OFF)) ;;
-    dns-health) echo $((12270 + k + OFF)) ;;
-    dns-ready) echo $((12280 + k + OFF)) ;;
+    kubelet) echo $((13250 + k + OFF)) ;;
+    healthz) echo $((14250 + k + OFF)) ;;
+    dns-health) echo $((15250 + k + OFF)) ;;
+    dns-ready) echo $((16250 + k + OFF)) ;;
   esac
 }
 
