@@ -145,6 +145,11 @@ pub struct PoolSpec {
     /// the same selector, so the member's scheduler keeps them inside the pool.
     #[serde(default)]
     pub node_selector: BTreeMap<String, String>,
+    /// RuntimeClasses offload pods in this pool may name (`spec.runtimeClassName`); a pod
+    /// naming another is refused (reason `OffloadPolicy`). Empty: only the member's default
+    /// runtime.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_class_names: Vec<String>,
 }
 
 /// What tidepool last observed of the member.
@@ -193,7 +198,7 @@ impl MemberClusterSpec {
     /// The pools with the default applied.
     pub fn effective_pools(&self) -> Vec<PoolSpec> {
         if self.pools.is_empty() {
-            vec![PoolSpec { name: DEFAULT_POOL.to_owned(), node_selector: BTreeMap::new() }]
+            vec![PoolSpec { name: DEFAULT_POOL.to_owned(), ..Default::default() }]
         } else {
             self.pools.clone()
         }
@@ -287,6 +292,14 @@ impl MemberClusterSpec {
                     errors.push(FieldError::new(
                         format!("spec.pools[{i}].name"),
                         format!("virtual node name {node} is longer than 63 characters"),
+                    ));
+                }
+            }
+            for (j, class) in pool.runtime_class_names.iter().enumerate() {
+                if !is_dns_subdomain(class) {
+                    errors.push(FieldError::new(
+                        format!("spec.pools[{i}].runtimeClassNames[{j}]"),
+                        "must be a RuntimeClass name",
                     ));
                 }
             }
@@ -388,6 +401,18 @@ mod tests {
         s.rate_limits = Some(RateLimitSpec { qps: Some(5), burst: None });
         assert!(s.validate("member-a").is_empty());
         assert_eq!(s.rate_limits.as_ref().map(RateLimitSpec::burst), Some(DEFAULT_MEMBER_BURST));
+    }
+
+    #[test]
+    fn runtime_class_names_must_be_names() {
+        let mut s = spec();
+        s.pools = vec![PoolSpec {
+            name: "gpu".into(),
+            runtime_class_names: vec!["gvisor".into(), "Not_A_Name".into()],
+            ..Default::default()
+        }];
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.pools[0].runtimeClassNames[1]"]);
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub struct PoolHandle {
     pub name: PoolName,
     pub node: VirtualNodeName,
     pub node_selector: BTreeMap<String, String>,
+    /// RuntimeClasses its offload pods may name (`spec.pools[].runtimeClassNames`).
+    pub runtime_class_names: Vec<String>,
     pub capacity: watch::Receiver<PoolCapacity>,
 }
 
@@ -326,6 +328,7 @@ impl Session {
                 node: VirtualNodeName::for_pool(&name, &pool_name),
                 name: pool_name,
                 node_selector: pool.node_selector.clone(),
+                runtime_class_names: pool.runtime_class_names.clone(),
                 capacity: rx,
             });
             senders.push((pool.name.clone(), pool.node_selector.clone(), tx));

@@ -584,7 +584,9 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             return Ok(Action::await_change());
         };
         // 4. The offload policy: a refused pod fails here, before anything reaches the member.
-        if let Err(violation) = policy::check(&whole, &ctx.config.policy) {
+        let allowed = policy::check(&whole, &ctx.config.policy)
+            .and_then(|()| policy::check_pool(&whole, &pool.runtime_class_names));
+        if let Err(violation) = allowed {
             let msg = format!("not offloaded to member {}: {violation}", member.name);
             fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
             return Ok(Action::await_change());

@@ -93,6 +93,24 @@ pub fn check(pod: &Pod, allow: &PolicyAllow) -> Result<(), PolicyViolation> {
     Ok(())
 }
 
+/// Checks `pod` against what its pool lends: a RuntimeClass the pool does not list
+/// (`spec.pools[].runtimeClassNames`) is refused.
+///
+/// Refused rather than dropped: a RuntimeClass brings the member's scheduling rules for it
+/// (its admission adds the class's node selector and tolerations to the pod) and its
+/// overhead, so it could carry a copy past the pool's taints; and dropping it would run a
+/// workload meant for a sandbox without one.
+pub fn check_pool(pod: &Pod, runtime_class_names: &[String]) -> Result<(), PolicyViolation> {
+    let class = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref());
+    match class {
+        Some(class) if !runtime_class_names.iter().any(|c| c == class) => deny(
+            "spec.runtimeClassName",
+            format!("RuntimeClass {class} is not one this pool lends (spec.pools[].runtimeClassNames)"),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn deny(field: impl Into<String>, reason: impl Into<String>) -> Result<(), PolicyViolation> {
     Err(PolicyViolation { field: field.into(), reason: reason.into() })
 }
@@ -429,6 +447,18 @@ mod tests {
             let got = check(&pod, &allow);
             assert_eq!(got.as_ref().err().map(|v| v.field.as_str()), want, "{name}: {got:?}");
         }
+    }
+
+    #[test]
+    fn a_runtime_class_must_be_one_the_pool_lends() {
+        let with = |class: Option<&str>| pod(json!({"spec": {"runtimeClassName": class}}));
+        let none: &[String] = &[];
+        let gvisor = ["gvisor".to_owned()];
+        let field = |r: Result<(), PolicyViolation>| r.err().map(|v| v.field);
+        assert_eq!(field(check_pool(&with(Some("nvidia")), none)), Some("spec.runtimeClassName".to_owned()));
+        assert_eq!(field(check_pool(&with(Some("nvidia")), &gvisor)), Some("spec.runtimeClassName".to_owned()));
+        assert_eq!(field(check_pool(&with(Some("gvisor")), &gvisor)), None);
+        assert_eq!(field(check_pool(&with(None), none)), None, "the member's default runtime is always fine");
     }
 
     #[test]

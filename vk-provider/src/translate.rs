@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus, Volume};
+use k8s_openapi::api::core::v1::{
+    Pod, PodAffinityTerm, PodCondition, PodSpec, PodStatus, Toleration, Volume, WeightedPodAffinityTerm,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use tidepool_config::keys;
@@ -50,10 +52,80 @@ impl TranslateError {
 /// Member namespace of a training namespace.
 pub use tidepool_config::names::member_namespace;
 
-/// Prefixes of label keys that describe training-cluster nodes and must not steer
-/// scheduling in the member.
-fn is_virtual_node_key(key: &str) -> bool {
-    key == keys::LABEL_NODE_TYPE || key.starts_with("tidepool.io/") || key == "kubernetes.io/hostname"
+/// Node labels under a Kubernetes domain that a tenant's node selector keeps: they describe
+/// hardware and topology, not what a node is for.
+const SELECTABLE_NODE_LABELS: [&str; 5] = [
+    "kubernetes.io/arch",
+    "kubernetes.io/os",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "node.kubernetes.io/instance-type",
+];
+
+/// Node selector keys the copy drops: those of the virtual node (`type`, `tidepool.io/…`),
+/// and every other key under a Kubernetes domain (`kubernetes.io`, `k8s.io` and their
+/// subdomains) but [`SELECTABLE_NODE_LABELS`]. Those name a node's role or the node itself
+/// (`node-role.kubernetes.io/control-plane`, `kubernetes.io/hostname`): a tenant could pick
+/// out nodes of the pool the member never meant to run guests on. A selector only narrows
+/// the pool's, so other keys (`disktype`, `nvidia.com/gpu.product`) are harmless.
+fn steers_onto_reserved_nodes(key: &str) -> bool {
+    let domain = key.split_once('/').map(|(d, _)| d);
+    let kubernetes = domain.is_some_and(|d| {
+        ["kubernetes.io", "k8s.io"].iter().any(|k| d == *k || d.strip_suffix(k).is_some_and(|sub| sub.ends_with('.')))
+    });
+    key == keys::LABEL_NODE_TYPE
+        || domain.is_some_and(|d| d == keys::GROUP || d.ends_with(".tidepool.io"))
+        || (kubernetes && !SELECTABLE_NODE_LABELS.contains(&key))
+}
+
+/// Taints of a node's lifecycle a copy keeps tolerating, as every pod does by default (the
+/// DefaultTolerationSeconds admission gives each 300 s of both): NoExecute only, for at
+/// most [`MAX_LIFECYCLE_TOLERATION_SECONDS`]. Every other toleration of the tenant is
+/// dropped: `node-role.kubernetes.io/control-plane`, `node.kubernetes.io/unschedulable`
+/// (cordoned), `dedicated=…` would carry the copy onto nodes the member keeps from guests.
+/// What a pool's nodes need, the pool grants (`spec.pools[].tolerations`, added below).
+const LIFECYCLE_TAINTS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
+pub const MAX_LIFECYCLE_TOLERATION_SECONDS: i64 = 300;
+
+/// The tenant's toleration `t` as the copy keeps it, if at all (see [`LIFECYCLE_TAINTS`]).
+fn lifecycle_toleration(t: &Toleration) -> Option<Toleration> {
+    let lifecycle = t.key.as_deref().is_some_and(|k| LIFECYCLE_TAINTS.contains(&k));
+    if !lifecycle || t.effect.as_deref() != Some("NoExecute") {
+        return None;
+    }
+    let seconds =
+        t.toleration_seconds.map_or(MAX_LIFECYCLE_TOLERATION_SECONDS, |s| s.min(MAX_LIFECYCLE_TOLERATION_SECONDS));
+    Some(Toleration { toleration_seconds: Some(seconds), ..t.clone() })
+}
+
+/// Keeps `term` to tidepool's namespaces: the pod's own (no namespaces), or others of the
+/// training cluster mapped to theirs. A term with a namespace selector (even `{}`: every
+/// namespace) goes: it would match the member's own pods, so a copy could seek out or —
+/// with required anti-affinity, which the scheduler also checks for pods placed after it —
+/// keep online pods off nodes.
+fn confine_term(term: &mut PodAffinityTerm, prefix: &str) -> bool {
+    if term.namespace_selector.is_some() {
+        return false;
+    }
+    if let Some(namespaces) = term.namespaces.as_mut() {
+        for ns in namespaces.iter_mut() {
+            *ns = member_namespace(prefix, ns);
+        }
+    }
+    true
+}
+
+fn confine_terms(
+    required: &mut Option<Vec<PodAffinityTerm>>,
+    preferred: &mut Option<Vec<WeightedPodAffinityTerm>>,
+    prefix: &str,
+) {
+    if let Some(terms) = required.as_mut() {
+        terms.retain_mut(|t| confine_term(t, prefix));
+    }
+    if let Some(terms) = preferred.as_mut() {
+        terms.retain_mut(|t| confine_term(&mut t.pod_affinity_term, prefix));
+    }
 }
 
 /// The offload copy of `pod` for `target`.
@@ -90,17 +162,37 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
     // Scheduling belongs to the member: its own scheduler, inside the pool.
     s.node_name = None;
     s.scheduler_name = None;
-    let mut selector: BTreeMap<String, String> =
-        s.node_selector.take().unwrap_or_default().into_iter().filter(|(k, _)| !is_virtual_node_key(k)).collect();
+    let mut selector: BTreeMap<String, String> = s
+        .node_selector
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !steers_onto_reserved_nodes(k))
+        .collect();
     selector.extend(target.node_selector.iter().map(|(k, v)| (k.clone(), v.clone())));
     s.node_selector = (!selector.is_empty()).then_some(selector);
     if let Some(affinity) = s.affinity.as_mut() {
         // Node affinity names training-cluster nodes (the virtual one); the pool selector
         // above replaces it.
         affinity.node_affinity = None;
+        if let Some(a) = affinity.pod_affinity.as_mut() {
+            confine_terms(
+                &mut a.required_during_scheduling_ignored_during_execution,
+                &mut a.preferred_during_scheduling_ignored_during_execution,
+                target.namespace_prefix,
+            );
+        }
+        if let Some(a) = affinity.pod_anti_affinity.as_mut() {
+            confine_terms(
+                &mut a.required_during_scheduling_ignored_during_execution,
+                &mut a.preferred_during_scheduling_ignored_during_execution,
+                target.namespace_prefix,
+            );
+        }
     }
-    if let Some(tolerations) = s.tolerations.as_mut() {
-        tolerations.retain(|t| !t.key.as_deref().is_some_and(|k| k.starts_with("tidepool.io/")));
+    if let Some(tolerations) = s.tolerations.take() {
+        let kept: Vec<Toleration> = tolerations.iter().filter_map(lifecycle_toleration).collect();
+        s.tolerations = (!kept.is_empty()).then_some(kept);
     }
     // Offload pods are guests: they never preempt online pods. Priority is the member's
     // business (its admission derives it from the class), so the training values go.
@@ -455,6 +547,86 @@ mod tests {
             Some(vec![serde_json::from_value(json!({"name": "debugger", "image": "busybox"})).unwrap()]);
         let spec = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap();
         assert_eq!(spec.ephemeral_containers, None);
+    }
+
+    #[test]
+    fn tenants_cannot_steer_their_copy_onto_nodes_the_pool_does_not_lend() {
+        let mut pod = training_pod();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.node_selector = Some(
+            [
+                ("node-role.kubernetes.io/control-plane", ""),
+                ("kubernetes.io/hostname", "cp-0"),
+                ("node.kubernetes.io/exclude-from-external-load-balancers", ""),
+                ("kubernetes.io/arch", "amd64"),
+                ("topology.kubernetes.io/zone", "z1"),
+                ("disktype", "ssd"),
+                ("nvidia.com/gpu.product", "H100"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        spec.tolerations = Some(
+            serde_json::from_value(json!([
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "dedicated", "operator": "Equal", "value": "payments", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists"}
+            ]))
+            .unwrap(),
+        );
+        let pool = BTreeMap::from([("pool".to_string(), "gpu".to_string())]);
+        let spec = offload_pod(&pod, &target(&pool)).unwrap().spec.unwrap();
+        let selector: Vec<_> = spec.node_selector.unwrap().into_keys().collect();
+        assert_eq!(
+            selector,
+            ["disktype", "kubernetes.io/arch", "nvidia.com/gpu.product", "pool", "topology.kubernetes.io/zone"]
+        );
+        // Only the node-lifecycle tolerations every pod has, for at most 300 s, and only for
+        // NoExecute (tolerating not-ready for every effect would schedule onto such nodes).
+        let tolerations: Vec<_> = spec
+            .tolerations
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.key.unwrap_or_default(), t.effect.unwrap_or_default(), t.toleration_seconds))
+            .collect();
+        assert_eq!(
+            tolerations,
+            [
+                ("node.kubernetes.io/not-ready".to_owned(), "NoExecute".to_owned(), Some(300)),
+                ("node.kubernetes.io/unreachable".to_owned(), "NoExecute".to_owned(), Some(60)),
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_affinity_stays_within_tidepools_namespaces() {
+        let mut pod = training_pod();
+        pod.spec.as_mut().unwrap().affinity = Some(
+            serde_json::from_value(json!({
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}},
+                    {"labelSelector": {"matchLabels": {"job": "j"}}, "topologyKey": "kubernetes.io/hostname"},
+                    {"labelSelector": {"matchLabels": {"job": "k"}}, "topologyKey": "kubernetes.io/hostname", "namespaces": ["team-a", "team-b"]}
+                ]},
+                "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": "kubernetes.io/hostname",
+                                                       "namespaceSelector": {"matchLabels": {"team": "payments"}}}},
+                    {"weight": 5, "podAffinityTerm": {"labelSelector": {"matchLabels": {"job": "j"}}, "topologyKey": "kubernetes.io/hostname"}}
+                ]}
+            }))
+            .unwrap(),
+        );
+        let affinity = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap().affinity.unwrap();
+        let required = affinity.pod_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        let scopes: Vec<_> = required.iter().map(|t| (t.namespaces.clone(), t.namespace_selector.is_some())).collect();
+        assert_eq!(scopes, [(None, false), (Some(vec!["tp-team-a".to_owned(), "tp-team-b".to_owned()]), false)]);
+        let preferred =
+            affinity.pod_anti_affinity.unwrap().preferred_during_scheduling_ignored_during_execution.unwrap();
+        assert_eq!(preferred.iter().map(|t| t.weight).collect::<Vec<_>>(), [5]);
     }
 
     #[test]
