@@ -54,6 +54,17 @@ pub struct MemberClusterSpec {
     #[serde(default)]
     pub paused: bool,
 
+    /// Labels of a training pod its offload copy carries, besides tidepool's own (origin,
+    /// gang, band): exact keys, or `<prefix>/*` for every key under a prefix. Default none:
+    /// the member's NetworkPolicies and meshes select pods by label, so which labels may
+    /// come from tenants is the member admin's decision (see `translate::copied_metadata`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_labels: Vec<String>,
+
+    /// The same for annotations, besides tidepool's own (origin, reclaim deadline).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_annotations: Vec<String>,
+
     /// How fast tidepool may call this member's API server. Defaults: 50 calls/s, bursts
     /// of 100. Probes, reads and deletes go ahead of pod and object creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,6 +282,13 @@ impl MemberClusterSpec {
                 }
             }
         }
+        for (field, list) in [("copyLabels", &self.copy_labels), ("copyAnnotations", &self.copy_annotations)] {
+            for (i, entry) in list.iter().enumerate() {
+                if let Err(why) = check_copy_entry(entry) {
+                    errors.push(FieldError::new(format!("spec.{field}[{i}]"), why));
+                }
+            }
+        }
         if let Some(r) = &self.rate_limits {
             if r.qps.is_some_and(|q| !(1..=10_000).contains(&q)) {
                 errors.push(FieldError::new("spec.rateLimits.qps", "must be between 1 and 10000"));
@@ -305,6 +323,31 @@ impl MemberClusterSpec {
             }
         }
         errors
+    }
+}
+
+/// An entry of `spec.copyLabels`/`copyAnnotations`: a label key (`[prefix/]name`) or
+/// `<prefix>/*`, and none of tidepool's own (`tidepool.io/`): those mean something to
+/// tidepool, so only tidepool writes them on a copy.
+fn check_copy_entry(entry: &str) -> Result<(), &'static str> {
+    let (prefix, name) = match entry.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, entry),
+    };
+    if prefix.is_some_and(|p| p == crate::keys::GROUP || p.ends_with(".tidepool.io")) {
+        return Err("tidepool.io/ keys are tidepool's own and cannot be copied from a tenant's pod");
+    }
+    if prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+        return Err("the prefix must be a DNS subdomain");
+    }
+    let name_ok = name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if name == "*" && prefix.is_some() || name_ok {
+        Ok(())
+    } else {
+        Err("must be a label key (example.com/tier) or a prefix with /* (example.com/*)")
     }
 }
 
@@ -404,15 +447,29 @@ mod tests {
     }
 
     #[test]
-    fn runtime_class_names_must_be_names() {
+    fn copy_lists_name_keys_or_prefixes_and_never_tidepools_own() {
         let mut s = spec();
+        s.copy_labels = ["app", "example.com/tier", "example.com/*", "tidepool.io/gang", "*", "a b", "x/*/y"]
+            .map(String::from)
+            .to_vec();
+        s.copy_annotations = ["prometheus.io/*", "tidepool.io/*"].map(String::from).to_vec();
         s.pools = vec![PoolSpec {
             name: "gpu".into(),
             runtime_class_names: vec!["gvisor".into(), "Not_A_Name".into()],
             ..Default::default()
         }];
         let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
-        assert_eq!(paths, ["spec.pools[0].runtimeClassNames[1]"]);
+        assert_eq!(
+            paths,
+            [
+                "spec.copyLabels[3]",
+                "spec.copyLabels[4]",
+                "spec.copyLabels[5]",
+                "spec.copyLabels[6]",
+                "spec.copyAnnotations[1]",
+                "spec.pools[0].runtimeClassNames[1]"
+            ]
+        );
     }
 
     #[test]

@@ -229,7 +229,14 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
-    let options = SessionOptions { namespace_prefix: prefix, paused: mc.spec.paused, loss_timeout, stats };
+    let options = SessionOptions {
+        namespace_prefix: prefix,
+        copy_labels: mc.spec.copy_labels.clone(),
+        copy_annotations: mc.spec.copy_annotations.clone(),
+        paused: mc.spec.paused,
+        loss_timeout,
+        stats,
+    };
     let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), fingerprint, policy, options);
     if !session.wait_synced(Duration::from_secs(30)).await {
         warn!("member watches not synced after 30 s; offering its pools anyway");

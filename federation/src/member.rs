@@ -140,6 +140,10 @@ pub struct MemberHandle {
     pub client: Client,
     /// Prefix of offload namespaces in this member.
     pub namespace_prefix: String,
+    /// `spec.copyLabels` and `spec.copyAnnotations`: what of a training pod's metadata its
+    /// copy carries besides tidepool's own.
+    pub copy_labels: Vec<String>,
+    pub copy_annotations: Vec<String>,
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
@@ -182,6 +186,9 @@ impl MemberHandle {
 pub(crate) struct SessionOptions {
     /// Prefix of offload namespaces in the member.
     pub namespace_prefix: String,
+    /// `spec.copyLabels`, `spec.copyAnnotations`.
+    pub copy_labels: Vec<String>,
+    pub copy_annotations: Vec<String>,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -241,7 +248,7 @@ impl Session {
         policy: CapacityPolicy,
         options: SessionOptions,
     ) -> Session {
-        let SessionOptions { namespace_prefix, paused, loss_timeout, stats } = options;
+        let SessionOptions { namespace_prefix, copy_labels, copy_annotations, paused, loss_timeout, stats } = options;
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         tokio::spawn(
@@ -437,6 +444,8 @@ impl Session {
                 name,
                 client,
                 namespace_prefix,
+                copy_labels,
+                copy_annotations,
                 pools: handles,
                 cancelled,
                 paused,

@@ -599,6 +599,8 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             namespace_prefix: &member.namespace_prefix,
             node_selector: &pool.node_selector,
             band: translate::band_of(&whole),
+            copy_labels: &member.copy_labels,
+            copy_annotations: &member.copy_annotations,
         };
         let mut offload = match translate::offload_pod(&whole, &target) {
             Ok(offload) => offload,

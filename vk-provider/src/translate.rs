@@ -28,6 +28,11 @@ pub struct Target<'a> {
     pub node_selector: &'a BTreeMap<String, String>,
     /// Reclaim band: picks the member PriorityClass.
     pub band: keys::Band,
+    /// Training pod labels the member lets travel besides tidepool's own
+    /// (`spec.copyLabels`: keys, or `<prefix>/*`).
+    pub copy_labels: &'a [String],
+    /// The same for annotations (`spec.copyAnnotations`).
+    pub copy_annotations: &'a [String],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,6 +133,43 @@ fn confine_terms(
     }
 }
 
+/// Labels of the training pod every copy carries: tidepool's own. (The origin labels are
+/// set by translation itself, over anything the tenant wrote.)
+const COPIED_LABELS: [&str; 2] = [keys::LABEL_GANG, keys::LABEL_BAND];
+/// Annotations of the training pod every copy carries: the reclaim notice, which the
+/// trainer reads in `/etc/tidepool/annotations`.
+const COPIED_ANNOTATIONS: [&str; 1] = [keys::ANNOTATION_RECLAIM_DEADLINE];
+
+/// What of a training pod's labels (or annotations) its copy carries: `fixed` (tidepool's
+/// own) and what the member lists (`spec.copyLabels`/`copyAnnotations`: a key, or
+/// `<prefix>/*`), never another `tidepool.io/` key.
+///
+/// An allowlist, not "everything but reserved prefixes": in a member, plain labels are
+/// credentials. Its NetworkPolicies let in pods by label from any namespace
+/// (`namespaceSelector: {}` with `podSelector: {app: api}`), its mesh and monitoring pick
+/// pods by label, and annotations steer its controllers (`sidecar.istio.io/inject`,
+/// `cluster-autoscaler.kubernetes.io/safe-to-evict`). Which of them a tenant may set is
+/// known only to the member's admin, hence the per-member lists. Services mirrored to the
+/// member will select copies by tidepool's labels or by labels the member lists.
+fn copied_metadata(
+    from: Option<&BTreeMap<String, String>>,
+    fixed: &[&str],
+    member: &[String],
+) -> BTreeMap<String, String> {
+    let listed = |key: &str| {
+        !key.starts_with("tidepool.io/")
+            && member.iter().any(|entry| match entry.strip_suffix("/*") {
+                Some(prefix) => key.split_once('/').is_some_and(|(p, _)| p == prefix),
+                None => entry == key,
+            })
+    };
+    from.into_iter()
+        .flatten()
+        .filter(|(k, _)| fixed.contains(&k.as_str()) || listed(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// The offload copy of `pod` for `target`.
 pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError> {
     let meta = &pod.metadata;
@@ -136,11 +178,11 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     let uid = meta.uid.clone().ok_or(TranslateError::MissingField("metadata.uid"))?;
     let spec = pod.spec.as_ref().ok_or(TranslateError::MissingField("spec"))?;
 
-    let mut labels = meta.labels.clone().unwrap_or_default();
+    let mut labels = copied_metadata(meta.labels.as_ref(), &COPIED_LABELS, target.copy_labels);
     labels.insert(keys::LABEL_ORIGIN_UID.to_owned(), uid);
     labels.insert(keys::LABEL_ORIGIN_CLUSTER.to_owned(), target.cluster.to_owned());
     labels.insert(keys::LABEL_ORIGIN_MEMBER.to_owned(), target.member.to_owned());
-    let mut annotations = meta.annotations.clone().unwrap_or_default();
+    let mut annotations = copied_metadata(meta.annotations.as_ref(), &COPIED_ANNOTATIONS, target.copy_annotations);
     annotations.insert(keys::ANNOTATION_ORIGIN_NAMESPACE.to_owned(), namespace.clone());
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
 
@@ -445,6 +487,8 @@ mod tests {
             namespace_prefix: "tp-",
             node_selector: selector,
             band: keys::Band::Medium,
+            copy_labels: &[],
+            copy_annotations: &[],
         }
     }
 
@@ -455,13 +499,11 @@ mod tests {
         let labels = p.metadata.labels.unwrap();
         assert_eq!(p.metadata.name.as_deref(), Some("trainer-0"));
         assert_eq!(p.metadata.namespace.as_deref(), Some("tp-team-a"));
-        assert_eq!(labels["app"], "trainer");
         assert_eq!(labels[keys::LABEL_ORIGIN_UID], "uid-1");
         assert_eq!(labels[keys::LABEL_ORIGIN_CLUSTER], "training");
         assert_eq!(labels[keys::LABEL_ORIGIN_MEMBER], "member-a");
         let ann = p.metadata.annotations.unwrap();
         assert_eq!(ann[keys::ANNOTATION_ORIGIN_NAMESPACE], "team-a");
-        assert_eq!(ann["note"], "x");
         assert!(p.metadata.uid.is_none() && p.metadata.resource_version.is_none());
     }
 
@@ -547,6 +589,52 @@ mod tests {
             Some(vec![serde_json::from_value(json!({"name": "debugger", "image": "busybox"})).unwrap()]);
         let spec = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap();
         assert_eq!(spec.ephemeral_containers, None);
+    }
+
+    #[test]
+    fn only_tidepools_own_and_the_members_chosen_labels_and_annotations_travel() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let mut pod = training_pod();
+        pod.metadata.labels = Some(map(&[
+            ("app", "api"),
+            ("team", "ml"),
+            ("example.com/tier", "a"),
+            ("example.com.evil/tier", "b"),
+            (keys::LABEL_GANG, "g"),
+            (keys::LABEL_BAND, "low"),
+            (keys::LABEL_ORIGIN_UID, "forged"),
+        ]));
+        pod.metadata.annotations = Some(map(&[
+            ("sidecar.istio.io/inject", "true"),
+            ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+            ("prometheus.io/scrape", "true"),
+            (keys::ANNOTATION_RECLAIM_DEADLINE, "2026-12-01T10:00:00Z"),
+            ("note", "x"),
+        ]));
+        let keys_of = |m: Option<BTreeMap<String, String>>| m.unwrap_or_default().into_keys().collect::<Vec<_>>();
+        let selector = BTreeMap::new();
+        let copy = offload_pod(&pod, &target(&selector)).unwrap();
+        let origin = [keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_UID, keys::LABEL_ORIGIN_MEMBER];
+        let mut want: Vec<&str> = [keys::LABEL_BAND, keys::LABEL_GANG].into_iter().chain(origin).collect();
+        want.sort();
+        assert_eq!(keys_of(copy.metadata.labels.clone()), want);
+        assert_eq!(copy.metadata.labels.unwrap()[keys::LABEL_ORIGIN_UID], "uid-1", "the origin is tidepool's word");
+        let mut want_ann =
+            vec![keys::ANNOTATION_ORIGIN_NAME, keys::ANNOTATION_ORIGIN_NAMESPACE, keys::ANNOTATION_RECLAIM_DEADLINE];
+        want_ann.sort();
+        assert_eq!(keys_of(copy.metadata.annotations), want_ann);
+
+        let (labels, annotations) = (["team".to_owned(), "example.com/*".to_owned()], ["prometheus.io/*".to_owned()]);
+        let chosen = Target { copy_labels: &labels, copy_annotations: &annotations, ..target(&selector) };
+        let copy = offload_pod(&pod, &chosen).unwrap();
+        let labels = keys_of(copy.metadata.labels);
+        assert!(labels.contains(&"team".to_owned()) && labels.contains(&"example.com/tier".to_owned()), "{labels:?}");
+        assert!(!labels.contains(&"app".to_owned()) && !labels.contains(&"example.com.evil/tier".to_owned()));
+        let annotations = keys_of(copy.metadata.annotations);
+        assert!(annotations.contains(&"prometheus.io/scrape".to_owned()), "{annotations:?}");
+        assert!(!annotations.contains(&"sidecar.istio.io/inject".to_owned()));
     }
 
     #[test]
