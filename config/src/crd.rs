@@ -156,11 +156,63 @@ pub struct PoolSpec {
     /// the same selector, so the member's scheduler keeps them inside the pool.
     #[serde(default)]
     pub node_selector: BTreeMap<String, String>,
+    /// Taints of the pool's nodes that its offload pods tolerate (nodes dedicated to
+    /// lending, say). Every copy gets these tolerations, and only nodes whose `NoSchedule`
+    /// and `NoExecute` taints are all tolerated count towards the pool's capacity. Tenants'
+    /// own tolerations never reach the member, but `node.kubernetes.io/not-ready` and
+    /// `unreachable` NoExecute for at most 300 s (see `translate::LIFECYCLE_TAINTS`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<PoolToleration>,
     /// RuntimeClasses offload pods in this pool may name (`spec.runtimeClassName`); a pod
     /// naming another is refused (reason `OffloadPolicy`). Empty: only the member's default
     /// runtime.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_class_names: Vec<String>,
+}
+
+/// A toleration every copy of a pool gets: a `core/v1` Toleration without
+/// `tolerationSeconds` (a pool tolerates its own nodes for good).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolToleration {
+    /// Taint key; empty with operator `Exists` tolerates every key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Equal` (default) or `Exists`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; empty: every effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+}
+
+impl PoolToleration {
+    /// Whether this toleration lets a pod onto a node with taint `key=value:effect`
+    /// (the scheduler's rule: same key, or empty key with `Exists`; same value unless
+    /// `Exists`; same effect unless empty).
+    pub fn tolerates(&self, key: &str, value: Option<&str>, effect: &str) -> bool {
+        if self.effect.as_deref().is_some_and(|e| !e.is_empty() && e != effect) {
+            return false;
+        }
+        let own_key = self.key.as_deref().unwrap_or("");
+        match self.operator.as_deref() {
+            Some("Exists") => own_key.is_empty() || own_key == key,
+            _ => own_key == key && self.value.as_deref().unwrap_or("") == value.unwrap_or(""),
+        }
+    }
+
+    /// As the toleration a copy carries.
+    pub fn to_toleration(&self) -> k8s_openapi::api::core::v1::Toleration {
+        k8s_openapi::api::core::v1::Toleration {
+            key: self.key.clone(),
+            operator: self.operator.clone(),
+            value: self.value.clone(),
+            effect: self.effect.clone(),
+            toleration_seconds: None,
+        }
+    }
 }
 
 /// What tidepool last observed of the member.
@@ -321,8 +373,32 @@ impl MemberClusterSpec {
                     ));
                 }
             }
+            for (j, t) in pool.tolerations.iter().enumerate() {
+                if let Some(problem) = t.problem() {
+                    errors.push(FieldError::new(format!("spec.pools[{i}].tolerations[{j}]"), problem));
+                }
+            }
         }
         errors
+    }
+}
+
+impl PoolToleration {
+    /// What the API server would refuse in this toleration, if anything.
+    fn problem(&self) -> Option<&'static str> {
+        let key = self.key.as_deref().unwrap_or("");
+        match self.operator.as_deref() {
+            None | Some("Equal") if key.is_empty() => return Some("operator Equal needs a key"),
+            None | Some("Equal") | Some("Exists") => {}
+            Some(_) => return Some("operator must be Equal or Exists"),
+        }
+        if self.operator.as_deref() == Some("Exists") && self.value.as_deref().is_some_and(|v| !v.is_empty()) {
+            return Some("operator Exists takes no value");
+        }
+        match self.effect.as_deref() {
+            None | Some("" | "NoSchedule" | "PreferNoSchedule" | "NoExecute") => None,
+            Some(_) => Some("effect must be NoSchedule, PreferNoSchedule or NoExecute"),
+        }
     }
 }
 
@@ -444,6 +520,31 @@ mod tests {
         s.rate_limits = Some(RateLimitSpec { qps: Some(5), burst: None });
         assert!(s.validate("member-a").is_empty());
         assert_eq!(s.rate_limits.as_ref().map(RateLimitSpec::burst), Some(DEFAULT_MEMBER_BURST));
+    }
+
+    #[test]
+    fn a_pool_toleration_follows_the_schedulers_matching_rule() {
+        let t = |key: Option<&str>, op: Option<&str>, value: Option<&str>, effect: Option<&str>| PoolToleration {
+            key: key.map(Into::into),
+            operator: op.map(Into::into),
+            value: value.map(Into::into),
+            effect: effect.map(Into::into),
+        };
+        let equal = t(Some("dedicated"), None, Some("lend"), Some("NoSchedule"));
+        assert!(equal.tolerates("dedicated", Some("lend"), "NoSchedule"));
+        assert!(!equal.tolerates("dedicated", Some("other"), "NoSchedule"), "another value");
+        assert!(!equal.tolerates("dedicated", Some("lend"), "NoExecute"), "another effect");
+        assert!(!equal.tolerates("gpu", Some("lend"), "NoSchedule"), "another key");
+        let exists = t(Some("dedicated"), Some("Exists"), None, None);
+        assert!(exists.tolerates("dedicated", Some("anything"), "NoExecute"));
+        assert!(!exists.tolerates("gpu", None, "NoSchedule"));
+        assert!(t(None, Some("Exists"), None, None).tolerates("any", Some("x"), "NoExecute"), "tolerate-all");
+        // Validation, as the API server would judge the copy's toleration.
+        assert_eq!(t(None, None, Some("x"), None).problem(), Some("operator Equal needs a key"));
+        assert_eq!(t(Some("k"), Some("In"), None, None).problem(), Some("operator must be Equal or Exists"));
+        assert_eq!(t(Some("k"), Some("Exists"), Some("v"), None).problem(), Some("operator Exists takes no value"));
+        assert!(t(Some("k"), None, None, Some("NoRun")).problem().is_some());
+        assert_eq!(equal.problem(), None);
     }
 
     #[test]

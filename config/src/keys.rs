@@ -133,6 +133,11 @@ pub const ANNOTATION_RECLAIM_DEADLINE: &str = "tidepool.io/reclaim-deadline";
 pub const ANNOTATION_CHECKPOINT_DONE: &str = "tidepool.io/checkpoint-done";
 /// Pod condition telling the tenant a reclaim notice is out.
 pub const CONDITION_RECLAIM_REQUESTED: &str = "tidepool.io/ReclaimRequested";
+/// The standard condition of a pod about to be taken away (scheduler preemption, eviction,
+/// kubelet termination); tidepool sets it with [`REASON_DISRUPTION_RECLAIM`] on the pods it
+/// reclaims or preempts.
+pub const CONDITION_DISRUPTION_TARGET: &str = "DisruptionTarget";
+pub const REASON_DISRUPTION_RECLAIM: &str = "ReclaimedByTidepool";
 /// Pod deletion cost (honoured when picking reclaim victims).
 pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Reason of a training pod failed by reclaim.

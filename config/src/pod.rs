@@ -56,7 +56,8 @@ pub struct StatusLite {
     pub host_ip: Option<String>,
     /// The pod has container statuses and every one has terminated.
     pub containers_exited: bool,
-    /// Conditions tidepool itself wrote (`tidepool.io/…`, such as a reclaim notice).
+    /// Conditions tidepool itself wrote (`tidepool.io/…`, such as a reclaim notice, and the
+    /// `DisruptionTarget` of a reclaim: [`is_tidepools`]).
     pub tidepool_conditions: Vec<PodCondition>,
     /// The reason of a true `DisruptionTarget` condition: why the pod is going away.
     pub disruption: Option<String>,
@@ -149,7 +150,7 @@ impl From<Pod> for PodLite {
                 .and_then(|s| s.conditions.as_ref())
                 .into_iter()
                 .flatten()
-                .filter(|c| c.type_.starts_with("tidepool.io/"))
+                .filter(|c| is_tidepools(c))
                 .cloned()
                 .collect(),
             disruption: status.as_ref().and_then(disruption_reason).map(str::to_owned),
@@ -218,6 +219,15 @@ macro_rules! pod_resource {
 }
 
 pod_resource!(PodLite);
+
+/// Whether tidepool wrote condition `c` on a training pod: its own `tidepool.io/…` types, and
+/// the `DisruptionTarget` of a pod it reclaims (the member's status, copied up, must not
+/// erase either).
+pub fn is_tidepools(c: &PodCondition) -> bool {
+    c.type_.starts_with("tidepool.io/")
+        || (c.type_ == crate::keys::CONDITION_DISRUPTION_TARGET
+            && c.reason.as_deref() == Some(crate::keys::REASON_DISRUPTION_RECLAIM))
+}
 
 /// The reason of `status`'s true `DisruptionTarget` condition, which the member (or any
 /// cluster) sets before it deletes a pod on its own: preemption, eviction, taints.

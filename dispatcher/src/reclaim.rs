@@ -291,8 +291,19 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
 /// The notice of a pod reclaimed at once (no checkpoint grace in its band): its condition
 /// and message, written and published with the pod's final status.
 struct Notice {
-    condition: serde_json::Value,
+    /// `tidepool.io/ReclaimRequested` and the standard `DisruptionTarget`.
+    conditions: [serde_json::Value; 2],
     message: String,
+}
+
+/// The `DisruptionTarget` condition the scheduler and the kubelet set on a pod they are about
+/// to take away: with it, a Job's `podFailurePolicy` (`action: Ignore`, `onPodConditions:
+/// [{type: DisruptionTarget}]`) replaces a reclaimed pod without counting a failure.
+fn disruption_target(now: jiff::Timestamp, message: &str) -> serde_json::Value {
+    json!({
+        "type": keys::CONDITION_DISRUPTION_TARGET, "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM,
+        "message": message, "lastTransitionTime": Time(now),
+    })
 }
 
 /// Step 3: the checkpoint notice: deadline annotation, condition, Event.
@@ -335,7 +346,7 @@ async fn notice(
         // with the notice's condition in it, once the copy is gone (see [`mark_reclaimed`]).
         let how = format!("band {} has no checkpoint grace", band.as_str());
         let demand = deficit.nonzero().to_string();
-        let notice = Notice { condition, message };
+        let notice = Notice { conditions: [condition, disruption_target(now, &message)], message };
         let (annotated, ()) = tokio::join!(annotate, free_copy(ctx, pod));
         record_reclaimed(ctx, pod, &demand, &how, "deadline", Some(&notice)).await;
         if let Err(e) = annotated {
@@ -347,7 +358,7 @@ async fn notice(
         warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
         return;
     }
-    let status = json!({ "status": { "conditions": [condition] } });
+    let status = json!({ "status": { "conditions": [condition, disruption_target(now, &message)] } });
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
     }
@@ -483,7 +494,7 @@ async fn record_reclaimed(
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let mut status = json!({ "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message });
     if let Some(n) = notice {
-        status["conditions"] = json!([n.condition]);
+        status["conditions"] = json!(n.conditions);
     }
     let patch = Patch::Strategic(json!({ "status": status }));
     let name = p.name_any();

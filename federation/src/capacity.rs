@@ -303,9 +303,7 @@ impl NodeView {
     /// member's scheduler would keep a copy off a node with any hard taint it does not
     /// tolerate, so such a node lends nothing to the pool.
     pub fn tolerated_by(&self, tolerations: &[PoolToleration]) -> bool {
-        self.taints
-            .iter()
-            .all(|t| tolerations.iter().any(|tol| tol.tolerates(&t.key, t.value.as_deref(), &t.effect)))
+        self.taints.iter().all(|t| tolerations.iter().any(|tol| tol.tolerates(&t.key, t.value.as_deref(), &t.effect)))
     }
 
     pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
@@ -514,7 +512,8 @@ mod tests {
             tolerations,
             ..Default::default()
         };
-        let pool: Vec<&NodeView> = [&dedicated].into_iter().filter(|n| n.tolerated_by(std::slice::from_ref(&lend))).collect();
+        let pool: Vec<&NodeView> =
+            [&dedicated].into_iter().filter(|n| n.tolerated_by(std::slice::from_ref(&lend))).collect();
         let hpa = |tolerations: Vec<PoolToleration>| HpaView {
             max_replicas: 2,
             current_replicas: 1,
@@ -537,10 +536,14 @@ mod tests {
     #[test]
     fn a_tainted_node_lends_only_to_a_pool_whose_copies_tolerate_its_taints() {
         let mut dedicated = node("dedicated", &[("cpu", "8")]);
-        dedicated.taints = vec![HardTaint { key: "lend".into(), value: Some("yes".into()), effect: "NoSchedule".into() }];
+        dedicated.taints =
+            vec![HardTaint { key: "lend".into(), value: Some("yes".into()), effect: "NoSchedule".into() }];
         let nodes = [node("plain", &[("cpu", "4")]), dedicated];
         let untolerated: Vec<&NodeView> = nodes.iter().filter(|n| n.tolerated_by(&[])).collect();
-        assert_eq!(pool_capacity(untolerated, [], &BTreeMap::new()).capacity, Resources::from_pairs([("cpu", "4")]).unwrap());
+        assert_eq!(
+            pool_capacity(untolerated, [], &BTreeMap::new()).capacity,
+            Resources::from_pairs([("cpu", "4")]).unwrap()
+        );
         let lend = PoolToleration {
             key: Some("lend".into()),
             value: Some("yes".into()),
@@ -548,7 +551,10 @@ mod tests {
             ..Default::default()
         };
         let tolerated: Vec<&NodeView> = nodes.iter().filter(|n| n.tolerated_by(std::slice::from_ref(&lend))).collect();
-        assert_eq!(pool_capacity(tolerated, [], &BTreeMap::new()).capacity, Resources::from_pairs([("cpu", "12")]).unwrap());
+        assert_eq!(
+            pool_capacity(tolerated, [], &BTreeMap::new()).capacity,
+            Resources::from_pairs([("cpu", "12")]).unwrap()
+        );
     }
 
     fn pod(node: &str, req: &[(&str, &str)]) -> PodView {

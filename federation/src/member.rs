@@ -14,7 +14,8 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tidepool_config::{MemberName, PoolName, VirtualNodeName, crd::PoolSpec};
+use tidepool_config::crd::{PoolSpec, PoolToleration};
+use tidepool_config::{MemberName, PoolName, VirtualNodeName};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
@@ -48,6 +49,7 @@ struct HpaRef {
 struct Template {
     per_replica: Resources,
     node_selector: BTreeMap<String, String>,
+    tolerations: Vec<PoolToleration>,
     /// `spec.replicas`: replicas asked for, whose pods exist or are about to.
     replicas: i32,
 }
@@ -79,6 +81,7 @@ fn template_view(
         Template {
             per_replica,
             node_selector: spec.node_selector.clone().unwrap_or_default(),
+            tolerations: crate::capacity::tolerations_of(spec),
             replicas: replicas.unwrap_or(1),
         },
     ))
@@ -97,6 +100,7 @@ fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<Worklo
                 current_replicas: h.current_replicas.max(t.replicas),
                 per_replica: t.per_replica.clone(),
                 node_selector: t.node_selector.clone(),
+                tolerations: t.tolerations.clone(),
             })
         })
         .collect()
@@ -128,6 +132,7 @@ fn replicas_to_come<'a>(
                 replicas: t.replicas - have,
                 per_replica: t.per_replica.clone(),
                 node_selector: t.node_selector.clone(),
+                tolerations: t.tolerations.clone(),
             })
         })
         .collect()
@@ -164,6 +169,8 @@ pub struct PoolHandle {
     pub name: PoolName,
     pub node: VirtualNodeName,
     pub node_selector: BTreeMap<String, String>,
+    /// What every copy in the pool tolerates (`spec.pools[].tolerations`).
+    pub tolerations: Vec<PoolToleration>,
     /// RuntimeClasses its offload pods may name (`spec.pools[].runtimeClassNames`).
     pub runtime_class_names: Vec<String>,
     pub capacity: watch::Receiver<PoolCapacity>,
@@ -335,10 +342,11 @@ impl Session {
                 node: VirtualNodeName::for_pool(&name, &pool_name),
                 name: pool_name,
                 node_selector: pool.node_selector.clone(),
+                tolerations: pool.tolerations.clone(),
                 runtime_class_names: pool.runtime_class_names.clone(),
                 capacity: rx,
             });
-            senders.push((pool.name.clone(), pool.node_selector.clone(), tx));
+            senders.push((pool.name.clone(), (pool.node_selector.clone(), pool.tolerations.clone()), tx));
         }
 
         let (conflict_tx, conflict_rx) = watch::channel(None);
@@ -397,7 +405,10 @@ impl Session {
                             });
                             senders
                                 .iter()
-                                .map(|(_, selector, _)| pool_capacity_under(n.values(), p.values(), selector, &demand))
+                                .map(|(_, (selector, tolerations), _)| {
+                                    let nodes = n.values().filter(|node| node.tolerated_by(tolerations));
+                                    pool_capacity_under(nodes, p.values(), selector, &demand)
+                                })
                                 .collect()
                         }
                         _ => continue,
@@ -610,7 +621,12 @@ mod tests {
         let hpa = HpaRef { target: target.clone(), max_replicas: 5, current_replicas: 1 };
         hpas.apply(watcher::Event::Apply((("ns".into(), "HPA".into(), "web".into()), hpa)));
         let mut templates = ViewCache::default();
-        let template = |replicas| Template { per_replica: Resources::new(), node_selector: BTreeMap::new(), replicas };
+        let template = |replicas| Template {
+            per_replica: Resources::new(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            replicas,
+        };
         templates.apply(watcher::Event::Apply((target.clone(), template(1))));
         // The HPA may still grow by 4 replicas.
         assert_eq!(join_hpas(&hpas, &templates)[0].current_replicas, 1);
@@ -625,7 +641,12 @@ mod tests {
     fn replicas_to_come_are_those_asked_for_beyond_the_pods_that_exist() {
         let gpu = |n: &str| Resources::from_pairs([("nvidia.com/gpu", n)]).unwrap();
         let mut templates = ViewCache::default();
-        let template = |replicas| Template { per_replica: gpu("2"), node_selector: BTreeMap::new(), replicas };
+        let template = |replicas| Template {
+            per_replica: gpu("2"),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            replicas,
+        };
         let web: WorkloadKey = ("online".into(), "Deployment".into(), "web".into());
         let db: WorkloadKey = ("online".into(), "StatefulSet".into(), "db".into());
         templates.apply(watcher::Event::Apply((web, template(5))));

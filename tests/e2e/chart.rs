@@ -46,7 +46,8 @@ async fn helm(env: &Env, cluster: &str, args: &[&str]) -> String {
 /// Removes what an earlier run left: both releases, the MemberCluster, the namespaces' pods.
 async fn clean(env: &Env, training: &Client) {
     for (cluster, ns) in [("training", NS), ("member-a", MEMBER_NS)] {
-        let _ = kubectl(env, cluster, &["-n", ns, "delete", "pods", "--all", "--grace-period=0", "--force"], None).await;
+        let _ =
+            kubectl(env, cluster, &["-n", ns, "delete", "pods", "--all", "--grace-period=0", "--force"], None).await;
         let (_, list, _) = kubectl(env, cluster, &["-n", ns, "get", "secret", "-o", "name"], None).await;
         if list.contains("sh.helm.release") {
             helm(env, cluster, &["uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "90s"]).await;
@@ -126,8 +127,22 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
     let taint = env.var("REAL_NODE_TAINT");
 
     // 1. Member side: the identity tidepool uses there.
-    helm(&env, "member-a", &["install", RELEASE, CHART, "-n", MEMBER_NS, "--set", "target=member",
-        "--set", &format!("fullnameOverride={RELEASE}")]).await;
+    helm(
+        &env,
+        "member-a",
+        &[
+            "install",
+            RELEASE,
+            CHART,
+            "-n",
+            MEMBER_NS,
+            "--set",
+            "target=member",
+            "--set",
+            &format!("fullnameOverride={RELEASE}"),
+        ],
+    )
+    .await;
     let kubeconfig = member_kubeconfig(&env, &member).await;
     put_kubeconfig_secret(&training, NS, "member-a", kubeconfig.as_bytes()).await;
     apply_member(&training, MEMBER, TEST, NS, "member-a").await;
@@ -170,9 +185,10 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
                 .items
                 .iter()
                 .filter(|p| {
-                    p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-                        cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                    })
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
                 })
                 .map(|p| (p.metadata.name.clone().unwrap(), p.status.clone().unwrap().pod_ip.unwrap_or_default()))
                 .collect();

@@ -323,7 +323,8 @@ async fn the_process_sees_the_reclaim_notice_in_its_annotations_file() {
         }
     })
     .await;
-    let deadline = s.pods().get(&name).await.unwrap().metadata.annotations.unwrap()[keys::ANNOTATION_RECLAIM_DEADLINE].clone();
+    let deadline =
+        s.pods().get(&name).await.unwrap().metadata.annotations.unwrap()[keys::ANNOTATION_RECLAIM_DEADLINE].clone();
     assert_eq!(line, format!("notice: {}=\"{deadline}\"", keys::ANNOTATION_RECLAIM_DEADLINE));
 
     drain_pods(&s.training, NS).await;
@@ -398,4 +399,88 @@ async fn pods_on_a_real_node_reach_each_other_by_ip_and_resolve_services_through
     assert_eq!(phase, "Succeeded", "client output: {out}");
     assert_eq!(out.trim(), format!("pong {server_ip} pong"));
     clear_pods(&member, ns).await;
+}
+
+#[tokio::test]
+async fn a_job_that_ignores_disruptions_replaces_a_reclaimed_pod_without_counting_a_failure() {
+    let s = Setup::start("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 5, medium: 5, low: 5}").await;
+    let id = run_id();
+    let name = format!("resumable-{id}");
+    // backoffLimit 0: one counted failure fails the Job. The policy ignores disruptions.
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+            ]},
+            "template": {"spec": {
+                "schedulerName": scheduler_name(TEST),
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{
+                    "name": "main",
+                    "image": s.env.var("WORKLOAD_IMAGE"),
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "echo training; exec sleep 3600"],
+                    "resources": {"requests": {"cpu": "500m", "memory": "16Mi"}}
+                }]
+            }}
+        }
+    }))
+    .unwrap();
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(s.training.clone(), NS);
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let selector = format!("job-name={name}");
+    let first = wait_for(Duration::from_secs(90), "the Job's pod running", || {
+        let (pods, selector) = (s.pods(), selector.clone());
+        async move {
+            let list = pods.list(&kube::api::ListParams::default().labels(&selector)).await.ok()?;
+            let pod = list.items.into_iter().next()?;
+            (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then(|| pod.metadata.name.unwrap())
+        }
+    })
+    .await;
+
+    // The member admin holds the real node's CPU back: the pod is reclaimed.
+    let node = Api::<Node>::all(s.member.clone()).get(s.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
+    let cores: u32 = node.status.unwrap().allocatable.unwrap()["cpu"].0.parse().unwrap();
+    let reserve = json!({"spec": {"capacity": {"reserve": {"cpu": format!("{}m", cores * 1000 - 300)}}}});
+    let members = Api::<MemberCluster>::all(s.training.clone());
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&reserve)).await.unwrap();
+    let reclaimed = wait_for(Duration::from_secs(90), "the pod Failed, Reclaimed", || {
+        let (pods, first) = (s.pods(), first.clone());
+        async move {
+            let pod = pods.get(&first).await.ok()?;
+            (pod.status.as_ref()?.reason.as_deref() == Some("Reclaimed")).then_some(pod)
+        }
+    })
+    .await;
+    let status = reclaimed.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Failed"));
+    let target = status.conditions.unwrap().into_iter().find(|c| c.type_ == "DisruptionTarget");
+    assert_eq!(
+        target.map(|c| (c.status, c.reason)),
+        Some(("True".to_owned(), Some(keys::REASON_DISRUPTION_RECLAIM.to_owned()))),
+        "a reclaimed pod carries the standard DisruptionTarget condition"
+    );
+
+    // The Job makes a replacement and does not fail: the reclaim did not count.
+    wait_for(Duration::from_secs(60), "a replacement pod", || {
+        let (pods, selector, first) = (s.pods(), selector.clone(), first.clone());
+        async move {
+            let list = pods.list(&kube::api::ListParams::default().labels(&selector)).await.ok()?;
+            list.items.iter().any(|p| p.metadata.name.as_deref() != Some(first.as_str())).then_some(())
+        }
+    })
+    .await;
+    let job = jobs.get(&name).await.unwrap();
+    let conditions: Vec<String> =
+        job.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default().into_iter().map(|c| c.type_).collect();
+    assert!(!conditions.iter().any(|c| c == "Failed" || c == "FailureTarget"), "the Job failed: {conditions:?}");
+    assert_eq!(job.status.unwrap().failed.unwrap_or(0), 0, "the reclaim counted as a failure");
+
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"capacity": null}}))).await.unwrap();
+    jobs.delete(&name, &kube::api::DeleteParams::background()).await.unwrap();
+    drain_pods(&s.training, NS).await;
 }

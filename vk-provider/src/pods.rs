@@ -598,6 +598,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             member: member.name.as_str(),
             namespace_prefix: &member.namespace_prefix,
             node_selector: &pool.node_selector,
+            tolerations: &pool.tolerations,
             band: translate::band_of(&whole),
             copy_labels: &member.copy_labels,
             copy_annotations: &member.copy_annotations,

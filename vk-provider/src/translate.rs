@@ -26,6 +26,8 @@ pub struct Target<'a> {
     pub namespace_prefix: &'a str,
     /// The pool's node selector.
     pub node_selector: &'a BTreeMap<String, String>,
+    /// The pool's tolerations: every copy carries them.
+    pub tolerations: &'a [tidepool_config::crd::PoolToleration],
     /// Reclaim band: picks the member PriorityClass.
     pub band: keys::Band,
     /// Training pod labels the member lets travel besides tidepool's own
@@ -236,6 +238,9 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
         let kept: Vec<Toleration> = tolerations.iter().filter_map(lifecycle_toleration).collect();
         s.tolerations = (!kept.is_empty()).then_some(kept);
     }
+    if !target.tolerations.is_empty() {
+        s.tolerations.get_or_insert_with(Vec::new).extend(target.tolerations.iter().map(|t| t.to_toleration()));
+    }
     // Offload pods are guests: they never preempt online pods. Priority is the member's
     // business (its admission derives it from the class), so the training values go.
     s.priority = None;
@@ -344,7 +349,13 @@ fn add_annotations_volume(s: &mut PodSpec) {
 /// a reclaim notice) when the member's status is copied over it.
 pub fn keep_tidepool_conditions(desired: &mut PodStatus, ours: &[PodCondition]) {
     if !ours.is_empty() {
-        desired.conditions.get_or_insert_with(Vec::new).extend(ours.iter().cloned());
+        let conditions = desired.conditions.get_or_insert_with(Vec::new);
+        for c in ours {
+            // A member's own DisruptionTarget (it preempted the copy meanwhile) wins.
+            if !conditions.iter().any(|have| have.type_ == c.type_) {
+                conditions.push(c.clone());
+            }
+        }
     }
 }
 
@@ -363,6 +374,7 @@ pub fn member_disruption(target: Option<&str>) -> (&'static str, &'static str) {
         Some("DeletionByTaintManager") => ("EvictedByMember", "was evicted by a node taint"),
         Some("TerminationByKubelet") => ("EvictedByMember", "was terminated by the member's kubelet"),
         Some("DeletionByPodGC") => ("OffloadPodLost", "was garbage-collected"),
+        Some(keys::REASON_DISRUPTION_RECLAIM) => (keys::REASON_RECLAIMED, "was reclaimed by tidepool"),
         _ => ("OffloadPodLost", "disappeared"),
     }
 }
@@ -486,10 +498,32 @@ mod tests {
             member: "member-a",
             namespace_prefix: "tp-",
             node_selector: selector,
+            tolerations: &[],
             band: keys::Band::Medium,
             copy_labels: &[],
             copy_annotations: &[],
         }
+    }
+
+    #[test]
+    fn the_pools_tolerations_are_added_and_the_tenants_tidepool_ones_dropped() {
+        let mut pod = training_pod();
+        pod.spec.as_mut().unwrap().tolerations.as_mut().unwrap().push(k8s_openapi::api::core::v1::Toleration {
+            key: Some("tidepool.io/real-node".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        });
+        let lend = tidepool_config::crd::PoolToleration {
+            key: Some("tidepool.io/real-node".into()),
+            operator: Some("Equal".into()),
+            value: Some("true".into()),
+            effect: Some("NoSchedule".into()),
+        };
+        let selector = BTreeMap::new();
+        let pool = Target { tolerations: std::slice::from_ref(&lend), ..target(&selector) };
+        let tolerations = offload_pod(&pod, &pool).unwrap().spec.unwrap().tolerations.unwrap();
+        let seen: Vec<_> = tolerations.iter().map(|t| (t.key.as_deref(), t.value.as_deref())).collect();
+        assert_eq!(seen, [(Some("node.kubernetes.io/not-ready"), None), (Some("tidepool.io/real-node"), Some("true"))]);
     }
 
     #[test]
@@ -563,6 +597,37 @@ mod tests {
         keep_tidepool_conditions(&mut desired, &lite(Some(current)).tidepool_conditions);
         let types: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
         assert_eq!(types, [("Ready".into(), "True".into()), ("tidepool.io/ReclaimRequested".into(), "True".into())]);
+    }
+
+    #[test]
+    fn a_reclaims_disruption_target_survives_the_status_copy_unless_the_member_set_its_own() {
+        let current: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": "tidepool.io/ReclaimRequested", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM}
+        ]}))
+        .unwrap();
+        let ours = lite(Some(current)).tidepool_conditions;
+        let copy = |conditions: serde_json::Value| -> PodStatus {
+            serde_json::from_value(json!({"conditions": conditions})).unwrap()
+        };
+        let mut desired = copy(json!([{"type": "Ready", "status": "True"}]));
+        keep_tidepool_conditions(&mut desired, &ours);
+        let reasons: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.reason)).collect();
+        assert_eq!(reasons[2], ("DisruptionTarget".into(), Some(keys::REASON_DISRUPTION_RECLAIM.into())));
+        // The member preempted the copy meanwhile: its own condition stays, once.
+        let mut desired =
+            copy(json!([{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]));
+        keep_tidepool_conditions(&mut desired, &ours);
+        let targets: Vec<_> = desired
+            .conditions
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.type_ == "DisruptionTarget")
+            .map(|c| c.reason)
+            .collect();
+        assert_eq!(targets, [Some("PreemptionByScheduler".to_owned())]);
+        // A pod whose copy vanished after tidepool's own reclaim is Reclaimed, not lost.
+        assert_eq!(member_disruption(Some(keys::REASON_DISRUPTION_RECLAIM)).0, keys::REASON_RECLAIMED);
     }
 
     #[test]
