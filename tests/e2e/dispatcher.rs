@@ -103,24 +103,104 @@ async fn delete_all(pods: &Api<Pod>, names: &[String]) {
     .await;
 }
 
+/// Online pods of a member itself, each taking some GPUs of one of its nodes: the member's
+/// pool lends that much less, and has room for part of a gang only.
+struct Occupied {
+    api: Api<Pod>,
+    names: Vec<String>,
+}
+
+impl Occupied {
+    async fn release(self) {
+        let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+        for n in &self.names {
+            let _ = self.api.delete(n, &dp).await;
+        }
+    }
+}
+
+/// Puts `(member node, GPUs)` online pods in `cluster` (namespace `<test>-online`), Running.
+async fn occupy(env: &Env, cluster: &str, test: &str, taken: &[(&str, u32)]) -> Occupied {
+    let member = env.client(cluster).await;
+    let ns = format!("{test}-online");
+    ensure_namespace(&member, &ns).await;
+    // What an earlier, failed run of the test left there goes first.
+    clear_pods(&member, &ns).await;
+    let api = Api::<Pod>::namespaced(member, &ns);
+    let id = run_id();
+    let mut names = Vec::new();
+    for (i, (node, gpus)) in taken.iter().enumerate() {
+        let name = format!("online-{id}-{i}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "web", "image": "example.invalid/web:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        names.push(name);
+    }
+    wait_running(&api, &names).await;
+    Occupied { api, names }
+}
+
+/// Waits until virtual node `node` lends `gpus` GPUs or more.
+async fn wait_lends_at_least(training: &Client, node: &str, gpus: i64) {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
+    wait_for(Duration::from_secs(30), &format!("{node} lends at least {gpus} GPUs"), || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(node).await.ok()?;
+            let q = n.status?.allocatable?.get("nvidia.com/gpu")?.0.clone();
+            (q.parse::<i64>().ok()? >= gpus).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Waits until virtual node `node` lends `gpus` GPUs or fewer: what the test's own arithmetic
+/// says is left once `occupy` has taken its share.
+async fn wait_lends_at_most(training: &Client, node: &str, gpus: i64) {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
+    wait_for(Duration::from_secs(30), &format!("{node} lends at most {gpus} GPUs"), || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(node).await.ok()?;
+            let q = n.status?.allocatable?.get("nvidia.com/gpu")?.0.clone();
+            (q.parse::<i64>().ok()? <= gpus).then_some(())
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
-async fn a_batch_job_runs_as_one_gang_on_one_member() {
+async fn a_batch_job_runs_whole_on_the_one_member_with_room_for_all_of_it() {
     let env = Env::load();
     let test = "dispatch-job";
     let ns = "e2e-dispatch-job";
     let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    // A Job an earlier, failed run left would make new pods of its own.
+    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    Api::<Job>::namespaced(training.clone(), ns).delete_collection(&dp, &ListParams::default()).await.unwrap();
+    clear_pods(&training, ns).await;
+    // member-b (4 nodes × 4 GPUs) keeps 8 GPUs for the 3 × 4-GPU job: room for 2 of its pods,
+    // on the tightest nodes. member-a (2 × 8) has room for all 3. Pod by pod, the job would
+    // split; as a gang it goes whole to member-a.
+    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
+    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
     let id = run_id();
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": format!("train-{id}")},
         "spec": {
-            "parallelism": 4, "completions": 4, "backoffLimit": 0,
+            "parallelism": 3, "completions": 3, "backoffLimit": 0,
             "template": {
-                "metadata": {"annotations": {keys::ANNOTATION_GANG: format!("train-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}},
+                "metadata": {"annotations": {keys::ANNOTATION_GANG: format!("train-{id}"), keys::ANNOTATION_MIN_MEMBER: "3"}},
                 "spec": {
                     "schedulerName": scheduler_name(test),
                     "restartPolicy": "Never",
                     "containers": [{"name": "main", "image": "example.invalid/trainer:1",
-                                    "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4", "memory": "8Gi"}}}]
+                                    "resources": {"limits": {"nvidia.com/gpu": "4", "cpu": "4", "memory": "8Gi"}}}]
                 }
             }
         }
@@ -130,17 +210,17 @@ async fn a_batch_job_runs_as_one_gang_on_one_member() {
     jobs.create(&PostParams::default(), &job).await.unwrap();
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let lp = ListParams::default().labels(&format!("job-name=train-{id}"));
-    let names: Vec<String> = wait_for(Duration::from_secs(60), "4 job pods", || {
+    let names: Vec<String> = wait_for(Duration::from_secs(60), "3 job pods", || {
         let (pods, lp) = (pods.clone(), lp.clone());
         async move {
             let l = pods.list(&lp).await.ok()?;
-            (l.items.len() == 4).then(|| l.items.iter().map(|p| p.metadata.name.clone().unwrap()).collect())
+            (l.items.len() == 3).then(|| l.items.iter().map(|p| p.metadata.name.clone().unwrap()).collect())
         }
     })
     .await;
     let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
-    let nodes: BTreeSet<&String> = bound.values().collect();
-    assert_eq!(nodes.len(), 1, "gang split across pools: {bound:?}");
+    let whole = format!("tidepool-{test}-member-a");
+    assert!(bound.values().all(|n| *n == whole), "the job is not whole on {whole}: {bound:?}");
     wait_running(&pods, &names).await;
     for n in &names {
         let p = pods.get(n).await.unwrap();
@@ -150,6 +230,7 @@ async fn a_batch_job_runs_as_one_gang_on_one_member() {
     let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..Default::default() };
     jobs.delete(&format!("train-{id}"), &dp).await.unwrap();
     delete_all(&pods, &names).await;
+    online.release().await;
 }
 
 #[tokio::test]
@@ -157,29 +238,30 @@ async fn of_two_gangs_competing_for_one_pool_one_runs_whole_and_the_other_waits_
     let env = Env::load();
     let test = "dispatch-compete";
     let ns = "e2e-dispatch-compete";
-    // member-b: 4 nodes × 4 GPUs. Each gang takes 4 × 3 GPUs: only one fits (with room to
-    // spare for a stray pod of another test).
+    // member-b: 4 nodes × 4 GPUs. The first gang (2 × 4 GPUs) leaves two whole nodes free;
+    // the second (3 × 4 GPUs) then has room for two of its pods, not three: pod by pod, two
+    // would bind. As a gang, none does.
     let (training, _tp) = setup(&env, test, ns, &["member-b"]).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
     let mut gangs: Vec<Vec<String>> = Vec::new();
-    for g in ["first", "second"] {
+    for (g, size) in [("first", 2), ("second", 3)] {
         let mut names = Vec::new();
-        for i in 0..4 {
+        for i in 0..size {
             let name = format!("{g}-{id}-{i}");
-            let meta =
-                json!({"annotations": {keys::ANNOTATION_GANG: format!("{g}-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
-            pods.create(&PostParams::default(), &gang_pod(&name, &scheduler_name(test), 3, meta)).await.unwrap();
+            let meta = json!({"annotations": {keys::ANNOTATION_GANG: format!("{g}-{id}"),
+                                              keys::ANNOTATION_MIN_MEMBER: size.to_string()}});
+            pods.create(&PostParams::default(), &gang_pod(&name, &scheduler_name(test), 4, meta)).await.unwrap();
             names.push(name);
         }
         gangs.push(names);
-        // The first gang is older: it goes first.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        if g == "first" {
+            // The first gang goes first: it is bound before the second exists.
+            wait_bound(&pods, &gangs[0], Duration::from_secs(60)).await;
+        }
     }
-    let bound = wait_bound(&pods, &gangs[0], Duration::from_secs(60)).await;
-    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1);
     wait_running(&pods, &gangs[0]).await;
-    // The second gang waits whole, with the reason on every pod.
+    // The second gang waits whole, with the reason on every pod and none of them bound.
     let msg = wait_for(Duration::from_secs(30), "second gang explained", || {
         let (pods, names) = (pods.clone(), gangs[1].clone());
         async move {
@@ -194,10 +276,13 @@ async fn of_two_gangs_competing_for_one_pool_one_runs_whole_and_the_other_waits_
     })
     .await;
     assert!(msg.contains("nvidia.com/gpu"), "reason should name the missing resource: {msg}");
+    for n in &gangs[1] {
+        assert!(pods.get(n).await.unwrap().spec.unwrap().node_name.is_none(), "pod {n} of the waiting gang was bound");
+    }
     // Freeing the pool lets the second gang in, whole.
     delete_all(&pods, &gangs[0]).await;
     let bound = wait_bound(&pods, &gangs[1], Duration::from_secs(60)).await;
-    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1);
+    assert_eq!(bound.len(), 3, "{bound:?}");
     wait_running(&pods, &gangs[1]).await;
     delete_all(&pods, &gangs[1]).await;
 }
@@ -222,29 +307,71 @@ async fn an_8_gpu_pod_is_refused_where_the_free_gpus_are_spread_over_nodes() {
 }
 
 #[tokio::test]
-async fn elastic_pods_beyond_min_member_join_the_same_pool_as_band_low() {
+async fn elastic_pods_beyond_min_member_join_the_same_pool_as_band_low_or_wait() {
     let env = Env::load();
     let test = "dispatch-elastic";
     let ns = "e2e-dispatch-elastic";
     let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    // member-a keeps 12 GPUs (8 + 4), member-b 16 (4 × 4). A job of 5 × 4 GPUs, minMember 2:
+    // whichever pool takes its core has room for only part of the elastic pods (member-b:
+    // 2 more, member-a: 1 more), while the other pool has room for more of them.
+    let online = occupy(&env, "member-a", test, &[("member-a-gpu-1", 4)]).await;
+    wait_lends_at_most(&training, &format!("tidepool-{test}-member-a"), 12).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
-    let names: Vec<String> = (0..4).map(|i| format!("el-{id}-{i}")).collect();
+    let names: Vec<String> = (0..5).map(|i| format!("el-{id}-{i}")).collect();
     for n in &names {
         let meta =
             json!({"annotations": {keys::ANNOTATION_GANG: format!("el-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, meta)).await.unwrap();
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 4, meta)).await.unwrap();
     }
-    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
-    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "elastic pods left the gang's pool: {bound:?}");
-    wait_running(&pods, &names).await;
+    // Settled: the core bound, every other pod either bound or told why it waits as an elastic
+    //    pod of the placed gang (an earlier round's reason may say something else).
+    let (bound, waiting) = wait_for(Duration::from_secs(60), "every pod bound or explained", || {
+        let (pods, names) = (pods.clone(), names.clone());
+        async move {
+            let (mut bound, mut waiting) = (BTreeMap::new(), Vec::new());
+            for n in &names {
+                let p = pods.get(n).await.ok()?;
+                match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                    Some(node) => {
+                        bound.insert(n.clone(), node);
+                    }
+                    None => waiting.push((n.clone(), unschedulable_message(&p).filter(|m| m.contains("elastic pod"))?)),
+                }
+            }
+            (bound.len() >= 2).then_some((bound, waiting))
+        }
+    })
+    .await;
+    let pools: BTreeSet<&String> = bound.values().collect();
+    assert_eq!(pools.len(), 1, "elastic pods left the gang's pool: {bound:?}");
+    let pool = pools.into_iter().next().unwrap().clone();
+    assert!(!waiting.is_empty(), "every elastic pod found room on {pool}: {bound:?}");
+    assert!(
+        waiting.iter().all(|(_, m)| m.contains(&format!("no room for another elastic pod on {pool}"))),
+        "{waiting:?}"
+    );
+    // The other pool had room for a waiting pod: a pod-by-pod placer would have put it there.
+    let other = if pool.ends_with("member-a") {
+        format!("tidepool-{test}-member-b")
+    } else {
+        format!("tidepool-{test}-member-a")
+    };
+    let lends = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone()).get(&other).await.unwrap();
+    let gpus = lends.status.unwrap().allocatable.unwrap()["nvidia.com/gpu"].0.parse::<i64>().unwrap();
+    assert!(gpus >= 4, "{other} lends only {gpus} GPUs: no split was possible");
+    let bound_names: Vec<String> = bound.keys().cloned().collect();
+    wait_running(&pods, &bound_names).await;
     let mut bands = BTreeMap::new();
-    for n in &names {
+    for n in &bound_names {
         let band = pods.get(n).await.unwrap().labels()[keys::LABEL_BAND].clone();
         *bands.entry(band).or_insert(0) += 1;
     }
-    assert_eq!(bands, BTreeMap::from([("low".to_string(), 2), ("medium".to_string(), 2)]));
+    assert_eq!(bands.get("medium"), Some(&2), "{bands:?}");
+    assert_eq!(bands.get("low").copied().unwrap_or(0), bound.len() - 2, "{bands:?}");
     delete_all(&pods, &names).await;
+    online.release().await;
 }
 
 /// Installs a minimal CRD so PodGroups of `group` can be stored (tidepool reads only
@@ -324,14 +451,23 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
     let label = json!({"labels": {keys::LABEL_POD_GROUP: pt, "training.kubeflow.org/job-name": pt}});
     let torch: Vec<String> =
         ["master-0", "worker-0", "worker-1", "worker-2"].iter().map(|r| format!("{pt}-{r}")).collect();
-    // Three of four: not enough, nothing binds.
+    // Three of four: not enough, nothing binds. The dispatcher says so on each pod: once
+    //    it has, it has looked at them and bound none.
     for n in &torch[..3] {
         pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, label.clone())).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    for n in &torch[..3] {
-        assert!(pods.get(n).await.unwrap().spec.unwrap().node_name.is_none(), "{n} bound before its gang was complete");
-    }
+    wait_for(Duration::from_secs(30), "the incomplete gang explained on each of its pods", || {
+        let (pods, names) = (pods.clone(), torch[..3].to_vec());
+        async move {
+            for n in &names {
+                let p = pods.get(n).await.ok()?;
+                assert!(p.spec.as_ref().unwrap().node_name.is_none(), "{n} bound before its gang was complete");
+                unschedulable_message(&p).filter(|m| m.contains("3 of its 4 pods"))?;
+            }
+            Some(())
+        }
+    })
+    .await;
     pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
     let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
     assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
@@ -346,32 +482,57 @@ async fn a_crash_during_placement_never_splits_a_gang() {
     let test = "dispatch-crash";
     let ns = "e2e-dispatch-crash";
     let (training, mut tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    // member-b keeps 8 GPUs: room for 4 of the gang's 6 × 2-GPU pods. member-a (16) takes
+    // all 6. A restart that re-placed the unbound rest on its own would split the gang.
+    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
+    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
-    let names: Vec<String> = (0..8).map(|i| format!("crash-{id}-{i}")).collect();
+    let names: Vec<String> = (0..6).map(|i| format!("crash-{id}-{i}")).collect();
+    // Watched, not polled: the kill follows the first placement annotation at once.
+    let selector = format!("e2e-crash={id}");
+    let config = kube::runtime::watcher::Config::default().labels(&selector);
+    let mut stream = Box::pin(kube::runtime::watcher(pods.clone(), config));
     for n in &names {
-        let meta =
-            json!({"annotations": {keys::ANNOTATION_GANG: format!("crash-{id}"), keys::ANNOTATION_MIN_MEMBER: "8"}});
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, meta)).await.unwrap();
+        let meta = json!({"labels": {"e2e-crash": id.clone()},
+                          "annotations": {keys::ANNOTATION_GANG: format!("crash-{id}"), keys::ANNOTATION_MIN_MEMBER: "6"}});
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, meta)).await.unwrap();
     }
-    // Kill tidepool as soon as the placement is being recorded.
-    wait_for(Duration::from_secs(60), "placement recorded on a pod", || {
-        let (pods, names) = (pods.clone(), names.clone());
-        async move {
-            for n in &names {
-                if pods.get(n).await.ok()?.annotations().contains_key(keys::ANNOTATION_PLACEMENT) {
-                    return Some(());
-                }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        use futures::StreamExt;
+        while let Some(event) = stream.next().await {
+            if let kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p) =
+                event.expect("watch of the gang's pods")
+                && p.annotations().contains_key(keys::ANNOTATION_PLACEMENT)
+            {
+                return;
             }
-            None
         }
+        panic!("watch of the gang's pods ended");
     })
-    .await;
+    .await
+    .expect("no placement recorded within 60 s");
     tp.kill();
     drop(tp);
+    // The kill landed mid-placement: some of the gang's pods were still unbound.
+    let mut unbound = 0;
+    for n in &names {
+        if pods.get(n).await.unwrap().spec.unwrap().node_name.is_none() {
+            unbound += 1;
+        }
+    }
+    assert!(unbound > 0, "every pod was bound before the kill: the crash did not land mid-placement");
+    // While tidepool is down member-b frees up: placed afresh, the gang would now fit it more
+    // tightly (three whole 4-GPU nodes). The recorded placement must win.
+    online.release().await;
     let _tp = Tidepool::start(&env, test, ns);
+    wait_lends_at_least(&training, &format!("tidepool-{test}-member-b"), 16).await;
     let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
-    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "gang split after a crash: {bound:?}");
+    let whole = format!("tidepool-{test}-member-a");
+    assert!(
+        bound.values().all(|n| *n == whole),
+        "gang not whole on {whole} after a crash ({unbound} unbound at the kill): {bound:?}"
+    );
     wait_running(&pods, &names).await;
     delete_all(&pods, &names).await;
 }

@@ -134,6 +134,7 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     assert_eq!((addresses[0].type_.as_str(), addresses[0].address.as_str()), ("InternalIP", "127.0.0.2"));
     // An online pod of the member on a GPU node, so the surplus is more than allocatable.
     ensure_namespace(&member, NS).await;
+    clear_pods(&member, NS).await;
     let online_pods = Api::<Pod>::namespaced(member.clone(), NS);
     let online = format!("online-{}", run_id());
     let online_pod: Pod = serde_json::from_value(serde_json::json!({
