@@ -105,13 +105,13 @@ async fn delete_all(pods: &Api<Pod>, names: &[String]) {
 
 /// Online pods of a member itself, each taking some GPUs of one of its nodes: the member's
 /// pool lends that much less, and has room for part of a gang only.
-struct Occupied {
+pub(crate) struct Occupied {
     api: Api<Pod>,
     names: Vec<String>,
 }
 
 impl Occupied {
-    async fn release(self) {
+    pub(crate) async fn release(self) {
         let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
         for n in &self.names {
             let _ = self.api.delete(n, &dp).await;
@@ -120,7 +120,7 @@ impl Occupied {
 }
 
 /// Puts `(member node, GPUs)` online pods in `cluster` (namespace `<test>-online`), Running.
-async fn occupy(env: &Env, cluster: &str, test: &str, taken: &[(&str, u32)]) -> Occupied {
+pub(crate) async fn occupy(env: &Env, cluster: &str, test: &str, taken: &[(&str, u32)]) -> Occupied {
     let member = env.client(cluster).await;
     let ns = format!("{test}-online");
     ensure_namespace(&member, &ns).await;
@@ -146,7 +146,7 @@ async fn occupy(env: &Env, cluster: &str, test: &str, taken: &[(&str, u32)]) -> 
 }
 
 /// Waits until virtual node `node` lends `gpus` GPUs or more.
-async fn wait_lends_at_least(training: &Client, node: &str, gpus: i64) {
+pub(crate) async fn wait_lends_at_least(training: &Client, node: &str, gpus: i64) {
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
     wait_for(Duration::from_secs(30), &format!("{node} lends at least {gpus} GPUs"), || {
         let nodes = nodes.clone();

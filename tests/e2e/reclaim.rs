@@ -302,6 +302,15 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
         }
     })
     .await;
+    // member-a joins now (so the filler never went there), with 2 of its GPUs left over by its
+    // own online pods: room for one pod of the high gang, not both. Pod by pod, one high pod
+    // would go there; as a gang, it preempts on member-b.
+    let online =
+        crate::dispatcher::occupy(&env, "member-a", test, &[("member-a-gpu-0", 8), ("member-a-gpu-1", 6)]).await;
+    let kubeconfig_a = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig_a).await;
+    apply_member(&training, "preempt-a", test, ns, "member-a").await;
+    crate::dispatcher::wait_lends_at_least(&training, "tidepool-preempt-a", 2).await;
     // A high-band gang of 2 × 2 GPUs arrives: no room, so two low pods get a notice.
     let high: Vec<String> = (0..2).map(|i| format!("high-{id}-{i}")).collect();
     for n in &high {
@@ -312,8 +321,12 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     // The two victims ack their checkpoints on the pods themselves; with a 60 s grace, only
     // the acks free the room in time.
     let noticed = wait_for(Duration::from_secs(30), "two filler pods noticed", || {
-        let (pods, filler) = (pods.clone(), filler.clone());
+        let (pods, filler, high) = (pods.clone(), filler.clone(), high.clone());
         async move {
+            for n in &high {
+                let node = pods.get(n).await.ok()?.spec?.node_name;
+                assert!(node.as_deref() != Some("tidepool-preempt-a"), "{n} of the high gang went to member-a alone");
+            }
             let mut noticed = Vec::new();
             for n in &filler {
                 if pods.get(n).await.ok()?.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE) {
@@ -352,8 +365,11 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     }
     assert_eq!(reclaimed.len(), 2, "exactly the room the gang needs is taken: {reclaimed:?}");
     drain_pods(&training, ns).await;
-    Api::<tidepool_config::MemberCluster>::all(training.clone())
-        .delete("preempt-b", &DeleteParams::default())
-        .await
-        .unwrap();
+    for member in ["preempt-a", "preempt-b"] {
+        Api::<tidepool_config::MemberCluster>::all(training.clone())
+            .delete(member, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    online.release().await;
 }
