@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tidepool_config::{MemberCluster, keys};
 use tokio::io::AsyncReadExt;
@@ -104,7 +106,7 @@ async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<St
 /// runs one pod on it; returns the proxy, tidepool, pod name and the offload pod's UID.
 struct Setup {
     proxy: Proxy,
-    _tidepool: Tidepool,
+    tidepool: Tidepool,
     training: Client,
     member_b: Client,
     node: String,
@@ -155,7 +157,7 @@ async fn setup(test: &str, ns: &str, member: &str, top_level: &str) -> Setup {
     .await;
     let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{ns}")).get(&worker).await.unwrap();
     let offload_uid = offload.metadata.uid.unwrap();
-    Setup { proxy, _tidepool: tidepool, training, member_b, node, worker, offload_uid, origin_uid }
+    Setup { proxy, tidepool, training, member_b, node, worker, offload_uid, origin_uid }
 }
 
 async fn offload_copies(member_b: &Client, origin_uid: &str) -> Vec<Pod> {
@@ -209,20 +211,72 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
 
     // 2. For the whole outage nothing is torn down: the node stays (NotReady, tainted), the
     //    offload pod is the same one, still Running, and the training pod still Running.
-    while cut.elapsed() < OUTAGE {
-        let copies = offload_copies(&s.member_b, &s.origin_uid).await;
-        assert_eq!(copies.len(), 1, "offload copies during the outage: {copies:?}");
-        assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
-        assert!(copies[0].metadata.deletion_timestamp.is_none());
-        assert_eq!(copies[0].status.as_ref().and_then(|st| st.phase.as_deref()), Some("Running"));
-        assert_eq!(pods.get(&s.worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
-        let n = nodes.get_opt(&s.node).await.unwrap().expect("virtual node deleted during the outage");
-        assert_eq!(condition(&n, "Ready").map(|c| c.0).as_deref(), Some("Unknown"), "at {:?}", cut.elapsed());
-        assert!(has_taint(&n, keys::TAINT_UNREACHABLE), "taint lifted during the outage at {:?}", cut.elapsed());
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
+    //    Watched for the outage's whole length (not sampled): any change in between is seen.
+    let member_ns = format!("tp-{NS}");
+    let copies_api = Api::<Pod>::namespaced(s.member_b.clone(), &member_ns);
+    let origin = format!("{}={}", keys::LABEL_ORIGIN_UID, s.origin_uid);
+    let mut copies_watch = Box::pin(watcher(copies_api.clone(), watcher::Config::default().labels(&origin)));
+    let node_field = format!("metadata.name={}", s.node);
+    let mut node_watch = Box::pin(watcher(nodes.clone(), watcher::Config::default().fields(&node_field)));
+    let worker_field = format!("metadata.name={}", s.worker);
+    let mut worker_watch = Box::pin(watcher(pods.clone(), watcher::Config::default().fields(&worker_field)));
+    let (mut copy_events, mut node_events, mut worker_events) = (0usize, 0usize, 0usize);
+    let held = async {
+        loop {
+            tokio::select! {
+                e = copies_watch.next() => match e.expect("copies watch ended").expect("copies watch failed") {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        copy_events += 1;
+                        assert_eq!(p.metadata.uid.as_deref(), Some(s.offload_uid.as_str()), "another copy during the outage");
+                        assert!(p.metadata.deletion_timestamp.is_none(), "copy deleted during the outage at {:?}", cut.elapsed());
+                        assert_eq!(p.status.as_ref().and_then(|st| st.phase.as_deref()), Some("Running"));
+                    }
+                    watcher::Event::Delete(_) => panic!("copy gone during the outage at {:?}", cut.elapsed()),
+                    _ => {}
+                },
+                e = node_watch.next() => match e.expect("node watch ended").expect("node watch failed") {
+                    watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                        node_events += 1;
+                        assert_eq!(condition(&n, "Ready").map(|c| c.0).as_deref(), Some("Unknown"), "at {:?}", cut.elapsed());
+                        assert!(has_taint(&n, keys::TAINT_UNREACHABLE), "taint lifted during the outage at {:?}", cut.elapsed());
+                    }
+                    watcher::Event::Delete(_) => panic!("virtual node deleted during the outage at {:?}", cut.elapsed()),
+                    _ => {}
+                },
+                e = worker_watch.next() => match e.expect("worker watch ended").expect("worker watch failed") {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        worker_events += 1;
+                        assert_eq!(p.status.and_then(|st| st.phase).as_deref(), Some("Running"), "at {:?}", cut.elapsed());
+                    }
+                    watcher::Event::Delete(_) => panic!("training pod deleted during the outage"),
+                    _ => {}
+                },
+            }
+        }
+    };
+    let _ = tokio::time::timeout(OUTAGE.saturating_sub(cut.elapsed()), held).await;
+    // Each watch delivered at least the object's state once: they were watching.
+    assert!(copy_events > 0 && node_events > 0 && worker_events > 0, "{copy_events} {node_events} {worker_events}");
 
-    // 3. Restored: node Ready, taint gone, member Ready, exactly the one offload pod.
+    // 3. Restored: node Ready, taint gone, member Ready, exactly the one offload pod. Every
+    //    copy made from here on is seen (a watch started before the connection is back).
+    let (added_tx, mut added_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let added = tokio::spawn({
+        let (copies_api, origin) = (copies_api.clone(), origin.clone());
+        async move {
+            let mut stream = Box::pin(watcher(copies_api, watcher::Config::default().labels(&origin)));
+            while let Some(e) = stream.next().await {
+                if let watcher::Event::Apply(p) | watcher::Event::InitApply(p) =
+                    e.expect("offload namespace watch failed")
+                {
+                    let _ = added_tx.send(p.metadata.uid.unwrap_or_default());
+                }
+            }
+        }
+    });
+    let synced_before =
+        metric_value(&s.tidepool.scrape_live(), "tidepool_sync_duration_seconds_count", "controller=\"pod\"")
+            .unwrap_or(0.0);
     s.proxy.set_blackhole(false);
     wait_for(Duration::from_secs(90), "virtual node Ready again without the taint", || {
         let (nodes, node) = (nodes.clone(), s.node.clone());
@@ -236,17 +290,31 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
         (member_condition(&s.training, MEMBER, keys::CONDITION_READY).await? == "True").then_some(())
     })
     .await;
-    // Give a duplicate every chance to appear before counting: each origin UID in the
-    // offload namespace has exactly one pod, and the worker's is the one from before.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let all =
-        Api::<Pod>::namespaced(s.member_b.clone(), &format!("tp-{NS}")).list(&ListParams::default()).await.unwrap();
+    // Instead of waiting "long enough" for a duplicate: the pod sync has run again since the
+    // member came back (a duplicate would be created by such a sync) and nothing is queued.
+    wait_for(Duration::from_secs(60), "pods re-synced after the member came back", || {
+        let text = s.tidepool.scrape();
+        async move {
+            let synced = metric_value(&text, "tidepool_sync_duration_seconds_count", "controller=\"pod\"")?;
+            let queued = metric_value(&text, "tidepool_queue_depth", "queue=\"pod_triggers\"").unwrap_or(0.0);
+            (synced > synced_before && queued == 0.0).then_some(())
+        }
+    })
+    .await;
+    added.abort();
+    let mut uids = std::collections::BTreeSet::new();
+    while let Ok(uid) = added_rx.try_recv() {
+        uids.insert(uid);
+    }
+    let all = copies_api.list(&ListParams::default()).await.unwrap();
     let mut per_origin = std::collections::BTreeMap::<String, usize>::new();
     for p in &all.items {
         let uid = p.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).cloned().unwrap_or_default();
         *per_origin.entry(uid).or_default() += 1;
     }
     assert!(per_origin.values().all(|n| *n == 1), "duplicate offload pods after recovery: {per_origin:?}");
+    // The only copy of the worker the watch saw since before the recovery is the old one.
+    assert_eq!(uids, std::collections::BTreeSet::from([s.offload_uid.clone()]), "copies seen after recovery");
     let copies = offload_copies(&s.member_b, &s.origin_uid).await;
     assert_eq!(copies.len(), 1, "offload copies after recovery: {copies:?}");
     assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
