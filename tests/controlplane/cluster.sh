@@ -252,6 +252,15 @@ check_ports() {
 # PKI (§3.2): one CA; v3 certificates, because rustls/webpki rejects v1 and matches
 # names only against the SAN.
 
+# sign NAME SUBJECT EXTENSIONS: a key and a certificate from the local CA, in the current
+# directory (the PKI dir). Also used for the real nodes (realnode.sh).
+sign() {
+  openssl genrsa -out "$1.key" 2048
+  openssl req -new -key "$1.key" -subj "$2" |
+    openssl x509 -req -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 -days 3650 \
+      -extfile <(printf '%s\n' "$3") -out "$1.crt"
+}
+
 make_pki() {
   local rc=0
   mkdir -p "$PKI"
@@ -268,12 +277,6 @@ make_pki() {
       -addext "basicConstraints=critical,CA:TRUE" \
       -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" -out ca.crt
 
-    sign() {  # sign NAME SUBJECT EXTENSIONS
-      openssl genrsa -out "$1.key" 2048
-      openssl req -new -key "$1.key" -subj "$2" |
-        openssl x509 -req -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 -days 3650 \
-          -extfile <(printf '%s\n' "$3") -out "$1.crt"
-    }
     local srv='basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth'

@@ -81,22 +81,16 @@ real_node_pki() {
     cd "$PKI"
     umask 077
     exec 2>>"$S/logs/pki.log"
-    issue() {  # issue FILE SUBJECT EXTENSIONS
-      openssl genrsa -out "$1.key" 2048
-      openssl req -new -key "$1.key" -subj "$2" |
-        openssl x509 -req -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 -days 3650 \
-          -extfile <(printf '%s\n' "$3") -out "$1.crt"
-    }
     local base='basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment'
-    issue "kubelet-$c-client" "/O=system:nodes/CN=system:node:$name" "$base
+    sign "kubelet-$c-client" "/O=system:nodes/CN=system:node:$name" "$base
 extendedKeyUsage=clientAuth"
-    issue "kubelet-$c-serving" "/O=system:nodes/CN=system:node:$name" "$base
+    sign "kubelet-$c-serving" "/O=system:nodes/CN=system:node:$name" "$base
 extendedKeyUsage=serverAuth
 subjectAltName=IP:$ip,DNS:$name"
     # CoreDNS reads Services, EndpointSlices, Pods and Namespaces with this identity (a
     # ClusterRole below), nothing more.
-    issue "coredns-$c" "/CN=tidepool:coredns" "$base
+    sign "coredns-$c" "/CN=tidepool:coredns" "$base
 extendedKeyUsage=clientAuth"
     chmod 644 ./*.crt
   )

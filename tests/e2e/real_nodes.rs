@@ -117,6 +117,21 @@ impl Setup {
     }
 }
 
+/// Holds back all but 300m of the real node's CPU in `MEMBER` (as a member admin would for a
+/// peak): a 500m pod no longer fits, and tidepool reclaims it with a notice. (An online pod
+/// that cannot fit would be answered by the member's scheduler first: it preempts the copy at
+/// once, and the trainer gets only SIGTERM.)
+async fn hold_back_the_real_nodes_cpu(s: &Setup) {
+    let node = Api::<Node>::all(s.member.clone()).get(s.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
+    let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+    let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
+    let reserve = json!({"spec": {"capacity": {"reserve": {"cpu": format!("{}m", cores * 1000 - 300)}}}});
+    Api::<MemberCluster>::all(s.training.clone())
+        .patch(MEMBER, &PatchParams::default(), &Patch::Merge(&reserve))
+        .await
+        .unwrap();
+}
+
 /// MemberCluster `MEMBER` with one pool: member-a's real node, whose taint its copies tolerate.
 async fn apply_real_pool_member(env: &Env, training: &Client) {
     let taint = env.var("REAL_NODE_TAINT").to_owned();
@@ -300,18 +315,7 @@ async fn the_process_sees_the_reclaim_notice_in_its_annotations_file() {
     assert_eq!(code, 0, "{err}");
     assert!(!before.contains("reclaim-deadline"), "a notice before any demand: {before}");
 
-    // The member admin holds back all but 300m of the real node's CPU (say, for an evening
-    // peak): the trainer's 500m no longer fit, and tidepool reclaims it with a notice. (An
-    // online pod that cannot fit would be answered by the member's scheduler first: it
-    // preempts the copy at once, and the trainer gets only SIGTERM.)
-    let node = Api::<Node>::all(s.member.clone()).get(s.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
-    let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
-    let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
-    let reserve = json!({"spec": {"capacity": {"reserve": {"cpu": format!("{}m", cores * 1000 - 300)}}}});
-    Api::<MemberCluster>::all(s.training.clone())
-        .patch(MEMBER, &PatchParams::default(), &Patch::Merge(&reserve))
-        .await
-        .unwrap();
+    hold_back_the_real_nodes_cpu(&s).await;
 
     // The process itself reports the notice it read from its file: the same deadline the
     // dispatcher wrote on the training pod.
@@ -443,11 +447,8 @@ async fn a_job_that_ignores_disruptions_replaces_a_reclaimed_pod_without_countin
     .await;
 
     // The member admin holds the real node's CPU back: the pod is reclaimed.
-    let node = Api::<Node>::all(s.member.clone()).get(s.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
-    let cores: u32 = node.status.unwrap().allocatable.unwrap()["cpu"].0.parse().unwrap();
-    let reserve = json!({"spec": {"capacity": {"reserve": {"cpu": format!("{}m", cores * 1000 - 300)}}}});
+    hold_back_the_real_nodes_cpu(&s).await;
     let members = Api::<MemberCluster>::all(s.training.clone());
-    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&reserve)).await.unwrap();
     let reclaimed = wait_for(Duration::from_secs(90), "the pod Failed, Reclaimed", || {
         let (pods, first) = (s.pods(), first.clone());
         async move {
@@ -475,8 +476,14 @@ async fn a_job_that_ignores_disruptions_replaces_a_reclaimed_pod_without_countin
     })
     .await;
     let job = jobs.get(&name).await.unwrap();
-    let conditions: Vec<String> =
-        job.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default().into_iter().map(|c| c.type_).collect();
+    let conditions: Vec<String> = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
     assert!(!conditions.iter().any(|c| c == "Failed" || c == "FailureTarget"), "the Job failed: {conditions:?}");
     assert_eq!(job.status.unwrap().failed.unwrap_or(0), 0, "the reclaim counted as a failure");
 
