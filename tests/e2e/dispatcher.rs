@@ -108,14 +108,35 @@ async fn delete_all(pods: &Api<Pod>, names: &[String]) {
 pub(crate) struct Occupied {
     api: Api<Pod>,
     names: Vec<String>,
+    /// `kubectl --kubeconfig <member> -n <ns>`, for the clean-up of a test that panics.
+    kubectl: Vec<String>,
+    released: bool,
 }
 
 impl Occupied {
-    pub(crate) async fn release(self) {
+    pub(crate) async fn release(mut self) {
         let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
         for n in &self.names {
             let _ = self.api.delete(n, &dp).await;
         }
+        self.released = true;
+    }
+}
+
+/// A test that fails part-way must not leave its online pods holding the member's GPUs for
+/// the tests after it: they go (without waiting) when the guard is dropped unreleased.
+impl Drop for Occupied {
+    fn drop(&mut self) {
+        if self.released || self.names.is_empty() {
+            return;
+        }
+        let _ = std::process::Command::new(&self.kubectl[0])
+            .args(&self.kubectl[1..])
+            .args(["delete", "pod", "--grace-period=0", "--force", "--wait=false"])
+            .args(&self.names)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -141,8 +162,16 @@ pub(crate) async fn occupy(env: &Env, cluster: &str, test: &str, taken: &[(&str,
         api.create(&PostParams::default(), &pod).await.unwrap();
         names.push(name);
     }
+    let kubectl = vec![
+        env.var("KUBECTL").to_owned(),
+        "--kubeconfig".to_owned(),
+        env.kubeconfig_path(cluster).display().to_string(),
+        "-n".to_owned(),
+        ns.clone(),
+    ];
+    let occupied = Occupied { api: api.clone(), names: names.clone(), kubectl, released: false };
     wait_running(&api, &names).await;
-    Occupied { api, names }
+    occupied
 }
 
 /// Waits until virtual node `node` lends `gpus` GPUs or more.
@@ -487,9 +516,45 @@ async fn a_crash_during_placement_never_splits_a_gang() {
     let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
     wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    // The kill follows the first placement annotation at once (watched, not polled), but a
+    // fast machine can still bind all six before it lands: such a round proves nothing, so
+    // it is cleared and tried again, a few times at most.
+    let mut attempt = 0;
+    let (names, unbound) = loop {
+        attempt += 1;
+        let (names, unbound) = place_and_kill(&pods, test, &mut tp).await;
+        if unbound > 0 {
+            break (names, unbound);
+        }
+        assert!(
+            attempt < 5,
+            "every pod was bound before the kill in {attempt} tries: the crash never landed mid-placement"
+        );
+        // A live tidepool deletes the copies, then the training pods.
+        tp = Tidepool::start(&env, test, ns);
+        delete_all(&pods, &names).await;
+    };
+    // While tidepool is down member-b frees up: placed afresh, the gang would now fit it more
+    // tightly (three whole 4-GPU nodes). The recorded placement must win.
+    online.release().await;
+    let _tp = Tidepool::start(&env, test, ns);
+    wait_lends_at_least(&training, &format!("tidepool-{test}-member-b"), 16).await;
+    let _ = attempt;
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    let whole = format!("tidepool-{test}-member-a");
+    assert!(
+        bound.values().all(|n| *n == whole),
+        "gang not whole on {whole} after a crash ({unbound} unbound at the kill): {bound:?}"
+    );
+    wait_running(&pods, &names).await;
+    delete_all(&pods, &names).await;
+}
+
+/// Creates a 6-pod gang of 2-GPU pods, SIGKILLs tidepool as soon as the first placement is
+/// recorded, and says how many of its pods were still unbound at the kill.
+async fn place_and_kill(pods: &Api<Pod>, test: &str, tp: &mut Tidepool) -> (Vec<String>, usize) {
     let id = run_id();
     let names: Vec<String> = (0..6).map(|i| format!("crash-{id}-{i}")).collect();
-    // Watched, not polled: the kill follows the first placement annotation at once.
     let selector = format!("e2e-crash={id}");
     let config = kube::runtime::watcher::Config::default().labels(&selector);
     let mut stream = Box::pin(kube::runtime::watcher(pods.clone(), config));
@@ -513,28 +578,13 @@ async fn a_crash_during_placement_never_splits_a_gang() {
     .await
     .expect("no placement recorded within 60 s");
     tp.kill();
-    drop(tp);
-    // The kill landed mid-placement: some of the gang's pods were still unbound.
     let mut unbound = 0;
     for n in &names {
         if pods.get(n).await.unwrap().spec.unwrap().node_name.is_none() {
             unbound += 1;
         }
     }
-    assert!(unbound > 0, "every pod was bound before the kill: the crash did not land mid-placement");
-    // While tidepool is down member-b frees up: placed afresh, the gang would now fit it more
-    // tightly (three whole 4-GPU nodes). The recorded placement must win.
-    online.release().await;
-    let _tp = Tidepool::start(&env, test, ns);
-    wait_lends_at_least(&training, &format!("tidepool-{test}-member-b"), 16).await;
-    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
-    let whole = format!("tidepool-{test}-member-a");
-    assert!(
-        bound.values().all(|n| *n == whole),
-        "gang not whole on {whole} after a crash ({unbound} unbound at the kill): {bound:?}"
-    );
-    wait_running(&pods, &names).await;
-    delete_all(&pods, &names).await;
+    (names, unbound)
 }
 
 #[tokio::test]
