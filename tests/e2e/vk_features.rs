@@ -300,7 +300,16 @@ async fn offload_pods_whose_training_pod_is_gone_are_collected_and_nothing_else_
     const NODE: &str = "tidepool-e2e-vko-a";
     let s = setup(TEST, NS, MEMBER).await;
     let member_ns = format!("tp-{NS}");
+    // The offload namespace as tidepool makes it (tidepool refuses to put anything in one it
+    // did not create), so the orphans can be planted before tidepool starts.
     ensure_namespace(&s.member, &member_ns).await;
+    let labels = json!({"metadata": {"labels": {
+        keys::LABEL_MANAGED_BY: keys::MANAGED_BY, keys::LABEL_ORIGIN_CLUSTER: "training"
+    }}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(s.member.clone())
+        .patch(&member_ns, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&labels))
+        .await
+        .unwrap();
     let member_pods = Api::<Pod>::namespaced(s.member.clone(), &member_ns);
     let id = run_id();
     // A pod in the member as tidepool would have made it, for a training pod that never was.
