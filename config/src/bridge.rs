@@ -370,7 +370,7 @@ impl BridgeConfig {
             errors.push(FieldError::new("namespace", "must be a namespace name"));
         }
         if !valid_namespace_prefix(&self.namespace_prefix) {
-            errors.push(FieldError::new("namespacePrefix", "must be lower-case letters, digits and '-', at most 20"));
+            errors.push(FieldError::new("namespacePrefix", crate::crd::NAMESPACE_PREFIX_RULE));
         }
         self.kubelet.validate(&mut errors);
         let le = &self.leader_election;
