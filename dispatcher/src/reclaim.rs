@@ -17,6 +17,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tidepool_config::bridge::BandSeconds;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
@@ -131,17 +132,50 @@ pub(crate) async fn run(ctx: Arc<Context>) {
     }
 }
 
+/// The band a pod on a virtual node is reclaimed as.
+///
+/// Tenants write their pods' labels, so the `tidepool.io/band` label counts only on a pod the
+/// dispatcher placed: one whose `tidepool.io/placement` (written with the label, before the
+/// binding) names the node it is on. A pod bound by hand gets the band the dispatcher gives
+/// an elastic pod of its priority (`low` outside the configured ranges): it was never
+/// admitted as any gang's core.
 fn band_of(p: &PodLite) -> Band {
-    p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b)).unwrap_or(Band::Medium)
+    let placed_here =
+        p.node_name().is_some_and(|n| p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == Some(n));
+    let labelled = placed_here.then(|| p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b))).flatten();
+    labelled.unwrap_or_else(|| gang::band_for(p.spec.priority, false, &gang::BandRanges::default()))
 }
 
-fn deadline_of(p: &PodLite) -> Option<jiff::Timestamp> {
-    p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE)?.parse().ok()
+/// When the reclaim notice of `p` ends, if it is under notice.
+///
+/// The notice is tidepool's `tidepool.io/ReclaimRequested` condition (status `True`): pod
+/// status is written through `pods/status`, which tenants are not granted, while the
+/// `tidepool.io/reclaim-deadline` annotation is the trainer's copy and any tenant can write
+/// it. So an annotation without the condition is no notice (the pod stays a candidate), and
+/// one with it can bring the deadline forward but never past the condition's time plus the
+/// band's grace.
+fn deadline_of(p: &PodLite, grace: &BandSeconds) -> Option<jiff::Timestamp> {
+    let notice = p
+        .status
+        .tidepool_conditions
+        .iter()
+        .find(|c| c.type_ == keys::CONDITION_RECLAIM_REQUESTED && c.status == "True")?;
+    let annotated: Option<jiff::Timestamp> =
+        p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE).and_then(|d| d.parse().ok());
+    let latest = notice
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0 + jiff::SignedDuration::from_secs(i64::try_from(grace.get(band_of(p))).unwrap_or(i64::MAX)));
+    match (annotated, latest) {
+        (Some(a), Some(l)) => Some(a.min(l)),
+        (a, l) => a.or(l),
+    }
 }
 
 /// Steps 1–3: deficit past hysteresis → victims → notice.
 async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     let hysteresis = jiff::SignedDuration::from_secs(ctx.config.dispatcher.deficit_hysteresis_seconds as i64);
+    let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let members = ctx.members.borrow().clone();
     // A member that does not answer shows a stale deficit: its pods are left as they are
     // (DESIGN.md "Failure and security rules") until it answers or is lost.
@@ -162,7 +196,7 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             let mut freeing = Resources::new();
             let freeing_pods = pods.iter().filter(|p| {
                 p.node_name() == Some(node.as_str())
-                    && (deadline_of(p).is_some() || !p.is_live())
+                    && (deadline_of(p, grace).is_some() || !p.is_live())
                     && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
             });
             for p in freeing_pods {
@@ -179,7 +213,7 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             }
             let candidates: Vec<OffloadPodView> = on_node
                 .iter()
-                .filter(|p| deadline_of(p).is_none())
+                .filter(|p| deadline_of(p, grace).is_none())
                 .filter_map(|p| {
                     let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
                     let (min, current) = jobs.get(&gang::gang_of(p).to_string()).copied().unwrap_or((1, 1));
@@ -225,6 +259,7 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
     let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
+    let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let members = ctx.members.borrow().clone();
     for r in pending {
         let mut best: Option<Candidate> = None;
@@ -240,7 +275,7 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
                 // What is free, plus what pods under notice are about to free.
                 let mut available = cap.capacity.clone();
                 available.sub(&cap.used);
-                for p in on_node.iter().filter(|p| deadline_of(p).is_some()) {
+                for p in on_node.iter().filter(|p| deadline_of(p, grace).is_some()) {
                     available.add(&requests(p));
                 }
                 let mut need = r.demand.clone();
@@ -251,8 +286,10 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
                     room = true;
                     break 'members;
                 }
-                let lower: Vec<&Arc<PodLite>> =
-                    on_node.iter().filter(|p| p.is_live() && deadline_of(p).is_none() && band_of(p) < r.band).collect();
+                let lower: Vec<&Arc<PodLite>> = on_node
+                    .iter()
+                    .filter(|p| p.is_live() && deadline_of(p, grace).is_none() && band_of(p) < r.band)
+                    .collect();
                 let mut takeable = Resources::new();
                 lower.iter().for_each(|p| takeable.add(&requests(p)));
                 if !need.fits_in(&takeable) {
@@ -354,13 +391,16 @@ async fn notice(
         }
         return;
     }
-    if let Err(e) = annotate.await {
-        warn!(pod = %name, error = %e, "cannot write reclaim notice; will retry");
-        return;
-    }
+    // The condition is the notice (see [`deadline_of`]), so it goes first: a pod never shows
+    // the annotation without it, when it would read as a candidate again.
     let status = json!({ "status": { "conditions": [condition, disruption_target(now, &message)] } });
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
-        warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition");
+        warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition; will retry");
+        return;
+    }
+    // The trainer's copy of the deadline; without it the condition still holds the notice.
+    if let Err(e) = annotate.await {
+        warn!(pod = %name, error = %e, "cannot write the reclaim deadline annotation");
     }
     publish_later(ctx, pod, vec![(EventType::Warning, "ReclaimRequested", message)]);
 }
@@ -412,9 +452,10 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
 async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
+    let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let mut due = Vec::new();
     for p in pods.iter().filter(|p| p.is_live()) {
-        let Some(deadline) = deadline_of(p) else { continue };
+        let Some(deadline) = deadline_of(p, grace) else { continue };
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
         let acked = pod_acked || group_acked.is_some();
@@ -557,6 +598,123 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use tidepool_federation::capacity::GPU;
+
+    /// A training pod from its JSON, as the cache holds it.
+    fn lite(pod: serde_json::Value) -> PodLite {
+        PodLite::from(serde_json::from_value::<Pod>(pod).unwrap())
+    }
+
+    const NOTICED: &str = "2026-12-01T10:00:00Z";
+
+    /// A pod on virtual node `tidepool-m` with `meta` (labels, annotations) and `conditions`.
+    fn on_node(meta: serde_json::Value, conditions: serde_json::Value) -> PodLite {
+        let mut metadata = json!({"name": "p", "namespace": "ns", "uid": "u1"});
+        metadata.as_object_mut().unwrap().extend(meta.as_object().unwrap().clone());
+        lite(json!({
+            "metadata": metadata,
+            "spec": {"nodeName": "tidepool-m", "schedulerName": "tidepool", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "conditions": conditions},
+        }))
+    }
+
+    fn reclaim_requested(at: &str) -> serde_json::Value {
+        json!([{"type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "CapacityReclaimed",
+                "lastTransitionTime": at},
+               {"type": keys::CONDITION_DISRUPTION_TARGET, "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM,
+                "lastTransitionTime": at}])
+    }
+
+    #[test]
+    fn a_deadline_a_tenant_wrote_without_tidepools_condition_is_no_notice() {
+        let forged = on_node(
+            json!({"labels": {keys::LABEL_BAND: "low"},
+                   "annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2099-01-01T00:00:00Z",
+                                   keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
+            json!([]),
+        );
+        assert_eq!(deadline_of(&forged, &BandSeconds::default()), None, "a deadline annotation alone is not a notice");
+        // Nor does a condition of the right type count when it is not true.
+        let mut conditions = reclaim_requested(NOTICED);
+        conditions[0]["status"] = json!("False");
+        let half =
+            on_node(json!({"annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2099-01-01T00:00:00Z"}}), conditions);
+        assert_eq!(deadline_of(&half, &BandSeconds::default()), None);
+    }
+
+    #[test]
+    fn a_notice_tidepool_wrote_holds_its_deadline() {
+        // Band low, grace 30 s in the defaults: noticed at 10:00:00, deleted at 10:00:30.
+        let noticed = on_node(
+            json!({"labels": {keys::LABEL_BAND: "low"},
+                   "annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2026-12-01T10:00:30Z",
+                                   keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
+            reclaim_requested(NOTICED),
+        );
+        assert_eq!(deadline_of(&noticed, &BandSeconds::default()), Some("2026-12-01T10:00:30Z".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_tenant_cannot_push_the_deadline_of_a_real_notice_later() {
+        // A low pod has 30 s from its notice, whatever its annotation says afterwards.
+        let pushed = on_node(
+            json!({"labels": {keys::LABEL_BAND: "low"},
+                   "annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2099-01-01T00:00:00Z",
+                                   keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
+            reclaim_requested(NOTICED),
+        );
+        assert_eq!(deadline_of(&pushed, &BandSeconds::default()), Some("2026-12-01T10:00:30Z".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_hand_bound_pod_labelled_high_is_not_high() {
+        // No placement by tidepool: the band comes from the priority, as the dispatcher
+        // would have decided it for an elastic pod, never from the tenant's label.
+        let hand_bound = on_node(json!({"labels": {keys::LABEL_BAND: "high"}}), json!([]));
+        assert_eq!(band_of(&hand_bound), Band::Low);
+        let mut by_priority = on_node(json!({"labels": {keys::LABEL_BAND: "low"}}), json!([]));
+        by_priority.spec.priority = Some(2500);
+        assert_eq!(band_of(&by_priority), Band::High, "the priority decides, not the label");
+        // A placement on another node is no placement of this pod.
+        let elsewhere = on_node(
+            json!({"labels": {keys::LABEL_BAND: "high"}, "annotations": {keys::ANNOTATION_PLACEMENT: "tidepool-other"}}),
+            json!([]),
+        );
+        assert_eq!(band_of(&elsewhere), Band::Low);
+    }
+
+    #[test]
+    fn a_pod_the_dispatcher_placed_keeps_the_band_it_was_given() {
+        for band in Band::ALL {
+            let placed = on_node(
+                json!({"labels": {keys::LABEL_BAND: band.as_str()},
+                       "annotations": {keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
+                json!([]),
+            );
+            assert_eq!(band_of(&placed), band);
+        }
+    }
+
+    #[test]
+    fn a_pod_with_a_forged_deadline_is_still_a_victim_candidate() {
+        let forged = on_node(
+            json!({"labels": {keys::LABEL_BAND: "low"},
+                   "annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2099-01-01T00:00:00Z",
+                                   keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
+            json!([]),
+        );
+        let mut request = Resources::new();
+        request.set(GPU, 2000);
+        let mut state = State::default();
+        let now: jiff::Timestamp = NOTICED.parse().unwrap();
+        let candidates: Vec<OffloadPodView> = [&forged]
+            .into_iter()
+            .filter(|p| deadline_of(p, &BandSeconds::default()).is_none())
+            .map(|p| OffloadPodView { requests: request.clone(), ..offload_view(p, "n1".into(), (1, 1, 1)) })
+            .collect();
+        let picked =
+            state.plan_pool("tidepool-m", &request, &Resources::new(), candidates, now, jiff::SignedDuration::ZERO);
+        assert_eq!(picked.iter().map(|v| v.key.as_str()).collect::<Vec<_>>(), ["ns/p"]);
+    }
 
     const POD_GPUS: i64 = 2;
     const PODS_PER_JOB: usize = 4;
