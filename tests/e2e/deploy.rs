@@ -101,6 +101,8 @@ async fn the_chart_renders_to_the_committed_manifests_and_the_api_servers_accept
         "Service",
         "PodDisruptionBudget",
         "CustomResourceDefinition",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(docs.iter().any(|d| d["kind"] == kind), "the training side lacks a {kind}");
     }
@@ -463,7 +465,10 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
 
     // 2. Training side: the chart's ServiceAccount and roles in NS (no replicas: the test runs
     //    the binary itself, as that ServiceAccount).
-    let rendered = render_release(RELEASE, "training", NS, &["--set", "replicas=0"]);
+    //    Its admission policy applies in NS alone here: it is cluster-wide, and the releases of
+    //    other tests (the chart test's) are not exempt from it.
+    let only_ns = format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
+    let rendered = render_release(RELEASE, "training", NS, &["--set", "replicas=0", "--set-json", &only_ns]);
     kubectl_with(&env, "training", &["apply", "-f", "-"], &rendered).await.unwrap();
     let training_token = token(&training, NS, SA).await;
     let dir = tempfile::tempdir().unwrap();
@@ -602,4 +607,139 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
 
     drain_pods(&training, NS).await;
     drop(tidepool);
+}
+
+/// The namespace of the hand-binding test; the training policy is rendered to apply there only,
+/// so it never touches the other tests' pods.
+const VAP_NS: &str = "e2e-vap";
+/// The release whose training policy that test installs.
+const VAP_RELEASE: &str = "e2e-vap";
+
+/// A pod of `name` in the test's namespace, on `node` when given.
+fn bare_pod(name: &str, node: Option<&str>) -> Pod {
+    let mut spec = json!({"containers": [{"name": "c", "image": "example.invalid/trainer:1"}]});
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+/// A ServiceAccount of `VAP_NS` that may create, bind and delete pods there (a tenant, or a
+/// stand-in for tidepool's own account), and a client that is it.
+async fn pod_creator(env: &Env, admin: &Client, name: &str) -> Client {
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    let pp = PatchParams::apply("tidepool-e2e").force();
+    Api::<ServiceAccount>::namespaced(admin.clone(), VAP_NS).patch(name, &pp, &Patch::Apply(&sa)).await.unwrap();
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-pod-creator"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
+                  {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), VAP_NS)
+        .patch("e2e-pod-creator", &pp, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("e2e-pod-creator-{name}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "e2e-pod-creator"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": VAP_NS}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), VAP_NS)
+        .patch(&format!("e2e-pod-creator-{name}"), &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    let token = token(admin, VAP_NS, name).await;
+    client_from(&token_kubeconfig(env, env.var("TRAINING_SERVER"), &token)).await
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    ensure_namespace(&training, VAP_NS).await;
+    // The training side's admission policy, as the chart renders it, for this namespace alone.
+    let selector = format!(
+        "admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{VAP_NS}\"}}}}"
+    );
+    let rendered = render_release(VAP_RELEASE, "training", VAP_NS, &["--set", "replicas=0", "--set-json", &selector]);
+    let policy: Vec<String> = documents(&rendered)
+        .into_iter()
+        .filter(|d| d["apiVersion"] == "admissionregistration.k8s.io/v1")
+        .map(|d| serde_yaml::to_string(&d).unwrap())
+        .collect();
+    if !policy.is_empty() {
+        kubectl_with(&env, "training", &["apply", "-f", "-"], &policy.join("---\n")).await.unwrap();
+    }
+    let tenant = pod_creator(&env, &training, "tenant").await;
+    // The release's own ServiceAccount (`<release>-tidepool`) is tidepool: exempt.
+    let tidepool = pod_creator(&env, &training, &format!("{VAP_RELEASE}-tidepool")).await;
+    let (as_tenant, as_admin, as_tidepool) = (
+        Api::<Pod>::namespaced(tenant, VAP_NS),
+        Api::<Pod>::namespaced(training.clone(), VAP_NS),
+        Api::<Pod>::namespaced(tidepool, VAP_NS),
+    );
+    let id = run_id();
+    let delete = |name: String| {
+        let api = as_admin.clone();
+        async move {
+            let _ = api
+                .delete(&name, &kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                .await;
+        }
+    };
+
+    // 1. The tenant names a virtual node: refused, the message says what to do instead. (A
+    //    new policy takes a moment to reach the API server's admission chain.)
+    let hand_bound = format!("hand-bound-{id}");
+    let refusal = wait_for(Duration::from_secs(30), "the tenant's hand-bound pod refused", || {
+        let (api, name, delete) = (as_tenant.clone(), hand_bound.clone(), delete.clone());
+        async move {
+            match api.create(&PostParams::default(), &bare_pod(&name, Some("tidepool-x"))).await {
+                // Refused: by the policy as rendered (a policy just changed may still answer
+                // with its previous version for a moment).
+                Err(kube::Error::Api(s)) if s.code == 403 => Some(s),
+                Err(kube::Error::Api(_)) => None,
+                Ok(_) => {
+                    delete(name).await;
+                    None
+                }
+                Err(e) => panic!("creating the pod: {e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(refusal.code, 403, "{refusal:?}");
+    for words in ["tidepool-x", "schedulerName: tidepool", &hand_bound] {
+        assert!(refusal.message.contains(words), "the refusal does not say {words:?}: {}", refusal.message);
+    }
+
+    // 2. Without nodeName the same pod is fine (the scheduler or the dispatcher places it).
+    let plain = format!("plain-{id}");
+    as_tenant.create(&PostParams::default(), &bare_pod(&plain, None)).await.expect("a pod without nodeName");
+
+    // 3. Binding the pending pod to a virtual node is refused as well.
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": plain},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": "tidepool-x"}});
+    match as_tenant
+        .create_subresource::<_, serde_json::Value>("binding", &plain, &PostParams::default(), &binding)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("tidepool-x") => {}
+        other => panic!("tenant binding a pod to a virtual node: expected the policy's 403, got {other:?}"),
+    }
+
+    // 4. An admin (system:masters) and tidepool's own ServiceAccount may.
+    let by_admin = format!("by-admin-{id}");
+    as_admin.create(&PostParams::default(), &bare_pod(&by_admin, Some("tidepool-x"))).await.expect("admin, by hand");
+    let by_tidepool = format!("by-tidepool-{id}");
+    as_tidepool
+        .create(&PostParams::default(), &bare_pod(&by_tidepool, Some("tidepool-x")))
+        .await
+        .expect("tidepool's ServiceAccount, by hand");
+
+    for name in [plain, by_admin, by_tidepool] {
+        delete(name).await;
+    }
 }
