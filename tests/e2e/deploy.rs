@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -447,12 +447,34 @@ fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
     }
 }
 
+/// A RoleBinding of the offload ClusterRole for `subject`.
+fn offload_binding(name: &str, subject: &serde_json::Value) -> RoleBinding {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": keys::OFFLOAD_CLUSTER_ROLE},
+        "subjects": [subject],
+    }))
+    .unwrap()
+}
+
+/// Refused by an admission policy (403 naming it), where RBAC alone would allow it.
+fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("ValidatingAdmissionPolicy") => {}
+        other => panic!("{what}: expected 403 Forbidden from the admission policy, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() {
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-a").await;
     prepare(&env, &training, TEST, NS).await;
+    // What a run without the member policy (or a failed one) left behind.
+    let _ = Api::<RoleBinding>::namespaced(member.clone(), "kube-system")
+        .delete("e2e-escalation", &Default::default())
+        .await;
 
     // 1. Member side: the chart's identity and roles, applied for real; its token in a Secret.
     ensure_namespace(&member, MEMBER_NS).await;
@@ -467,7 +489,8 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     //    the binary itself, as that ServiceAccount).
     //    Its admission policy applies in NS alone here: it is cluster-wide, and the releases of
     //    other tests (the chart test's) are not exempt from it.
-    let only_ns = format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
+    let only_ns =
+        format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
     let rendered = render_release(RELEASE, "training", NS, &["--set", "replicas=0", "--set-json", &only_ns]);
     kubectl_with(&env, "training", &["apply", "-f", "-"], &rendered).await.unwrap();
     let training_token = token(&training, NS, SA).await;
@@ -571,9 +594,44 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         "member: a pod outside the offload namespaces",
     );
     forbidden(
-        Api::<ConfigMap>::namespaced(lp_member, "kube-system").list(&ListParams::default()).await,
+        Api::<ConfigMap>::namespaced(lp_member.clone(), "kube-system").list(&ListParams::default()).await,
         "member: ConfigMaps of kube-system",
     );
+    // Its create on RoleBindings and bind on the offload role hold only in the namespaces
+    // tidepool labelled as its own, and only for itself (the member chart's admission policy;
+    // RBAC alone allows every one of these).
+    let me = json!({"kind": "ServiceAccount", "name": SA, "namespace": MEMBER_NS});
+    let escalation = offload_binding("e2e-escalation", &me);
+    refused_by_policy(
+        Api::<RoleBinding>::namespaced(lp_member.clone(), "kube-system")
+            .create(&PostParams::default(), &escalation)
+            .await,
+        "member: bind the offload role to itself in kube-system",
+    );
+    let own = Api::<RoleBinding>::namespaced(lp_member.clone(), &offload_ns);
+    let _ = Api::<RoleBinding>::namespaced(member.clone(), &offload_ns).delete("e2e-again", &Default::default()).await;
+    own.create(&PostParams::default(), &offload_binding("e2e-again", &me))
+        .await
+        .expect("member: bind the offload role to itself in its own offload namespace");
+    let someone = json!({"kind": "ServiceAccount", "name": "default", "namespace": "kube-system"});
+    refused_by_policy(
+        own.create(&PostParams::default(), &offload_binding("e2e-someone", &someone)).await,
+        "member: bind the offload role to another subject in its own offload namespace",
+    );
+    let namespaces = Api::<Namespace>::all(lp_member);
+    let id = run_id();
+    for (what, labels) in [
+        ("member: a namespace without tidepool's labels", json!({})),
+        (
+            "member: a tidepool-labelled namespace that admits privileged pods",
+            json!({keys::LABEL_MANAGED_BY: keys::MANAGED_BY, keys::LABEL_ORIGIN_CLUSTER: "training",
+                   "pod-security.kubernetes.io/enforce": "privileged"}),
+        ),
+    ] {
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": format!("e2e-stray-{id}"), "labels": labels}})).unwrap();
+        refused_by_policy(namespaces.create(&PostParams::default(), &ns).await, what);
+    }
     let lp_training = client_from(&std::fs::read_to_string(&training_kubeconfig).unwrap()).await;
     forbidden(
         Api::<ClusterRole>::all(lp_training.clone()).list(&ListParams::default()).await,
@@ -694,7 +752,7 @@ async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
     //    new policy takes a moment to reach the API server's admission chain.)
     let hand_bound = format!("hand-bound-{id}");
     let refusal = wait_for(Duration::from_secs(30), "the tenant's hand-bound pod refused", || {
-        let (api, name, delete) = (as_tenant.clone(), hand_bound.clone(), delete.clone());
+        let (api, name, delete) = (as_tenant.clone(), hand_bound.clone(), delete);
         async move {
             match api.create(&PostParams::default(), &bare_pod(&name, Some("tidepool-x"))).await {
                 // Refused: by the policy as rendered (a policy just changed may still answer
