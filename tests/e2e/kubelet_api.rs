@@ -208,3 +208,107 @@ async fn the_kubelet_port_refuses_callers_without_a_client_certificate() {
     assert!(!refused.status.success(), "a request without a client certificate got through");
     assert!(!String::from_utf8_lossy(&refused.stdout).contains("ok"));
 }
+
+/// A client certificate `O=group, CN=user` signed by the clusters' CA (the kubelet API's
+/// client CA), with its key, in `dir`.
+fn client_certificate(env: &Env, dir: &std::path::Path, user: &str, group: &str) -> (String, String) {
+    let pki = env.var("CP_PKI");
+    let (key, csr, crt, ext) =
+        (dir.join("client.key"), dir.join("client.csr"), dir.join("client.crt"), dir.join("ext"));
+    std::fs::write(&ext, "extendedKeyUsage = clientAuth\n").unwrap();
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("openssl").args(args).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let subject = format!("/O={group}/CN={user}");
+    openssl(&[
+        "req".as_ref(),
+        "-new".as_ref(),
+        "-newkey".as_ref(),
+        "ec".as_ref(),
+        "-pkeyopt".as_ref(),
+        "ec_paramgen_curve:prime256v1".as_ref(),
+        "-nodes".as_ref(),
+        "-subj".as_ref(),
+        subject.as_ref(),
+        "-keyout".as_ref(),
+        key.as_os_str(),
+        "-out".as_ref(),
+        csr.as_os_str(),
+    ]);
+    // A serial of our own: `-CAcreateserial` would write next to the shared CA.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let serial = format!("0x{nanos:x}");
+    let (ca_crt, ca_key) = (format!("{pki}/ca.crt"), format!("{pki}/ca.key"));
+    openssl(&[
+        "x509".as_ref(),
+        "-req".as_ref(),
+        "-in".as_ref(),
+        csr.as_os_str(),
+        "-CA".as_ref(),
+        ca_crt.as_ref(),
+        "-CAkey".as_ref(),
+        ca_key.as_ref(),
+        "-set_serial".as_ref(),
+        serial.as_ref(),
+        "-days".as_ref(),
+        "1".as_ref(),
+        "-extfile".as_ref(),
+        ext.as_os_str(),
+        "-out".as_ref(),
+        crt.as_os_str(),
+    ]);
+    (crt.display().to_string(), key.display().to_string())
+}
+
+/// `curl` against tidepool's kubelet API with a client certificate: the HTTP status and body.
+fn kubelet_call(env: &Env, (cert, key): &(String, String), method: &str, path: &str) -> (u16, String) {
+    let url = format!("https://{}:{}{path}", env.var("TIDEPOOL_KUBELET_ADDRESS"), env.var("TIDEPOOL_KUBELET_PORT"));
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"])
+        .args(["--cacert", &format!("{}/ca.crt", env.var("CP_PKI")), "--cert", cert, "--key", key])
+        .arg(url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+#[tokio::test]
+async fn a_node_certificate_from_the_client_ca_is_refused_and_the_api_servers_kubelet_client_is_served() {
+    let s = Setup::start().await;
+    let id = run_id();
+    let line = format!("authorized line of {id}");
+    s.log(std::slice::from_ref(&line));
+    let dir = tempfile::tempdir().unwrap();
+    // kubeadm's CA signs every node's client certificate too: being from the client CA is
+    // authentication, not a grant. No RBAC in the training cluster gives a node nodes/proxy.
+    let worker = client_certificate(&s.env, dir.path(), "system:node:worker-7", "system:nodes");
+    let pki = s.env.var("CP_PKI");
+    let apiserver = (format!("{pki}/apiserver-kubelet-client.crt"), format!("{pki}/apiserver-kubelet-client.key"));
+    let logs = format!("/containerLogs/{NS}/{}/main?tailLines=1", s.pod);
+    let exec = format!("/exec/{NS}/{}/main?command=true&output=1", s.pod);
+
+    // The kubelet's mapping: logs are GET (verb get), exec is POST (verb create), both on
+    // nodes/proxy of the pod's node; a denial is a 403 naming user, verb and subresource.
+    for (method, path, verb) in [("GET", &logs, "get"), ("POST", &exec, "create")] {
+        let (status, body) = kubelet_call(&s.env, &worker, method, path);
+        assert_eq!(status, 403, "{method} {path} as system:node:worker-7 was not refused: {body}");
+        assert_eq!(
+            body.trim(),
+            format!("Forbidden (user=system:node:worker-7, verb={verb}, resource=nodes, subresource=proxy)"),
+            "{method} {path}"
+        );
+        assert!(!body.contains(&line), "the refused caller saw the log");
+    }
+
+    // The API server's own kubelet client (O=system:masters) is served, directly ...
+    let (status, body) = kubelet_call(&s.env, &apiserver, "GET", &logs);
+    assert_eq!((status, body.as_str()), (200, format!("{line}\n").as_str()));
+    // ... and through the training cluster, for logs and exec.
+    let (logged, _) = s.both(&["logs", "POD", "--tail=1"], None).await;
+    assert_eq!((logged.0, logged.1.as_str()), (0, format!("{line}\n").as_str()), "stderr: {}", logged.2);
+    let (ran, _) = s.both(&["exec", "POD", "--", "sh", "-c", &format!("echo ran-{id}")], None).await;
+    assert_eq!((ran.0, ran.1.as_str()), (0, format!("ran-{id}\n").as_str()), "stderr: {}", ran.2);
+}

@@ -12,7 +12,11 @@
 //! handshake ([`tls`]). Certificate and CA come from the bridge config's files, or, with
 //! none configured, from the training cluster: a CertificateSigningRequest for the serving
 //! certificate and the API server's published client CA ([`bootstrap`], requests in [`csr`]).
+//! Each request is then authorized as a kubelet in webhook mode does it: a
+//! SubjectAccessReview in the training cluster for the certificate's user and groups on the
+//! node's subresource ([`authz`]).
 
+mod authz;
 mod bootstrap;
 mod csr;
 mod der;
@@ -69,6 +73,8 @@ pub enum ServeError {
 pub(crate) struct Context {
     pub(crate) training: Client,
     pub(crate) members: watch::Receiver<Members>,
+    /// Recent authorization decisions ([`authz`]).
+    pub(crate) decisions: authz::Decisions,
 }
 
 /// Serves the kubelet API in the background until the runtime stops. `None` when the
@@ -85,7 +91,8 @@ pub async fn start(
     members: watch::Receiver<Members>,
 ) -> Result<Option<SocketAddr>, ServeError> {
     let addr = SocketAddr::new(config.node_address, config.port);
-    let ctx = Arc::new(Context { training: training.clone(), members });
+    let decisions = authz::Decisions::new(authz::CACHE_CAPACITY);
+    let ctx = Arc::new(Context { training: training.clone(), members, decisions });
     match (config.serving_mode(), &config.tls_cert_file, &config.tls_key_file, &config.client_ca_file) {
         (KubeletServing::Off, ..) => {
             warn!("kubelet.serving is off: no kubelet API, so logs and exec of offloaded pods fail");
@@ -161,7 +168,15 @@ async fn accept_loop(listener: TcpListener, tls: watch::Receiver<Option<Arc<Serv
                 Ok(Err(error)) => return debug!(%peer, %error, "kubelet API handshake refused"),
                 Err(_) => return debug!(%peer, "kubelet API handshake timed out"),
             };
-            let service = hyper::service::service_fn(move |req| handle(ctx.clone(), req));
+            // The verifier checked the chain; its leaf says who the caller is.
+            let identity = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| authz::Identity::from_certificate(leaf))
+                .map(Arc::new);
+            let service = hyper::service::service_fn(move |req| handle(ctx.clone(), identity.clone(), req));
             // The timer bounds how long a request's headers may take (hyper's default, 30 s).
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -173,11 +188,23 @@ async fn accept_loop(listener: TcpListener, tls: watch::Receiver<Option<Arc<Serv
     }
 }
 
-async fn handle(ctx: Arc<Context>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    ctx: Arc<Context>,
+    identity: Option<Arc<authz::Identity>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_owned();
     let query = query_pairs(req.uri().query().unwrap_or(""));
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    debug!(method = %req.method(), %path, "kubelet API request");
+    debug!(method = %req.method(), %path, user = identity.as_ref().map(|i| i.user.as_str()), "kubelet API request");
+    // Every request is authorized before it is routed, as the kubelet's filter does: what
+    // is not served is not told apart from what is forbidden.
+    let Some(identity) = identity else {
+        return Ok(text(StatusCode::UNAUTHORIZED, "Unauthorized"));
+    };
+    if let Err((status, message)) = authz::authorize(&ctx, &identity, &authz::asked(req.method(), &path)).await {
+        return Ok(text(status, &message));
+    }
     let response = match (req.method(), segments.as_slice()) {
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
         (&Method::GET, ["pods"]) => pods(&ctx).await,

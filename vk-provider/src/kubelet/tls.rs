@@ -1,6 +1,8 @@
 //! The kubelet API's TLS: a serving certificate that can be swapped under a running listener
 //! ([`ServingCert`]), and client certificates required and verified against a CA, so only
-//! the API server (its `--kubelet-client-certificate`) gets past the handshake.
+//! callers the CA vouches for get past the handshake. Which of them may do what is
+//! [`super::authz`]'s decision: the CA may sign more than the API server's
+//! `--kubelet-client-certificate`.
 //!
 //! Both come from the bridge config's files, or from the training cluster
 //! ([`super::bootstrap`]): a CertificateSigningRequest, and the API server's client CA.
@@ -158,10 +160,32 @@ pub(super) mod testing {
             cn: &str,
             sans: &[&str],
         ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+            self.leaf(cn, None, sans)
+        }
+
+        /// A client certificate `CN=cn` in organization `organization` (at most one: rcgen
+        /// keeps one value per name type), with its key.
+        pub(in crate::kubelet) fn issue_with(
+            &self,
+            cn: &str,
+            organization: &[&str],
+        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+            self.leaf(cn, organization.first().copied(), &[])
+        }
+
+        fn leaf(
+            &self,
+            cn: &str,
+            organization: Option<&str>,
+            sans: &[&str],
+        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
             let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
             let mut params =
                 rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
             params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            if let Some(o) = organization {
+                params.distinguished_name.push(rcgen::DnType::OrganizationName, o);
+            }
             let issuer = rcgen::Issuer::new(self.params.clone(), &self.key);
             let cert = params.signed_by(&key, &issuer).unwrap().der().clone();
             (cert, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())))
