@@ -50,14 +50,18 @@ async fn wait_reclaimed(pods: &Api<Pod>, name: &str, timeout: Duration) -> Strin
     .await
 }
 
+/// Whether tidepool sent `name` its reclaim notice: the `ReclaimRequested` condition, which
+/// only tidepool writes (a deadline annotation alone may be the tenant's).
+async fn noticed(pods: &Api<Pod>, name: &str) -> Option<bool> {
+    let conditions = pods.get(name).await.ok()?.status?.conditions.unwrap_or_default();
+    Some(conditions.iter().any(|c| c.type_ == keys::CONDITION_RECLAIM_REQUESTED && c.status == "True"))
+}
+
 async fn assert_running(pods: &Api<Pod>, names: &[&String]) {
     for n in names {
         let (phase, _, _) = phase(pods, n).await.unwrap();
         assert_eq!(phase, "Running", "{n} should still run");
-        assert!(
-            !pods.get(n).await.unwrap().annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE),
-            "{n} was noticed"
-        );
+        assert_eq!(noticed(pods, n).await, Some(false), "{n} was noticed");
     }
 }
 
@@ -159,6 +163,10 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     assert_eq!(by_band["medium"].len(), 2);
     assert_eq!(by_band["low"].len(), 2);
     let (low, medium) = (by_band["low"].clone(), by_band["medium"].clone());
+    // A tenant writes a deadline on one of its low pods, as if it were already giving its
+    // GPUs back: no notice from tidepool, so it stays a candidate like any other low pod.
+    let forged = json!({"metadata": {"annotations": {keys::ANNOTATION_RECLAIM_DEADLINE: "2099-01-01T00:00:00Z"}}});
+    pods.patch(&low[0], &PatchParams::default(), &Patch::Merge(forged)).await.unwrap();
 
     // 2. The HPA may grow by two replicas: 16 − 2 online − 4 headroom = 10 lendable, 12 used:
     //    2 GPUs of deficit → exactly one low pod is noticed and, without an ack, removed at its
@@ -168,7 +176,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
         let (pods, low) = (pods.clone(), low.clone());
         async move {
             for n in &low {
-                if pods.get(n).await.ok()?.annotations().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE) {
+                if noticed(&pods, n).await? {
                     return Some(n.clone());
                 }
             }
