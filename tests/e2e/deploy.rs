@@ -690,7 +690,7 @@ async fn pod_creator(env: &Env, admin: &Client, name: &str) -> Client {
     Api::<ServiceAccount>::namespaced(admin.clone(), VAP_NS).patch(name, &pp, &Patch::Apply(&sa)).await.unwrap();
     let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
         "metadata": {"name": "e2e-pod-creator"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "patch", "delete"]},
                   {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]
     }))
     .unwrap();
@@ -776,6 +776,41 @@ async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
     // 2. Without nodeName the same pod is fine (the scheduler or the dispatcher places it).
     let plain = format!("plain-{id}");
     as_tenant.create(&PostParams::default(), &bare_pod(&plain, None)).await.expect("a pod without nodeName");
+
+    // 2b. The dispatcher's record on a pod (band label, placement annotations) is not the
+    //     tenant's to preset or change; other labels are.
+    let mut preset = bare_pod(&format!("preset-{id}"), None);
+    preset.metadata.labels = Some([(keys::LABEL_BAND.to_owned(), "high".to_owned())].into());
+    let refusal = wait_for(Duration::from_secs(30), "the tenant's preset band label refused", || {
+        let (api, pod, delete) = (as_tenant.clone(), preset.clone(), delete);
+        async move {
+            match api.create(&PostParams::default(), &pod).await {
+                Err(kube::Error::Api(s)) if s.code == 403 => Some(s),
+                Err(kube::Error::Api(_)) => None,
+                Ok(p) => {
+                    delete(p.metadata.name.unwrap_or_default()).await;
+                    None
+                }
+                Err(e) => panic!("creating the pod: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(refusal.message.contains(keys::LABEL_BAND), "{}", refusal.message);
+    let mut pinned = bare_pod(&format!("pinned-{id}"), None);
+    pinned.metadata.annotations = Some([(keys::ANNOTATION_PLACEMENT.to_owned(), "tidepool-x".to_owned())].into());
+    refused_by_policy(as_tenant.create(&PostParams::default(), &pinned).await, "tenant: a pod preset to a placement");
+    let label = |key: &str, value: &str| Patch::Merge(json!({"metadata": {"labels": {key: value}}}));
+    refused_by_policy(
+        as_tenant.patch(&plain, &PatchParams::default(), &label(keys::LABEL_BAND, "high")).await,
+        "tenant: labelling its pod's band",
+    );
+    as_tenant.patch(&plain, &PatchParams::default(), &label("team", "a")).await.expect("tenant: another label");
+    as_admin.patch(&plain, &PatchParams::default(), &label(keys::LABEL_BAND, "low")).await.expect("admin: the band");
+    as_tenant
+        .patch(&plain, &PatchParams::default(), &label("team", "b"))
+        .await
+        .expect("tenant: another label, the band left as it is");
 
     // 3. Binding the pending pod to a virtual node is refused as well.
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": plain},
