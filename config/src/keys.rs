@@ -20,6 +20,9 @@ pub const TAINT_UNREACHABLE: &str = "tidepool.io/unreachable";
 /// NoSchedule taint on the virtual nodes of a member that answers but cannot be used: its
 /// credentials are refused or its Secret or spec no longer yields a working connection.
 pub const TAINT_NOT_READY: &str = "tidepool.io/not-ready";
+/// NoSchedule taint on the virtual nodes of a member whose `spec.paused` is set: no new
+/// placements by anyone (a pod bound by hand included); running offload pods stay.
+pub const TAINT_PAUSED: &str = "tidepool.io/paused";
 /// Reason of a training pod failed because its member stayed unreachable past
 /// `memberLossTimeoutSeconds` (and of its Event), and of the virtual node's Ready condition
 /// while the member is unreachable.

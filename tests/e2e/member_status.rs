@@ -1,6 +1,7 @@
 //! What a member's own state does to its `MemberCluster` and virtual node: online pods at or
 //! below the offload priorities raise `OnlinePriorityConflict` (and clear it when gone), and
-//! a capacity window shrinks the virtual node exactly from its lead time on.
+//! a capacity window shrinks the virtual node exactly from its lead time on, and pausing the
+//! member taints its virtual node until it is unpaused.
 
 use std::time::{Duration, Instant};
 
@@ -175,4 +176,37 @@ async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
     eprintln!("reservation visible {:.1}s after its start", late.as_secs_f64());
     assert!(late.as_secs_f64() > -0.5, "reservation visible before its start ({late:?}) {}", tidepool.log_tail());
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    taints.is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
+}
+
+#[tokio::test]
+async fn pausing_a_member_taints_its_virtual_node_and_unpausing_lifts_the_taint() {
+    const TEST: &str = "pause";
+    const NS: &str = "e2e-pause";
+    const MEMBER: &str = "pause-b";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
+    let nodes = Api::<Node>::all(training.clone());
+    assert!(!has_taint(&nodes.get(&node).await.unwrap(), keys::TAINT_PAUSED));
+    let members = Api::<MemberCluster>::all(training.clone());
+    for (paused, what) in [(true, "paused taint on the virtual node"), (false, "paused taint gone")] {
+        let patch = serde_json::json!({"spec": {"paused": paused}});
+        members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        wait_for(Duration::from_secs(30), what, || {
+            let (nodes, node) = (nodes.clone(), node.clone());
+            async move {
+                let n = nodes.get_opt(&node).await.ok()??;
+                (has_taint(&n, keys::TAINT_PAUSED) == paused).then_some(())
+            }
+        })
+        .await;
+    }
+    let n = nodes.get(&node).await.unwrap();
+    assert!(has_taint(&n, keys::TAINT_VIRTUAL), "the virtual taint stays {}", tidepool.log_tail());
+    members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }

@@ -64,8 +64,10 @@ pub fn readiness(health: &Health) -> (&'static str, String, String) {
 
 /// Taints of a virtual node: always [`keys::TAINT_VIRTUAL`], plus a NoSchedule taint while
 /// the member is unreachable or unusable (schedulers other than tidepool's dispatcher,
-/// which reads the member's health directly, must hold back too).
-pub fn node_taints(health: &Health) -> Vec<Taint> {
+/// which reads the member's health directly, must hold back too), and
+/// [`keys::TAINT_PAUSED`] while its `MemberCluster` is paused (`NoSchedule`: running pods
+/// stay, nothing new is bound, by hand or otherwise).
+pub fn node_taints(health: &Health, paused: bool) -> Vec<Taint> {
     let taint = |key: &str| Taint {
         key: key.to_owned(),
         value: Some("true".to_owned()),
@@ -77,6 +79,9 @@ pub fn node_taints(health: &Health) -> Vec<Taint> {
         taints.push(taint(keys::TAINT_UNREACHABLE));
     } else if !health.is_healthy() {
         taints.push(taint(keys::TAINT_NOT_READY));
+    }
+    if paused {
+        taints.push(taint(keys::TAINT_PAUSED));
     }
     taints
 }
@@ -152,6 +157,7 @@ pub fn virtual_node(
     pool: &PoolHandle,
     capacity: &PoolCapacity,
     health: &Health,
+    paused: bool,
 ) -> Node {
     Node {
         metadata: ObjectMeta {
@@ -159,7 +165,7 @@ pub fn virtual_node(
             labels: Some(node_labels(member, pool, capacity)),
             ..Default::default()
         },
-        spec: Some(NodeSpec { taints: Some(node_taints(health)), ..Default::default() }),
+        spec: Some(NodeSpec { taints: Some(node_taints(health, paused)), ..Default::default() }),
         status: Some(node_status(config, capacity, health, jiff::Timestamp::now())),
     }
 }
@@ -285,7 +291,8 @@ impl NodeTask {
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
         let health = self.member.health.borrow().clone();
-        let node = virtual_node(&self.config, self.member.name.as_str(), &self.pool, &capacity, &health);
+        let member = &self.member;
+        let node = virtual_node(&self.config, member.name.as_str(), &self.pool, &capacity, &health, member.paused);
         let name = self.pool.node.to_string();
         let created = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -312,9 +319,9 @@ impl NodeTask {
         let node = api.get(self.pool.node.as_str()).await.map_err(|e| Error::training("read node", e))?;
         let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         // Keep everyone else's taints; ours are exactly what the health says.
-        let ours = [keys::TAINT_VIRTUAL, keys::TAINT_UNREACHABLE, keys::TAINT_NOT_READY];
+        let ours = [keys::TAINT_VIRTUAL, keys::TAINT_UNREACHABLE, keys::TAINT_NOT_READY, keys::TAINT_PAUSED];
         let mut taints: Vec<Taint> = current.iter().filter(|t| !ours.contains(&t.key.as_str())).cloned().collect();
-        taints.extend(node_taints(&health));
+        taints.extend(node_taints(&health, self.member.paused));
         let same = |a: &[Taint], b: &[Taint]| {
             a.len() == b.len() && a.iter().all(|t| b.iter().any(|u| u.key == t.key && u.effect == t.effect))
         };
@@ -420,7 +427,7 @@ mod tests {
             gpu_product: Some("NVIDIA-H100".into()),
             ..Default::default()
         };
-        let node = virtual_node(&BridgeConfig::default(), "member-a", &pool(), &capacity, &Health::default());
+        let node = virtual_node(&BridgeConfig::default(), "member-a", &pool(), &capacity, &Health::default(), false);
         let labels = node.metadata.labels.unwrap();
         assert_eq!(labels["type"], "virtual-kubelet");
         assert_eq!(labels[keys::LABEL_MEMBER], "member-a");
@@ -482,10 +489,34 @@ mod tests {
         for (name, health, status, reason, taint) in cases {
             let (s, r, _) = readiness(&health);
             assert_eq!((s, r.as_str()), (status, reason), "{name}");
-            let taints: Vec<String> = node_taints(&health).into_iter().map(|t| t.key).collect();
+            let taints: Vec<String> = node_taints(&health, false).into_iter().map(|t| t.key).collect();
             let mut want = vec![keys::TAINT_VIRTUAL.to_owned()];
             want.extend(taint.map(str::to_owned));
             assert_eq!(taints, want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_paused_member_taints_its_nodes_no_schedule_and_unpausing_lifts_it() {
+        let keys_of =
+            |taints: Vec<Taint>| -> Vec<(String, String)> { taints.into_iter().map(|t| (t.key, t.effect)).collect() };
+        let paused = virtual_node(
+            &BridgeConfig::default(),
+            "member-a",
+            &pool(),
+            &PoolCapacity::default(),
+            &Health::default(),
+            true,
+        );
+        let taints = paused.spec.unwrap().taints.unwrap();
+        let want = |k: &str| (k.to_owned(), "NoSchedule".to_owned());
+        assert_eq!(keys_of(taints), [want(keys::TAINT_VIRTUAL), want(keys::TAINT_PAUSED)]);
+        assert_eq!(keys_of(node_taints(&Health::default(), false)), [want(keys::TAINT_VIRTUAL)]);
+        // Paused and unreachable: both say why nothing new lands there.
+        let down = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        assert_eq!(
+            keys_of(node_taints(&down, true)),
+            [want(keys::TAINT_VIRTUAL), want(keys::TAINT_UNREACHABLE), want(keys::TAINT_PAUSED)]
+        );
     }
 }
