@@ -69,6 +69,15 @@ resolve_node_bin() {
     [[ -f $IMAGES/$b.tar ]] || fail "$IMAGES/$b.tar is missing"
   done
   [[ $(id -u) == 0 ]] || fail "real nodes need root (network and cgroups); set CP_REAL_NODES=0 to run without them"
+  # A kubelet holds six inotify instances, a containerd two, and kwok one per followed log;
+  # with the control planes a cluster set needs about 50 of the default 128 per user, so a
+  # second set side by side runs out ("inotify_init: too many open files"). Raised, never
+  # lowered.
+  local f=/proc/sys/fs/inotify/max_user_instances
+  if [[ -w $f ]] && (($(cat "$f") < 1024)); then
+    log "raising fs.inotify.max_user_instances from $(cat "$f") to 1024"
+    echo 1024 >"$f"
+  fi
 }
 
 # Certificates of one node: client (Node authorizer identity) and serving (its IP).
