@@ -65,12 +65,22 @@ pub const MANAGER_FEDERATION: &str = "tidepool-federation";
 pub const MANAGER_VK: &str = "tidepool-vk";
 pub const MANAGER_DISPATCHER: &str = "tidepool-dispatcher";
 
+/// Finalizer tidepool puts on every `MemberCluster` it bridges: a deleted member is drained
+/// (training pods failed, everything tidepool created there removed) before it goes.
+pub const FINALIZER_DRAIN: &str = "tidepool.io/drain";
+/// Reason of a training pod failed because its `MemberCluster` was deleted (and of its Event).
+pub const REASON_MEMBER_REMOVED: &str = "MemberRemoved";
+/// Event reason on a `MemberCluster` whose drain did not finish in time and was given up.
+pub const REASON_DRAIN_ABANDONED: &str = "DrainAbandoned";
+
 /// Condition types on `MemberCluster.status`.
 pub const CONDITION_READY: &str = "Ready";
 pub const CONDITION_CREDENTIALS_VALID: &str = "CredentialsValid";
 pub const CONDITION_REACHABLE: &str = "Reachable";
 /// True while online pods in the member run at or below the offload PriorityClasses.
 pub const CONDITION_ONLINE_PRIORITY_CONFLICT: &str = "OnlinePriorityConflict";
+/// True while a deleted `MemberCluster` is drained; the reason names the step.
+pub const CONDITION_DRAINING: &str = "Draining";
 
 /// Default key of the kubeconfig inside the referenced Secret.
 pub const DEFAULT_KUBECONFIG_KEY: &str = "kubeconfig";

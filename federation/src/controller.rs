@@ -95,6 +95,11 @@ fn error_policy(mc: Arc<MemberCluster>, error: &Error, _ctx: Arc<Context>) -> Ac
 #[instrument(skip_all, fields(member = %mc.name_any()))]
 async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    if mc.metadata.deletion_timestamp.is_some() {
+        return crate::drain::reconcile(&mc, &ctx).await;
+    }
+    // Whatever else happens, a member this bridge serves is drained when deleted.
+    crate::drain::ensure_finalizer(&mc, &ctx).await?;
     let name = MemberName::new(mc.name_any());
     let verdict = connect(&mc, &name, &ctx).await?;
     let requeue = if verdict.ready.0 { RESYNC } else { RETRY };
@@ -308,7 +313,7 @@ fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Option<Arc<Me
 /// NotReady and tainted and nothing new is placed, instead of a node deleted and re-created
 /// on every flap of a Secret. Only a deleted or deselected `MemberCluster` ends a session
 /// (see [`sweep`]).
-fn hold(ctx: &Context, name: &MemberName, ready: &(bool, &'static str, String)) {
+pub(crate) fn hold(ctx: &Context, name: &MemberName, ready: &(bool, &'static str, String)) {
     let Ok(sessions) = ctx.sessions.lock() else {
         return;
     };
@@ -352,7 +357,7 @@ fn fingerprint(kubeconfig: &[u8], mc: &MemberCluster) -> String {
     format!("{:x}", h.finalize())
 }
 
-fn stop(ctx: &Context, name: &MemberName) {
+pub(crate) fn stop(ctx: &Context, name: &MemberName) {
     let removed = ctx.sessions.lock().ok().and_then(|mut s| s.remove(name));
     if removed.is_some() {
         info!(member = %name, "member session stopped");
@@ -368,7 +373,8 @@ fn publish(ctx: &Context) {
     ctx.members.send_replace(members);
 }
 
-/// Stops sessions whose `MemberCluster` is gone (deleted, or no longer selected).
+/// Stops sessions whose `MemberCluster` is gone (deleted, or no longer selected); a
+/// deselected one loses the drain finalizer, undrained (see [`crate::drain`]).
 async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
@@ -381,6 +387,7 @@ async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
         for name in gone {
             metrics().forget_member(name.as_str());
             stop(&ctx, &name);
+            crate::drain::release(&ctx, &name).await;
         }
     }
 }
@@ -460,7 +467,7 @@ async fn announce_conflict(mc: &MemberCluster, ctx: &Context, old: Option<&Condi
 }
 
 /// A condition that keeps its transition time while its status does not change.
-fn condition(
+pub(crate) fn condition(
     old: &[Condition],
     type_: &str,
     ok: bool,

@@ -12,6 +12,7 @@
 pub mod api_metrics;
 pub mod capacity;
 mod controller;
+pub mod drain;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;

@@ -193,6 +193,17 @@ pub async fn reset_members(client: &Client, test: &str) {
     let selector = format!("tidepool.io/test={test}");
     let lp = kube::api::ListParams::default().labels(&selector);
     api.delete_collection(&kube::api::DeleteParams::default(), &lp).await.unwrap();
+    // No tidepool serves an earlier run's MemberClusters any more: nobody will drain them,
+    // so their drain finalizer goes too.
+    for mc in api.list(&lp).await.unwrap().items {
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        let name = mc.metadata.name.unwrap_or_default();
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("remove finalizers of MemberCluster {name}: {e}"),
+        }
+    }
     wait_for(Duration::from_secs(30), "leftover MemberClusters gone", || {
         let (api, lp) = (api.clone(), lp.clone());
         async move { api.list(&lp).await.ok()?.items.is_empty().then_some(()) }

@@ -9,6 +9,7 @@ mod bad_input;
 mod chart;
 mod deploy;
 mod dispatcher;
+mod drain;
 mod failover;
 mod harness;
 mod kubelet_api;
