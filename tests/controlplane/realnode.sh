@@ -341,16 +341,22 @@ real_nodes_up() {
 # Stops the kubelets, then everything their pods left: container processes (found by the
 # cgroups of this cluster set, killed by PID), containerd and its shims, mounts under the
 # state dir, cgroups, the bridges and addresses. Safe to call twice.
-real_nodes_down() {
-  local c root sub pids=() pid m
-  [[ -d $S/nodes ]] || return 0
+# The PIDs of the container processes in this cluster set's cgroups, one per line.
+real_cgroup_pids() {
+  local c root sub
   for c in "${CLUSTERS[@]}"; do
     root=$(real_cgroup_root "$c")
     for sub in "${REAL_CGROUP_SUBSYSTEMS[@]}"; do
       [[ -d /sys/fs/cgroup/$sub$root ]] || continue
-      while read -r pid; do pids+=("$pid"); done < <(find "/sys/fs/cgroup/$sub$root" -name cgroup.procs -exec cat {} + 2>/dev/null)
+      find "/sys/fs/cgroup/$sub$root" -name cgroup.procs -exec cat {} + 2>/dev/null
     done
-  done
+  done | sort -un
+}
+
+real_nodes_down() {
+  local c root sub pids=() pid m deadline
+  [[ -d $S/nodes ]] || return 0
+  mapfile -t pids < <(real_cgroup_pids)
   # Shims live outside the pod cgroups: they are the processes whose command line names a
   # containerd socket of this state dir.
   for pid in /proc/[0-9]*; do
@@ -359,9 +365,16 @@ real_nodes_down() {
     if tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | grep -q -- "containerd-shim-runc-v2.*$S/nodes/"; then pids+=("$pid"); fi
   done
   if ((${#pids[@]})); then
-    mapfile -t pids < <(printf '%s\n' "${pids[@]}" | sort -un)
     kill -KILL "${pids[@]}" 2>/dev/null || true
   fi
+  # A killed process leaves its cgroup only once it is reaped: wait (bounded) until the
+  # cgroups are empty, killing what is still there, or their directories cannot be removed.
+  deadline=$(($(now_ms) + 10000))
+  while mapfile -t pids < <(real_cgroup_pids) && ((${#pids[@]})) && (($(now_ms) < deadline)); do
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    sleep 0.1
+  done
+  ((${#pids[@]} == 0)) || log "container processes still in the cgroups after 10 s: ${pids[*]}"
   # Deepest first: rootfs overlays and shm inside the sandbox dirs, netns pins, the
   # kubelet's bind mount of its own root.
   while read -r m; do
