@@ -61,6 +61,23 @@ impl Setup {
         Setup { env, training, member, tidepool }
     }
 
+    /// A pod spec for the dispatcher to place on the real pool: `script` in the workload
+    /// image, 500m of CPU (what the reclaim tests hold back room for).
+    fn dispatched_spec(&self, script: &str) -> serde_json::Value {
+        json!({
+            "schedulerName": scheduler_name(TEST),
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main",
+                "image": self.env.var("WORKLOAD_IMAGE"),
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"requests": {"cpu": "500m", "memory": "16Mi"}}
+            }]
+        })
+    }
+
     fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.training.clone(), NS)
     }
@@ -281,22 +298,8 @@ async fn the_process_sees_the_reclaim_notice_in_its_annotations_file() {
                   until grep -q reclaim-deadline /etc/tidepool/annotations; do sleep 0.3; done; \
                   echo \"notice: $(grep reclaim-deadline /etc/tidepool/annotations)\"; exec sleep 3600";
     // Placed by the dispatcher (the notice is its doing), on the only node of the pool.
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": scheduler_name(TEST),
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 2,
-            "containers": [{
-                "name": "main",
-                "image": s.env.var("WORKLOAD_IMAGE"),
-                "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
-                "resources": {"requests": {"cpu": "500m", "memory": "16Mi"}}
-            }]
-        }
-    }))
-    .unwrap();
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": s.dispatched_spec(script)})).unwrap();
     s.pods().create(&PostParams::default(), &pod).await.unwrap();
     s.await_container(&name, "trainer running", Duration::from_secs(90), |c| {
         c.state.as_ref()?.running.as_ref().map(|_| ())
@@ -418,18 +421,7 @@ async fn a_job_that_ignores_disruptions_replaces_a_reclaimed_pod_without_countin
             "podFailurePolicy": {"rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
             ]},
-            "template": {"spec": {
-                "schedulerName": scheduler_name(TEST),
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 2,
-                "containers": [{
-                    "name": "main",
-                    "image": s.env.var("WORKLOAD_IMAGE"),
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", "echo training; exec sleep 3600"],
-                    "resources": {"requests": {"cpu": "500m", "memory": "16Mi"}}
-                }]
-            }}
+            "template": {"spec": s.dispatched_spec("echo training; exec sleep 3600")}
         }
     }))
     .unwrap();
