@@ -550,8 +550,9 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         "no RoleBinding of the offload role for tidepool's member identity in {offload_ns}"
     );
 
-    // Nothing tidepool did was refused.
-    let text = tidepool.scrape();
+    // Nothing tidepool did was refused (read from live counters: a dead tidepool's empty
+    // scrape would read as zero refusals).
+    let text = tidepool.scrape_live();
     for cluster in ["training", MEMBER] {
         let refused =
             metric_sum(&text, "tidepool_api_requests_total", &[&format!("cluster=\"{cluster}\""), "code=\"403\""]);
@@ -602,6 +603,20 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     // RBAC alone allows every one of these).
     let me = json!({"kind": "ServiceAccount", "name": SA, "namespace": MEMBER_NS});
     let escalation = offload_binding("e2e-escalation", &me);
+    // A policy applied moments ago is enforced once the apiserver has loaded it: wait for
+    // that with server-side dry runs (they pass admission too), then try it for real.
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let in_kube_system = Api::<RoleBinding>::namespaced(lp_member.clone(), "kube-system");
+    wait_for(Duration::from_secs(30), "the member admission policy in effect", || {
+        let (api, escalation, dry) = (in_kube_system.clone(), escalation.clone(), dry.clone());
+        async move {
+            match api.create(&dry, &escalation).await {
+                Err(kube::Error::Api(s)) if s.code == 403 => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await;
     refused_by_policy(
         Api::<RoleBinding>::namespaced(lp_member.clone(), "kube-system")
             .create(&PostParams::default(), &escalation)
