@@ -168,6 +168,12 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
     for s in &sets {
         args.extend(["--set", s.as_str()]);
     }
+    // The release's admission policy is cluster-wide and exempts only its own ServiceAccount:
+    // here it holds in its namespace alone, so it never refuses another test's tidepool (nor
+    // lingers for the next test while the apiserver unloads it after the uninstall).
+    let only_ns =
+        format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
+    args.extend(["--set-json", only_ns.as_str()]);
     let notes = helm(&env, "training", &args).await;
     assert!(notes.contains("kubectl get memberclusters"), "NOTES.txt not shown: {notes}");
 
