@@ -69,20 +69,9 @@ async fn member_kubeconfig(env: &Env, member: &Client) -> String {
         }
     })
     .await;
-    let ca = std::fs::read(format!("{}/ca.crt", env.var("CP_PKI"))).unwrap();
     let port = env.var("MEMBER_A_SERVER").rsplit_once(':').unwrap().1.to_owned();
-    let ca = base64_encode(&ca);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster:\n    server: https://{}:{port}\n    \
-         certificate-authority-data: {ca}\nusers:\n- name: tidepool\n  user:\n    token: {token}\n\
-         contexts:\n- name: m\n  context: {{cluster: m, user: tidepool}}\ncurrent-context: m\n",
-        env.var("APISERVER_RELAY_HOST")
-    )
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    let server = format!("https://{}:{port}", env.var("APISERVER_RELAY_HOST"));
+    crate::deploy::token_kubeconfig(env, &server, &token)
 }
 
 /// Approves the kubelet-serving CSRs the release's identity asked for, as an admin does.

@@ -424,7 +424,7 @@ async fn token(client: &Client, namespace: &str, name: &str) -> String {
 }
 
 /// A kubeconfig that reaches `server` with a bearer token, everything embedded.
-fn token_kubeconfig(env: &Env, server: &str, token: &str) -> String {
+pub(crate) fn token_kubeconfig(env: &Env, server: &str, token: &str) -> String {
     use base64::Engine as _;
     let ca = std::fs::read(Path::new(env.var("CP_PKI")).join("ca.crt")).unwrap();
     let ca = base64::engine::general_purpose::STANDARD.encode(ca);
