@@ -98,8 +98,6 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     if mc.metadata.deletion_timestamp.is_some() {
         return crate::drain::reconcile(&mc, &ctx).await;
     }
-    // Whatever else happens, a member this bridge serves is drained when deleted.
-    crate::drain::ensure_finalizer(&mc, &ctx).await?;
     let name = MemberName::new(mc.name_any());
     let verdict = connect(&mc, &name, &ctx).await?;
     let requeue = if verdict.ready.0 { RESYNC } else { RETRY };
@@ -115,7 +113,7 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     Ok(Action::requeue(requeue))
 }
 
-/// Steps 1–4: spec, Secret, kubeconfig, reachability. Errors of the training cluster's own
+/// Steps 1–7: spec, Secret, kubeconfig, reachability, finalizer, bootstrap, session. Errors of the training cluster's own
 /// API are returned (transient, retried); everything about the member becomes a verdict.
 async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result<Verdict, Error> {
     // 1. The spec must be valid before anything is read or dialed.
@@ -219,7 +217,11 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         }
     }
 
-    // 5. Member-side objects offload pods rely on.
+    // 5. Before the first write to the member: from now on it is drained when deleted. A
+    // member never reached has nothing of ours to undo, so its deletion is not held.
+    crate::drain::ensure_finalizer(mc, ctx).await?;
+
+    // 6. Member-side objects offload pods rely on.
     if let Err(e) = crate::member::bootstrap(&client).await {
         let msg = format!("{server}: cannot create offload PriorityClasses: {e}");
         return Ok(Verdict {
@@ -230,7 +232,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         });
     }
 
-    // 6. Start (or replace) the session and publish it.
+    // 7. Start (or replace) the session and publish it.
     let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);

@@ -1,5 +1,6 @@
-//! Draining a deleted `MemberCluster`: tidepool's finalizer ([`keys::FINALIZER_DRAIN`])
-//! holds the object until what tidepool did with the member is undone, in this order:
+//! Draining a deleted `MemberCluster`: tidepool's finalizer ([`keys::FINALIZER_DRAIN`]),
+//! added once the member has answered and before the first write there (a member never
+//! reached has nothing to undo), holds the object until what tidepool did with the member is undone, in this order:
 //!
 //! 1. training pods on its virtual nodes that have not finished fail, reason
 //!    [`keys::REASON_MEMBER_REMOVED`], with an Event;

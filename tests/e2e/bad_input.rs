@@ -78,6 +78,8 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     let nodes = Api::<Node>::all(training.clone());
     for broken in ["nosecret", "garbage", "unreachable", "exec"] {
         assert!(nodes.get_opt(&format!("tidepool-e2e-bad-{broken}")).await.unwrap().is_none(), "{broken} got a node");
+        let mc = Api::<MemberCluster>::all(training.clone()).get(&format!("e2e-bad-{broken}")).await.unwrap();
+        assert!(mc.metadata.finalizers.unwrap_or_default().is_empty(), "never reached, yet {broken} has a finalizer");
     }
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     let worker = format!("worker-{}", run_id());
@@ -140,10 +142,24 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
     for m in ["e2e-bad-good", "e2e-bad-nosecret", "e2e-bad-garbage", "e2e-bad-unreachable", "e2e-bad-exec"] {
         Api::<MemberCluster>::all(training.clone()).delete(m, &DeleteParams::default()).await.unwrap();
     }
-    // 5. Only deleting the MemberCluster takes the kept node away.
+    // 5. Only deleting the MemberCluster takes the kept node away (it was reached once, so
+    //    it is drained); one never reached has nothing to drain and goes at once.
     wait_for(Duration::from_secs(30), "node of the deleted member removed", || {
         let nodes = nodes.clone();
         async move { nodes.get_opt("tidepool-e2e-bad-nosecret").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let members = Api::<MemberCluster>::all(training.clone());
+    wait_for(Duration::from_secs(10), "never-reached members deleted without a drain", || {
+        let members = members.clone();
+        async move {
+            for m in ["e2e-bad-garbage", "e2e-bad-unreachable", "e2e-bad-exec"] {
+                if members.get_opt(m).await.ok()?.is_some() {
+                    return None;
+                }
+            }
+            Some(())
+        }
     })
     .await;
     drop(tidepool);

@@ -170,10 +170,14 @@ pub fn virtual_node(
     }
 }
 
+/// How long a stopped node task may take to finish its request in flight before its Node
+/// is deleted anyway.
+const TASK_EXIT: Duration = Duration::from_secs(5);
+
 /// Keeps one task per virtual node of the connected members; deletes the Node of a pool
-/// that is no longer offered.
+/// that is no longer offered, once its task has exited (so nothing registers it again).
 pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch::Receiver<Members>) {
-    let mut running: HashMap<String, CancellationToken> = HashMap::new();
+    let mut running: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
     loop {
         let current = members.borrow_and_update().clone();
         let mut wanted = std::collections::HashSet::new();
@@ -182,10 +186,9 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                 let node = pool.node.to_string();
                 wanted.insert(node.clone());
                 // A new session for the same member has a new cancellation token.
-                let fresh = running.get(&node).is_none_or(|t| t.is_cancelled());
+                let fresh = running.get(&node).is_none_or(|(t, _)| t.is_cancelled());
                 if fresh {
                     let stop = member.cancelled.child_token();
-                    running.insert(node.clone(), stop.clone());
                     let task = NodeTask {
                         training: training.clone(),
                         config: config.clone(),
@@ -193,16 +196,19 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                         pool: pool.clone(),
                         written: None,
                     };
-                    tokio::spawn(
-                        task.run(stop).instrument(info_span!("virtual_node", member = %member.name, node = %node)),
-                    );
+                    let span = info_span!("virtual_node", member = %member.name, node = %node);
+                    let handle = tokio::spawn(task.run(stop.clone()).instrument(span));
+                    running.insert(node.clone(), (stop, handle));
                 }
             }
         }
         let gone: Vec<String> = running.keys().filter(|n| !wanted.contains(*n)).cloned().collect();
         for node in gone {
-            if let Some(t) = running.remove(&node) {
-                t.cancel();
+            if let Some((stop, handle)) = running.remove(&node) {
+                stop.cancel();
+                if tokio::time::timeout(TASK_EXIT, handle).await.is_err() {
+                    warn!(node = %node, "virtual node task still busy after being stopped; deleting its node anyway");
+                }
             }
             info!(node = %node, "pool no longer offered; deleting its virtual node");
             if let Err(e) = delete_node(&training, &node).await {
@@ -246,9 +252,15 @@ impl NodeTask {
         let mut registered: Option<String> = None;
         let mut health = self.member.health.clone();
         loop {
-            // 1. register the node (once, or again after someone deleted it)
+            // 1. register the node (once, or again after someone deleted it), unless stopped:
+            //    a node deleted because its pool is gone must not come back
             if registered.is_none() {
-                match self.register().await {
+                let outcome = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    outcome = self.register() => outcome,
+                };
+                match outcome {
                     Ok(uid) => registered = Some(uid),
                     Err(e) => warn!(error = %e, "cannot register virtual node; retrying"),
                 }
