@@ -38,6 +38,7 @@
 #                                       (CRI log format; append to it to feed `logs -f`)
 #   exec/<member>/                      working directory of commands kwok runs for `exec`
 #   pids                                "name pid" per process; `down` kills only these
+#   s3/                                 the checkpoint store's (moto's) working directory
 #   logs/<name>.log                     one log per process
 #   .tidepool-cluster                   marker: `up` wipes a non-empty STATE_DIR only if present
 set -Eeuo pipefail
@@ -236,6 +237,7 @@ check_ports() {
       want[$(real_port dns-ready "$c")]="$c CoreDNS ready"
     fi
   done
+  if ((REAL)); then want[$(real_port s3 training)]="checkpoint store"; fi
   for f in /proc/net/tcp /proc/net/tcp6; do
     [[ -r $f ]] || continue
     while read -r _ local_addr _ st _; do
@@ -609,7 +611,8 @@ write_env() {
     if ((REAL)); then
       printf 'export %s=%q\n' CP_NODE_BIN "$NODE_BIN" CP_IMAGES "$IMAGES" CTR "$NODE_BIN/ctr" \
         APISERVER_RELAY_HOST "$(real_bridge_ip training)" \
-        WORKLOAD_IMAGE tidepool.invalid/workload:1 REAL_NODE_TAINT "$REAL_TAINT_KEY"
+        WORKLOAD_IMAGE tidepool.invalid/workload:1 REAL_NODE_TAINT "$REAL_TAINT_KEY" \
+        CHECKPOINT_STORE "http://$(real_bridge_ip training):$(real_port s3 training)"
       for c in "${CLUSTERS[@]}"; do
         var=${c^^}; var=${var//-/_}
         printf 'export %s=%q\n' "${var}_REAL_NODE" "$(real_node_name "$c")" \
@@ -668,6 +671,7 @@ cmd_up() {
     t=$(now_ms)
     real_nodes_up
     real_apiserver_relays
+    real_checkpoint_store
     log "real nodes up ($(secs $(($(now_ms) - t))) s)"
   fi
 

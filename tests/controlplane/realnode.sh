@@ -14,6 +14,10 @@
 #               group's /22 via their bridge address, so they reach every bridge address of
 #               this cluster set (DNS, a checkpoint store), nothing else
 #   DNS         CoreDNS on the bridge address, port 53; health/ready on 127.0.0.1
+#   S3          one checkpoint store for all three clusters: moto's S3 server (PyPI
+#               moto[server]) on the training bridge address, port 17250 + offset, reachable
+#               from every cluster's pods through their /22 route (CHECKPOINT_STORE in
+#               cluster.env); in memory, gone with `down`
 # where k is 0 training, 1 member-a, 2 member-b, and g = CP_PORT_OFFSET / 10 (cluster sets
 # side by side keep apart).
 #
@@ -40,6 +44,7 @@ real_port() {  # real_port WHAT CLUSTER: kubelet, its healthz, CoreDNS health an
     healthz) echo $((14250 + k + OFF)) ;;
     dns-health) echo $((15250 + k + OFF)) ;;
     dns-ready) echo $((16250 + k + OFF)) ;;
+    s3) echo $((17250 + OFF)) ;;   # one checkpoint store per cluster set (training's bridge)
   esac
 }
 
@@ -406,4 +411,23 @@ real_apiserver_relays() {
     start "$c-relay" socat -lf "$S/logs/$c-relay.socat.log" \
       "TCP-LISTEN:$(port_of apiserver "$c"),bind=$addr,fork,reuseaddr" "TCP:127.0.0.1:$(port_of apiserver "$c")"
   done
+}
+
+# The shared checkpoint store (issue 22): moto's S3 server, started through python so its
+# command line names STATE_DIR (`alive` only counts such processes as ours). It checks no
+# signatures; a request needs an Authorization header of any content (tests/workload/src/store.rs).
+real_checkpoint_store() {
+  local addr port py
+  addr=$(real_bridge_ip training) port=$(real_port s3 training)
+  python3 -c 'import moto.server' 2>/dev/null || fail "moto's server is missing (pip install 'moto[server]==5.2.1')"
+  # The interpreter itself, not a version manager's shim: until the exec chain ends the
+  # process would not name STATE_DIR, and `await` would take it for dead.
+  py=$(python3 -c 'import sys; print(sys.executable)')
+  mkdir -p "$S/s3"
+  start s3 "$py" -c 'import sys; from moto.server import main; main(sys.argv[2:])' "$S/s3" -H "$addr" -p "$port"
+  await 60 "checkpoint store answers" checkpoint_store_ready "@" s3
+}
+
+checkpoint_store_ready() {
+  curl -fsS -o /dev/null --max-time 2 "http://$(real_bridge_ip training):$(real_port s3 training)/" 2>/dev/null
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the OCI images the real nodes run, without a registry or a container engine:
 #   pause.tar     tidepool.invalid/pause:3.10-tidepool   pause.c, static (the pod sandbox image)
-#   workload.tar  tidepool.invalid/workload:1            the distribution's static busybox + applets
+#   workload.tar  tidepool.invalid/workload:1            the distribution's static busybox + applets,
+#                                                        /usr/local/bin/tp-train (tests/workload, the
+#                                                        training job) and its ldd libraries
 #   tidepool.tar  tidepool.invalid/tidepool:<version>    TIDEPOOL_BINARY, its ldd libraries, CA certs
 #                                                        (only when a binary is given)
 # Usage: tests/images/build.sh [TIDEPOOL_BINARY]
@@ -11,8 +13,10 @@
 # ever pulled; pods use imagePullPolicy Never/IfNotPresent.
 #
 # Cached outside the repo in $TIDEPOOL_CACHE/images-<key>, <key> being the sha256 of this
-# script, pause.c, the busybox binary, the tidepool binary and version: a second run with the
-# same inputs does nothing. Prints the output directory on its last line of stdout; progress
+# script, pause.c, the busybox binary, the tp-train binary, the tidepool binary and version: a
+# second run with the same inputs does nothing. tp-train is built first by
+# `cargo build --release --locked -p tidepool-workload` (a no-op when current), or taken from
+# TIDEPOOL_WORKLOAD_BINARY when that is set. Prints the output directory on its last line of stdout; progress
 # goes to stderr. Needs umoci, jq, cc (with static libc: libc6-dev), busybox-static; as root
 # it apt-get installs the missing ones.
 #
@@ -67,12 +71,21 @@ if ! [[ -x $busybox ]] || ldd "$busybox" >/dev/null 2>&1; then   # missing, or n
 fi
 [[ $(id -u) -eq 0 ]] || { log "run as root: the image layers must be root-owned"; exit 1; }
 
+trainer=${TIDEPOOL_WORKLOAD_BINARY:-}
+if [[ -z $trainer ]]; then
+  log "tp-train: cargo build --release --locked -p tidepool-workload"
+  cargo build --release --locked -p tidepool-workload --manifest-path "$repo/Cargo.toml" >&2
+  trainer=$(cargo metadata --format-version 1 --no-deps --manifest-path "$repo/Cargo.toml" |
+            jq -r .target_directory)/release/tp-train
+fi
+[[ -x $trainer ]] || { log "not an executable: $trainer"; exit 1; }
+
 version=$(awk -F'"' '/^\[workspace.package\]/{w=1} w && /^version *=/{print $2; exit}' "$repo/Cargo.toml")
 [[ -n "$version" ]] || { log "no version in $repo/Cargo.toml [workspace.package]"; exit 1; }
 epoch=${SOURCE_DATE_EPOCH:-0}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 
-key=$( { cat "$here/build.sh" "$here/pause.c" "$busybox"; echo "epoch=$epoch version=$version";
+key=$( { cat "$here/build.sh" "$here/pause.c" "$busybox" "$trainer"; echo "epoch=$epoch version=$version";
          if [[ -n "$bin" ]]; then cat "$bin"; fi; } | sha256sum | cut -c1-16)
 [[ -n "$bin" ]] && key="$key-tp"
 out="$cache_root/images-$key"
@@ -110,6 +123,20 @@ image() {
 
 path_env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
+# with_libs BINARY ROOTFS NAME: copies what `ldd BINARY` lists into ROOTFS, at the paths ldd
+# prints (symlinks resolved), the loader from its PT_INTERP included.
+with_libs() {
+  local bin=$1 r=$2 name=$3 lib
+  # "libx.so => /path (0x..)" and "/lib64/ld-linux-x86-64.so.2 (0x..)"; linux-vdso has no file.
+  ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u |
+  while read -r lib; do
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+    log "$name: + $lib"
+  done
+  if ldd "$bin" | grep -q 'not found'; then log "ldd: a library is missing: $(ldd "$bin")"; exit 1; fi
+}
+
 # --- pause ---
 r="$tmp/work/pause-root"; mkdir -p "$r"
 cc -static -O2 -s -Wall -Wextra -o "$r/pause" "$here/pause.c"
@@ -130,6 +157,10 @@ for a in sh ls cat echo sleep date nc nslookup grep sed awk head tail tr seq kil
 done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' > "$r/etc/passwd"
 printf 'root:x:0:\nnobody:x:65534:\n' > "$r/etc/group"
+mkdir -p "$r/usr/local/bin"
+cp "$trainer" "$r/usr/local/bin/tp-train"
+with_libs "$trainer" "$r" workload
+chmod -R a+rX "$r/usr" "$r/lib" "$r/lib64"
 image workload tidepool.invalid/workload:1 "$r" --config.cmd /bin/sh --config.env "$path_env"
 
 # --- tidepool ---
@@ -137,14 +168,7 @@ if [[ -n "$bin" ]]; then
   r="$tmp/work/tidepool-root"; mkdir -p "$r/usr/local/bin" "$r/etc/ssl/certs"
   cp "$bin" "$r/usr/local/bin/tidepool"
   cp -L /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
-  # "libx.so => /path (0x..)" and "/lib64/ld-linux-x86-64.so.2 (0x..)"; linux-vdso has no file.
-  ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u |
-  while read -r lib; do
-    mkdir -p "$r$(dirname "$lib")"
-    cp -L "$lib" "$r$lib"
-    log "tidepool: + $lib"
-  done
-  if ldd "$bin" | grep -q 'not found'; then log "ldd: a library is missing: $(ldd "$bin")"; exit 1; fi
+  with_libs "$bin" "$r" tidepool
   chmod -R a+rX "$r"
   image tidepool "tidepool.invalid/tidepool:$version" "$r" \
     --config.entrypoint /usr/local/bin/tidepool --config.user 65532:65532 --config.env "$path_env"
