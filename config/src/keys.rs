@@ -143,7 +143,13 @@ pub const ANNOTATION_VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
 /// is deleted. The offload copy shows it in `/etc/tidepool/annotations`.
 pub const ANNOTATION_RECLAIM_DEADLINE: &str = "tidepool.io/reclaim-deadline";
 /// Set by the trainer (on the training pod) once its checkpoint is safe: reclaim may go ahead.
+/// The operators' ack: it needs training-cluster credentials.
 pub const ANNOTATION_CHECKPOINT_DONE: &str = "tidepool.io/checkpoint-done";
+/// The ack from inside the pod, which needs no credentials: a container that exits after the
+/// notice with a termination message (`/dev/termination-log`) starting with this says that
+/// its checkpoint is written (`tidepool.io/checkpointed step=1200`). The member's kubelet
+/// reports the message; only the pod's own containers can write it.
+pub const TERMINATION_ACK_PREFIX: &str = "tidepool.io/checkpointed";
 /// Pod condition telling the tenant a reclaim notice is out.
 pub const CONDITION_RECLAIM_REQUESTED: &str = "tidepool.io/ReclaimRequested";
 /// The standard condition of a pod about to be taken away (scheduler preemption, eviction,

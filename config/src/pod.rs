@@ -56,6 +56,9 @@ pub struct StatusLite {
     pub host_ip: Option<String>,
     /// The pod has container statuses and every one has terminated.
     pub containers_exited: bool,
+    /// The first line of a terminated container's message that is the ack from inside the
+    /// pod ([`crate::keys::TERMINATION_ACK_PREFIX`]), if one wrote it.
+    pub exit_ack: Option<String>,
     /// Conditions tidepool itself wrote (`tidepool.io/…`, such as a reclaim notice, and the
     /// `DisruptionTarget` of a reclaim: [`is_tidepools`]).
     pub tidepool_conditions: Vec<PodCondition>,
@@ -145,6 +148,7 @@ impl From<Pod> for PodLite {
             containers_exited: status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
                 !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
             }),
+            exit_ack: status.as_ref().and_then(exit_ack),
             tidepool_conditions: status
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
@@ -227,6 +231,22 @@ pub fn is_tidepools(c: &PodCondition) -> bool {
     c.type_.starts_with("tidepool.io/")
         || (c.type_ == crate::keys::CONDITION_DISRUPTION_TARGET
             && c.reason.as_deref() == Some(crate::keys::REASON_DISRUPTION_RECLAIM))
+}
+
+/// The ack a terminated container of `status` wrote as its termination message.
+fn exit_ack(status: &PodStatus) -> Option<String> {
+    status.container_statuses.iter().flatten().find_map(|c| {
+        let message = c.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+        let line = message.lines().next()?.trim();
+        line.starts_with(crate::keys::TERMINATION_ACK_PREFIX).then(|| line.to_owned())
+    })
+}
+
+/// Whether tidepool's reclaim notice is out for the pod: its `tidepool.io/ReclaimRequested`
+/// condition is true. Pod status is written through `pods/status`, which tenants are not
+/// granted, so unlike the deadline annotation a tenant cannot write or remove it.
+pub fn under_notice(tidepool_conditions: &[PodCondition]) -> bool {
+    tidepool_conditions.iter().any(|c| c.type_ == crate::keys::CONDITION_RECLAIM_REQUESTED && c.status == "True")
 }
 
 /// The reason of `status`'s true `DisruptionTarget` condition, which the member (or any
@@ -332,5 +352,22 @@ mod tests {
         let cs = pod.status.as_mut().unwrap().container_statuses.as_mut().unwrap();
         cs[0].state = serde_json::from_value(json!({"terminated": {"exitCode": 0}})).unwrap();
         assert!(PodLite::from(pod).status.containers_exited);
+    }
+
+    #[test]
+    fn the_ack_from_inside_is_a_terminated_containers_message_with_the_prefix() {
+        let with_message = |message: &str| {
+            let mut pod = running_pod();
+            let cs = pod.status.as_mut().unwrap().container_statuses.as_mut().unwrap();
+            cs[0].state = serde_json::from_value(json!({"terminated": {"exitCode": 0, "message": message}})).unwrap();
+            PodLite::from(pod).status.exit_ack
+        };
+        assert_eq!(
+            with_message("tidepool.io/checkpointed step=12 offset=384\n").as_deref(),
+            Some("tidepool.io/checkpointed step=12 offset=384")
+        );
+        assert_eq!(with_message("segfault"), None);
+        assert_eq!(with_message("done\ntidepool.io/checkpointed"), None, "only the first line counts");
+        assert_eq!(PodLite::from(running_pod()).status.exit_ack, None);
     }
 }

@@ -85,16 +85,19 @@ impl Default for BandRanges {
     }
 }
 
-/// Band of a pod: by its priority when that falls in a configured range, else `medium` for
-/// the gang core (the first `minMember` pods admitted) and `low` for elastic pods.
+/// Band of a pod: bands follow roles. An elastic pod (beyond the gang's `minMember`) is
+/// `low` whatever its priority, so it is reclaimed before any gang core, its own included: a
+/// tenant who gives every worker one class cannot make a one-pod deficit take the whole job.
+/// A core pod is in the band of its priority when that falls in a configured range, else
+/// `medium`. Inside a band the priority orders pods ([`crate::victims`]).
 pub fn band_for(priority: Option<i32>, core: bool, ranges: &BandRanges) -> Band {
     let within = |(lo, hi): (i32, i32), p: i32| lo <= p && p <= hi;
     match priority {
+        _ if !core => Band::Low,
         Some(p) if within(ranges.high, p) => Band::High,
         Some(p) if within(ranges.medium, p) => Band::Medium,
         Some(p) if within(ranges.low, p) => Band::Low,
-        _ if core => Band::Medium,
-        _ => Band::Low,
+        _ => Band::Medium,
     }
 }
 
@@ -152,14 +155,28 @@ mod tests {
     }
 
     #[test]
-    fn bands_follow_priority_ranges_else_core_or_elastic() {
+    fn core_bands_follow_priority_ranges_and_elastic_pods_are_low() {
         let r = BandRanges::default();
-        assert_eq!(band_for(Some(2500), false, &r), Band::High);
-        assert_eq!(band_for(Some(1500), false, &r), Band::Medium);
+        assert_eq!(band_for(Some(2500), true, &r), Band::High);
+        assert_eq!(band_for(Some(1500), true, &r), Band::Medium);
         assert_eq!(band_for(Some(10), true, &r), Band::Low);
         assert_eq!(band_for(None, true, &r), Band::Medium);
-        assert_eq!(band_for(None, false, &r), Band::Low);
         assert_eq!(band_for(Some(0), true, &r), Band::Medium);
-        assert_eq!(band_for(Some(5000), false, &r), Band::Low);
+        assert_eq!(band_for(Some(5000), true, &r), Band::Medium);
+        // Elastic: low whatever class the tenant gave it.
+        for priority in [None, Some(0), Some(10), Some(1500), Some(2500), Some(5000)] {
+            assert_eq!(band_for(priority, false, &r), Band::Low, "{priority:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever one priority every worker of a gang has, its elastic pods are never in a
+        /// band above its core's, so they are reclaimed first.
+        #[test]
+        fn elastic_pods_never_outrank_their_core(priority in proptest::option::of(-10i32..4000)) {
+            let r = BandRanges::default();
+            proptest::prop_assert!(band_for(priority, false, &r) <= band_for(priority, true, &r));
+            proptest::prop_assert_eq!(band_for(priority, false, &r), Band::Low);
+        }
     }
 }

@@ -249,6 +249,7 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
         member_node,
         requests: requests(p),
         deletion_cost: p.annotations().get(keys::ANNOTATION_DELETION_COST).and_then(|c| c.parse().ok()).unwrap_or(0),
+        priority: p.spec.priority.unwrap_or(0),
         job_fulfillment,
     }
 }
@@ -449,6 +450,36 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
     acked
 }
 
+/// Why a pod under notice is reclaimed now, if it is: what its final message says and the
+/// outcome its metric counts.
+///
+/// The acks, each something only the pod's owners or the pod itself can give: the operators'
+/// annotation on the pod or on its PodGroup (`group`), or the ack from inside — every
+/// container exited after the notice, one with [`keys::TERMINATION_ACK_PREFIX`] in its
+/// termination message. Containers that merely exited also end the wait (nothing more can be
+/// saved); otherwise the deadline does. A deadline or ack annotation is never read on a pod
+/// that is not under notice: [`deadline_of`] holds only with tidepool's own condition.
+fn reclaim_now(
+    p: &PodLite,
+    deadline: jiff::Timestamp,
+    group: Option<&str>,
+    now: jiff::Timestamp,
+) -> Option<(String, &'static str)> {
+    let exited = p.status.containers_exited;
+    if let Some(group) = group {
+        return Some((format!("checkpoint acknowledged on its {group}"), "acknowledged"));
+    }
+    if p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) {
+        return Some(("checkpoint acknowledged".to_owned(), "acknowledged"));
+    }
+    match (&p.status.exit_ack, exited) {
+        (Some(ack), true) => Some((format!("checkpoint acknowledged by the pod as it exited ({ack})"), "acknowledged")),
+        (None, true) => Some(("containers exited after the notice".to_owned(), "exited")),
+        _ if now >= deadline => Some(("checkpoint not acknowledged before the deadline".to_owned(), "deadline")),
+        _ => None,
+    }
+}
+
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
 async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
@@ -456,34 +487,16 @@ async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mu
     let mut due = Vec::new();
     for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p, grace) else { continue };
-        let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE);
+        let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
-        let acked = pod_acked || group_acked.is_some();
-        let exited = p.status.containers_exited;
-        if !(acked || exited || now >= deadline) {
-            continue;
-        }
-        let how = if let Some(group) = &group_acked {
-            format!("checkpoint acknowledged on its {group}")
-        } else if acked {
-            "checkpoint acknowledged".to_owned()
-        } else if exited {
-            "containers exited after the notice".to_owned()
-        } else {
-            "checkpoint not acknowledged before the deadline".to_owned()
-        };
-        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str).to_owned();
-        let outcome = if acked {
+        let Some((how, outcome)) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };
+        if outcome == "acknowledged" {
             // The notice went out one grace period before the deadline.
             let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band_of(p)) as i64;
             let noticed = deadline - jiff::SignedDuration::from_secs(grace);
             metrics().checkpoint_ack_seconds.observe(now.duration_since(noticed).as_secs_f64().max(0.0));
-            "acknowledged"
-        } else if exited {
-            "exited"
-        } else {
-            "deadline"
-        };
+        }
+        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str).to_owned();
         due.push((p, demand, how, outcome));
     }
     let ends = due.iter().map(|(p, demand, how, outcome)| mark_reclaimed(ctx, p, demand, how, outcome));
@@ -665,15 +678,76 @@ mod tests {
         assert_eq!(deadline_of(&pushed, &BandSeconds::default()), Some("2026-12-01T10:00:30Z".parse().unwrap()));
     }
 
+    /// A pod under notice since `NOTICED` whose containers are `state` (JSON container state).
+    fn noticed_with(annotations: serde_json::Value, state: serde_json::Value) -> PodLite {
+        let mut p = on_node(json!({"annotations": annotations}), reclaim_requested(NOTICED));
+        let status: k8s_openapi::api::core::v1::PodStatus = serde_json::from_value(json!({
+            "phase": "Running", "conditions": reclaim_requested(NOTICED),
+            "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                                   "state": state}],
+        }))
+        .unwrap();
+        let pod = Pod { metadata: p.metadata.clone(), spec: None, status: Some(status) };
+        p.status = PodLite::from(pod).status;
+        p
+    }
+
+    #[test]
+    fn the_pod_acks_from_inside_by_exiting_with_the_ack_as_its_termination_message() {
+        let deadline: jiff::Timestamp = "2026-12-01T10:10:00Z".parse().unwrap();
+        let early: jiff::Timestamp = "2026-12-01T10:00:05Z".parse().unwrap();
+        let running = noticed_with(json!({}), json!({"running": {}}));
+        assert_eq!(reclaim_now(&running, deadline, None, early), None, "still checkpointing: wait");
+        let acked = noticed_with(
+            json!({}),
+            json!({"terminated": {"exitCode": 0, "message": "tidepool.io/checkpointed step=40 offset=1280\n"}}),
+        );
+        let (how, outcome) = reclaim_now(&acked, deadline, None, early).unwrap();
+        assert_eq!(outcome, "acknowledged");
+        assert!(how.contains("step=40"), "{how}");
+        let crashed = noticed_with(json!({}), json!({"terminated": {"exitCode": 139}}));
+        assert_eq!(reclaim_now(&crashed, deadline, None, early).unwrap().1, "exited");
+        // An ack line in the message of a container still running is no ack (it has not exited).
+        assert_eq!(reclaim_now(&running, deadline, None, deadline).unwrap().1, "deadline");
+    }
+
+    #[test]
+    fn the_operators_annotation_and_the_podgroups_still_ack() {
+        let deadline: jiff::Timestamp = "2026-12-01T10:10:00Z".parse().unwrap();
+        let early: jiff::Timestamp = "2026-12-01T10:00:05Z".parse().unwrap();
+        let annotated = noticed_with(json!({keys::ANNOTATION_CHECKPOINT_DONE: "true"}), json!({"running": {}}));
+        assert_eq!(reclaim_now(&annotated, deadline, None, early).unwrap().1, "acknowledged");
+        let running = noticed_with(json!({}), json!({"running": {}}));
+        let (how, outcome) = reclaim_now(&running, deadline, Some("PodGroup g"), early).unwrap();
+        assert_eq!((how.as_str(), outcome), ("checkpoint acknowledged on its PodGroup g", "acknowledged"));
+    }
+
+    #[test]
+    fn checkpoint_done_on_a_pod_not_under_notice_reclaims_nothing() {
+        // enforce_deadlines only looks at pods with a deadline, and there is none without
+        // tidepool's condition, whatever the tenant wrote.
+        let forged = on_node(
+            json!({"annotations": {keys::ANNOTATION_CHECKPOINT_DONE: "true",
+                                   keys::ANNOTATION_RECLAIM_DEADLINE: "2026-12-01T10:00:00Z"}}),
+            json!([]),
+        );
+        assert_eq!(deadline_of(&forged, &BandSeconds::default()), None);
+        // Removing the deadline annotation of a real notice does not lift it.
+        let removed = on_node(json!({}), reclaim_requested(NOTICED));
+        let grace = BandSeconds { low: 30, ..Default::default() };
+        assert_eq!(deadline_of(&removed, &grace), Some("2026-12-01T10:00:30Z".parse().unwrap()));
+    }
+
     #[test]
     fn a_hand_bound_pod_labelled_high_is_not_high() {
         // No placement by tidepool: the band comes from the priority, as the dispatcher
         // would have decided it for an elastic pod, never from the tenant's label.
         let hand_bound = on_node(json!({"labels": {keys::LABEL_BAND: "high"}}), json!([]));
         assert_eq!(band_of(&hand_bound), Band::Low);
-        let mut by_priority = on_node(json!({"labels": {keys::LABEL_BAND: "low"}}), json!([]));
+        // Whatever its priority: it was never admitted as a gang's core, so it is elastic.
+        let mut by_priority = on_node(json!({"labels": {keys::LABEL_BAND: "high"}}), json!([]));
         by_priority.spec.priority = Some(2500);
-        assert_eq!(band_of(&by_priority), Band::High, "the priority decides, not the label");
+        assert_eq!(band_of(&by_priority), Band::Low, "a hand-bound pod is elastic, not its label's band");
         // A placement on another node is no placement of this pod.
         let elsewhere = on_node(
             json!({"labels": {keys::LABEL_BAND: "high"}, "annotations": {keys::ANNOTATION_PLACEMENT: "tidepool-other"}}),
@@ -780,6 +854,7 @@ mod tests {
                     member_node: format!("m{}", next % 4),
                     requests: gpus(POD_GPUS),
                     deletion_cost: 0,
+                    priority: 0,
                     job_fulfillment: (1, 1, PODS_PER_JOB as u32),
                 })
                 .collect();

@@ -10,7 +10,8 @@
 //! 2. A `medium` pod is a gang core: taking one breaks the gang, so the whole job on this pool
 //!    (its pods of every band) is one victim unit.
 //! 3. Only pods that help: a pod that frees nothing the deficit still lacks is left alone.
-//! 4. Inside a band, units are ranked: one that covers the remaining deficit on its own,
+//! 4. Inside a band, units are ranked: the lower tenant priority first (a whole job counts
+//!    as its highest), then one that covers the remaining deficit on its own,
 //!    fewest pods first (the smallest set is one unit, and a small job breaks fewer pods than
 //!    a big one); one that empties a member node (the online side gets a whole
 //!    node back, the only way a large online pod can land); one of a job already hit (one
@@ -45,6 +46,9 @@ pub struct OffloadPodView {
     pub requests: Resources,
     /// `controller.kubernetes.io/pod-deletion-cost`, 0 when absent.
     pub deletion_cost: i32,
+    /// The tenant's priority (`spec.priority`, 0 when absent): inside a band, the lower goes
+    /// first.
+    pub priority: i32,
     /// The job's `(current, min, max)` pods, for its fulfillment score.
     pub job_fulfillment: (u32, u32, u32),
 }
@@ -108,9 +112,9 @@ struct Selection<'a> {
 }
 
 /// Rank of a unit inside its band, smaller first, in the preference order of the module docs:
-/// does not cover alone, pods in the unit (when it covers alone), does not empty a node, job
+/// priority, does not cover alone, pods in the unit (when it covers alone), does not empty a node, job
 /// not hit yet, fulfillment (highest first), deletion cost, offload pods left on its node, key.
-type Rank<'a> = (bool, usize, bool, bool, Reverse<Fulfillment>, i32, usize, &'a str);
+type Rank<'a> = (i32, bool, usize, bool, bool, Reverse<Fulfillment>, i32, usize, &'a str);
 
 /// What is taken in one step: one pod, or a whole job for a gang core.
 #[derive(Debug, Clone)]
@@ -208,7 +212,7 @@ impl<'a> Selection<'a> {
         let total = self.sum(&unit.members);
         let covers_alone = (0..self.deficit.len()).all(|d| total[d] >= self.remaining(d));
         let Some(&first) = unit.members.first() else {
-            return (true, 0, true, true, Reverse(Fulfillment::new(0, 0, 0)), i32::MAX, usize::MAX, "");
+            return (i32::MAX, true, 0, true, true, Reverse(Fulfillment::new(0, 0, 0)), i32::MAX, usize::MAX, "");
         };
         let lead = self.pods[first];
         let mut on_node: BTreeMap<&str, usize> = BTreeMap::new();
@@ -217,9 +221,11 @@ impl<'a> Selection<'a> {
         }
         let empties_node = on_node.iter().any(|(node, n)| self.left_on_node.get(node) == Some(n));
         let cost = unit.members.iter().map(|&i| self.pods[i].deletion_cost).min().unwrap_or(0);
+        let priority = unit.members.iter().map(|&i| self.pods[i].priority).max().unwrap_or(0);
         let left_on_node =
             if unit.whole_job { 0 } else { self.left_on_node.get(lead.member_node.as_str()).copied().unwrap_or(0) };
         (
+            priority,
             !covers_alone,
             if covers_alone { unit.members.len() } else { 0 },
             !empties_node,
@@ -331,6 +337,7 @@ mod tests {
             member_node: node.into(),
             requests: r(req),
             deletion_cost: 0,
+            priority: 0,
             job_fulfillment: (1, 1, 2),
         }
     }
@@ -350,6 +357,44 @@ mod tests {
         let running = [pod("a", "j", Band::Low, "n1", &[("cpu", "1")])];
         assert!(victims(&Resources::new(), &running).is_empty());
         assert!(victims(&r(&[("cpu", "0"), ("memory", "-1Gi")]), &running).is_empty());
+    }
+
+    #[test]
+    fn one_class_on_every_worker_still_takes_an_elastic_pod_not_the_job() {
+        // Four workers of one job, all of priority 1500 (the medium range), minMember 2: the
+        // two admitted beyond the core are elastic, hence low, and a one-pod deficit takes one.
+        let r0 = crate::gang::BandRanges::default();
+        let running: Vec<_> = (0..4)
+            .map(|i| {
+                let band = crate::gang::band_for(Some(1500), i < 2, &r0);
+                OffloadPodView {
+                    priority: 1500,
+                    job_fulfillment: (4, 2, 4),
+                    ..pod(&format!("w{i}"), "j", band, "n1", &[("cpu", "1")])
+                }
+            })
+            .collect();
+        assert_eq!(running.iter().filter(|p| p.band == Band::Medium).count(), 2);
+        let v = victims(&r(&[("cpu", "1")]), &running);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].band, Band::Low);
+        assert!(["w2", "w3"].contains(&v[0].key.as_str()), "{v:?}");
+    }
+
+    #[test]
+    fn inside_a_band_the_lower_tenant_priority_goes_first() {
+        // Either pod covers alone; without priorities the key ("a") would decide.
+        let running = [
+            OffloadPodView { priority: 500, ..pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]) },
+            OffloadPodView { priority: 100, ..pod("b", "j2", Band::Low, "n2", &[("cpu", "1")]) },
+        ];
+        assert_eq!(keys(&victims(&r(&[("cpu", "1")]), &running)), ["b"]);
+        // A band still wins over priority: a low pod of high priority before a medium one.
+        let running = [
+            OffloadPodView { priority: 900, ..pod("elastic", "j1", Band::Low, "n1", &[("cpu", "1")]) },
+            OffloadPodView { priority: 1, ..pod("core", "j2", Band::Medium, "n2", &[("cpu", "1")]) },
+        ];
+        assert_eq!(keys(&victims(&r(&[("cpu", "1")]), &running)), ["elastic"]);
     }
 
     #[test]
@@ -558,6 +603,7 @@ mod tests {
                         member_node: format!("n{node}"),
                         requests,
                         deletion_cost: cost,
+                        priority: 0,
                         job_fulfillment: (current, min, min + extra),
                     }
                 })

@@ -20,4 +20,5 @@ mod reclaim;
 mod restart;
 mod skeleton;
 mod throttle;
+mod training;
 mod vk_features;

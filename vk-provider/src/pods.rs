@@ -733,6 +733,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     };
     let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
     translate::keep_tidepool_conditions(&mut desired, &pod.status.tidepool_conditions);
+    translate::hold_for_reclaim(&mut desired, &pod.status.tidepool_conditions);
     let synced = SyncedStatus::of(Some(&desired));
     if synced.all != pod.status.synced.all {
         // A Pending pod's new conditions wait a moment for the pod to run (coalescing two
@@ -751,11 +752,14 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     Ok(next())
 }
 
-/// Copies the reclaim deadline from the training pod to its offload copy.
+/// Copies the reclaim deadline from the training pod to its offload copy, once tidepool's
+/// notice condition is there ([`translate::notice_for_copy`]).
 async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
-    let Some(want) = pod.annotations().get(key) else { return Ok(()) };
-    if copy.reclaim_deadline() == Some(want.as_str()) {
+    let Some(want) = translate::notice_for_copy(pod.annotations(), &pod.status.tidepool_conditions) else {
+        return Ok(());
+    };
+    if copy.reclaim_deadline() == Some(want) {
         return Ok(());
     }
     let member = &watch.member;

@@ -138,9 +138,11 @@ fn confine_terms(
 /// Labels of the training pod every copy carries: tidepool's own. (The origin labels are
 /// set by translation itself, over anything the tenant wrote.)
 const COPIED_LABELS: [&str; 2] = [keys::LABEL_GANG, keys::LABEL_BAND];
-/// Annotations of the training pod every copy carries: the reclaim notice, which the
-/// trainer reads in `/etc/tidepool/annotations`.
-const COPIED_ANNOTATIONS: [&str; 1] = [keys::ANNOTATION_RECLAIM_DEADLINE];
+/// Annotations of the training pod every copy carries at creation: none of tidepool's. The
+/// reclaim notice (`tidepool.io/reclaim-deadline`) is written on the copy by the pod sync once
+/// tidepool's own condition says it is real ([`notice_for_copy`]): a tenant who writes the
+/// annotation on a training pod must not make its trainer (or a gang mate) see a notice.
+const COPIED_ANNOTATIONS: [&str; 0] = [];
 
 /// What of a training pod's labels (or annotations) its copy carries: `fixed` (tidepool's
 /// own) and what the member lists (`spec.copyLabels`/`copyAnnotations`: a key, or
@@ -342,6 +344,30 @@ fn add_annotations_volume(s: &mut PodSpec) {
             read_only: Some(true),
             ..Default::default()
         });
+    }
+}
+
+/// The reclaim deadline to show the copy of a training pod: the pod's deadline annotation,
+/// only while tidepool's notice condition is on the pod ([`tidepool_config::pod::under_notice`]).
+pub fn notice_for_copy<'a>(annotations: &'a BTreeMap<String, String>, ours: &[PodCondition]) -> Option<&'a str> {
+    if !tidepool_config::pod::under_notice(ours) {
+        return None;
+    }
+    annotations.get(keys::ANNOTATION_RECLAIM_DEADLINE).map(String::as_str)
+}
+
+/// A copy that ended while its training pod is under notice ended because of the notice (its
+/// trainer checkpointed and exited): the training pod is not `Succeeded` (a Job would count
+/// it done) nor `Failed` of its own making (a failure against `backoffLimit`). It stays
+/// `Running`, with the containers' terminated states, so the dispatcher sees the exit (and
+/// any ack in the termination message) and ends it as reclaimed: `Failed`, reason
+/// `Reclaimed`, with `DisruptionTarget`.
+pub fn hold_for_reclaim(desired: &mut PodStatus, ours: &[PodCondition]) {
+    let ended = matches!(desired.phase.as_deref(), Some("Succeeded" | "Failed"));
+    if ended && tidepool_config::pod::under_notice(ours) {
+        desired.phase = Some("Running".to_owned());
+        desired.reason = None;
+        desired.message = None;
     }
 }
 
@@ -630,6 +656,45 @@ mod tests {
         assert_eq!(member_disruption(Some(keys::REASON_DISRUPTION_RECLAIM)).0, keys::REASON_RECLAIMED);
     }
 
+    fn notice_conditions(status: &str) -> Vec<PodCondition> {
+        let current: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": keys::CONDITION_RECLAIM_REQUESTED, "status": status},
+        ]}))
+        .unwrap();
+        lite(Some(current)).tidepool_conditions
+    }
+
+    #[test]
+    fn a_copy_that_ended_under_notice_is_held_running_for_the_reclaim() {
+        for ended in ["Succeeded", "Failed"] {
+            let mut desired: PodStatus =
+                serde_json::from_value(json!({"phase": ended, "reason": "Completed"})).unwrap();
+            hold_for_reclaim(&mut desired, &notice_conditions("True"));
+            assert_eq!((desired.phase.as_deref(), desired.reason), (Some("Running"), None), "{ended}");
+            // Without tidepool's notice the copy's end is the pod's own.
+            let mut desired: PodStatus = serde_json::from_value(json!({"phase": ended})).unwrap();
+            hold_for_reclaim(&mut desired, &notice_conditions("False"));
+            assert_eq!(desired.phase.as_deref(), Some(ended));
+            hold_for_reclaim(&mut desired, &[]);
+            assert_eq!(desired.phase.as_deref(), Some(ended));
+        }
+    }
+
+    #[test]
+    fn only_a_notice_tidepool_gave_reaches_the_copy() {
+        let forged =
+            BTreeMap::from([(keys::ANNOTATION_RECLAIM_DEADLINE.to_owned(), "2026-12-01T10:00:00Z".to_owned())]);
+        assert_eq!(notice_for_copy(&forged, &[]), None, "a tenant's annotation alone");
+        assert_eq!(notice_for_copy(&forged, &notice_conditions("False")), None);
+        assert_eq!(notice_for_copy(&forged, &notice_conditions("True")), Some("2026-12-01T10:00:00Z"));
+        // Nor does a forged deadline travel when the copy is made.
+        let mut pod = training_pod();
+        pod.metadata.annotations = Some(forged);
+        let selector = BTreeMap::new();
+        let copy = offload_pod(&pod, &target(&selector)).unwrap();
+        assert!(!copy.metadata.annotations.unwrap().contains_key(keys::ANNOTATION_RECLAIM_DEADLINE));
+    }
+
     #[test]
     fn member_disruptions_keep_their_own_reason() {
         let with = |reason: &str| -> PodStatus {
@@ -686,9 +751,8 @@ mod tests {
         want.sort();
         assert_eq!(keys_of(copy.metadata.labels.clone()), want);
         assert_eq!(copy.metadata.labels.unwrap()[keys::LABEL_ORIGIN_UID], "uid-1", "the origin is tidepool's word");
-        let mut want_ann =
-            vec![keys::ANNOTATION_ORIGIN_NAME, keys::ANNOTATION_ORIGIN_NAMESPACE, keys::ANNOTATION_RECLAIM_DEADLINE];
-        want_ann.sort();
+        // Not even the reclaim deadline: the pod sync writes it once the notice is tidepool's.
+        let want_ann = vec![keys::ANNOTATION_ORIGIN_NAME, keys::ANNOTATION_ORIGIN_NAMESPACE];
         assert_eq!(keys_of(copy.metadata.annotations), want_ann);
 
         let (labels, annotations) = (["team".to_owned(), "example.com/*".to_owned()], ["prometheus.io/*".to_owned()]);

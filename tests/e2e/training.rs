@@ -1,0 +1,226 @@
+//! A real training job across the bridge (issue 22): `tp-train` (tests/workload), parameter
+//! servers and a trainer doing SGD on synthetic data, runs on member-a's real node; on the
+//! reclaim notice it checkpoints to the shared S3 store (moto's server, `CHECKPOINT_STORE`),
+//! acknowledges from inside the pod with its termination message and exits, and tidepool
+//! reclaims it at once, not at the deadline; started again it resumes from its checkpoint.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tidepool_config::MemberCluster;
+use tidepool_config::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
+use tidepool_config::keys;
+
+use crate::harness::*;
+
+const TEST: &str = "training";
+const NS: &str = "e2e-training";
+const MEMBER: &str = "e2e-train-a";
+const NODE: &str = "tidepool-e2e-train-a-real";
+
+struct Setup {
+    env: Env,
+    training: Client,
+    member: Client,
+    tidepool: Tidepool,
+}
+
+impl Setup {
+    async fn start(dispatcher: &str) -> Setup {
+        let env = Env::load();
+        assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
+        let training = env.client("training").await;
+        let member = env.client("member-a").await;
+        prepare(&env, &training, TEST, NS).await;
+        let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+        put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
+        apply_member(&env, &training).await;
+        let tidepool = Tidepool::start_config(&env, TEST, NS, dispatcher, &kubelet_config(&env));
+        let nodes = Api::<Node>::all(training.clone());
+        wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get_opt(NODE).await.ok().flatten()?;
+                let ready = node.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
+            }
+        })
+        .await;
+        Setup { env, training, member, tidepool }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.training.clone(), NS)
+    }
+
+    /// A one-pod training job for the dispatcher: two parameter servers and one trainer as
+    /// three containers (they dial each other on localhost), checkpointing under `prefix` in
+    /// the shared store. `restartPolicy: Never`, as a Job with a podFailurePolicy wants.
+    fn job(&self, name: &str, prefix: &str) -> Pod {
+        let store = format!("{}/ckpt/{prefix}", self.env.var("CHECKPOINT_STORE"));
+        let container = |name: &str, role: &str, env: serde_json::Value, cpu: &str| {
+            let mut vars =
+                vec![json!({"name": "TP_STORE", "value": store}), json!({"name": "TP_STEP_DELAY_MS", "value": "50"})];
+            vars.extend(env.as_array().unwrap().iter().cloned());
+            json!({
+                "name": name, "image": self.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                "command": ["tp-train", role], "env": vars,
+                "resources": {"requests": {"cpu": cpu, "memory": "16Mi"}}
+            })
+        };
+        let index = |i: u32| json!({"name": "TP_INDEX", "value": i.to_string()});
+        let port = |p: u32| json!({"name": "TP_PORT", "value": p.to_string()});
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": scheduler_name(TEST),
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 10,
+                "containers": [
+                    container("ps-0", "ps", json!([index(0), port(2222)]), "100m"),
+                    container("ps-1", "ps", json!([index(1), port(2223)]), "100m"),
+                    container("trainer", "trainer", json!([index(0),
+                        {"name": "TP_PS", "value": "127.0.0.1:2222,127.0.0.1:2223"}]), "300m"),
+                ]
+            }
+        }))
+        .unwrap()
+    }
+
+    /// The trainer's log lines through the training cluster.
+    async fn trainer_log(&self, pod: &str) -> String {
+        kubectl(&self.env, "training", &["-n", NS, "logs", pod, "-c", "trainer"], None).await.1
+    }
+
+    /// Waits until the trainer has logged at least `n` step lines, and returns them as
+    /// (step, loss).
+    async fn await_steps(&self, pod: &str, n: usize) -> Vec<(u64, f64)> {
+        wait_for(Duration::from_secs(120), &format!("{n} step lines in {pod}'s trainer log"), || async move {
+            let steps = steps(&self.trainer_log(pod).await);
+            (steps.len() >= n).then_some(steps)
+        })
+        .await
+    }
+
+    /// Holds back all but 300m of the real node's CPU (a peak in member-a): the 500m job no
+    /// longer fits and tidepool reclaims it with a notice. `None` lets it all go again.
+    async fn hold_back_cpu(&self, hold: bool) {
+        let reserve = if hold {
+            let node = Api::<Node>::all(self.member.clone()).get(self.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
+            let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+            let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
+            json!({"cpu": format!("{}m", cores * 1000 - 300)})
+        } else {
+            json!(null)
+        };
+        Api::<MemberCluster>::all(self.training.clone())
+            .patch(MEMBER, &PatchParams::default(), &Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}})))
+            .await
+            .unwrap();
+    }
+}
+
+/// `step=N loss=L` of each trainer log line that has them.
+fn steps(log: &str) -> Vec<(u64, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let field = |key: &str| l.split_whitespace().find_map(|w| w.strip_prefix(key));
+            Some((field("step=")?.parse().ok()?, field("loss=")?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// MemberCluster `MEMBER` with one pool: member-a's real node, whose taint its copies tolerate.
+async fn apply_member(env: &Env, training: &Client) {
+    let toleration = PoolToleration {
+        key: Some(env.var("REAL_NODE_TAINT").to_owned()),
+        operator: Some("Equal".into()),
+        value: Some("true".into()),
+        effect: Some("NoSchedule".into()),
+    };
+    let mut mc = MemberCluster::new(
+        MEMBER,
+        MemberClusterSpec {
+            kubeconfig_secret_ref: SecretKeyRef { name: "member-a".into(), namespace: Some(NS.into()), key: None },
+            pools: vec![PoolSpec {
+                name: "real".into(),
+                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
+                tolerations: vec![toleration],
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), TEST.to_owned())]));
+    Api::<MemberCluster>::all(training.clone())
+        .patch(MEMBER, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_job_acks_the_notice_from_inside_is_reclaimed_at_once_and_resumes_from_its_checkpoint() {
+    // Ten minutes of grace in every band: a reclaim before that is the ack's doing.
+    let s = Setup::start("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 600, medium: 600, low: 600}").await;
+    s.hold_back_cpu(false).await;
+    let id = run_id();
+    let first = format!("train-{id}");
+    s.pods().create(&PostParams::default(), &s.job(&first, &id)).await.unwrap();
+
+    // 1. It trains: the loss falls.
+    let before = s.await_steps(&first, 6).await;
+    let (start_loss, end_loss) = (before[0].1, before.last().unwrap().1);
+    assert!(end_loss < start_loss / 10.0, "the loss did not fall: {before:?}");
+    println!("loss {start_loss} at step {} -> {end_loss} at step {}", before[0].0, before.last().unwrap().0);
+
+    // 2. Online demand: the notice. The processes checkpoint, write the ack as their
+    //    termination message and exit; the pod is reclaimed then, not at the deadline.
+    s.hold_back_cpu(true).await;
+    let pods = s.pods();
+    let pod = wait_for(Duration::from_secs(120), "the job reclaimed", || {
+        let (pods, first) = (pods.clone(), first.clone());
+        async move {
+            let pod = pods.get(&first).await.ok()?;
+            let status = pod.status.as_ref()?;
+            (status.phase.as_deref() != Some("Running") && status.phase.as_deref() != Some("Pending")).then_some(pod)
+        }
+    })
+    .await;
+    let status = pod.status.unwrap();
+    let log = s.tidepool.log_tail();
+    assert_eq!(status.phase.as_deref(), Some("Failed"), "a reclaimed job is never Succeeded\n{log}");
+    assert_eq!(status.reason.as_deref(), Some(keys::REASON_RECLAIMED));
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains("checkpoint acknowledged by the pod as it exited"), "{message}");
+    let conditions = status.conditions.unwrap_or_default();
+    assert!(
+        conditions.iter().any(|c| c.type_ == keys::CONDITION_DISRUPTION_TARGET && c.status == "True"),
+        "no DisruptionTarget: {conditions:?}"
+    );
+    // The trainer's own ack, as the member's kubelet reported it.
+    let trainer = status.container_statuses.unwrap_or_default().into_iter().find(|c| c.name == "trainer").unwrap();
+    let ack = trainer.state.and_then(|st| st.terminated).and_then(|t| t.message).unwrap_or_default();
+    let acked_step: u64 = ack
+        .strip_prefix(keys::TERMINATION_ACK_PREFIX)
+        .and_then(|rest| rest.split_whitespace().find_map(|w| w.strip_prefix("step=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ack in the trainer's termination message: {ack:?}"));
+    println!("acked at step {acked_step}: {message}");
+
+    // 3. Room again: the job, started anew, resumes from its checkpoint: its step count goes
+    //    on from the acked step and the loss stays where training had brought it.
+    s.hold_back_cpu(false).await;
+    let second = format!("train-{id}-again");
+    s.pods().create(&PostParams::default(), &s.job(&second, &id)).await.unwrap();
+    let after = s.await_steps(&second, 2).await;
+    let log = s.trainer_log(&second).await;
+    assert!(log.starts_with(&format!("trainer 0: resumed at step {acked_step} ")), "{log}");
+    assert!(after[0].0 > acked_step, "the step count went back: {after:?} after {acked_step}");
+    assert!(after[0].1 < start_loss / 10.0, "the loss jumped back: {} after {end_loss}", after[0].1);
+    println!("resumed: step {} loss {}", after[0].0, after[0].1);
+    drain_pods(&s.training, NS).await;
+}
