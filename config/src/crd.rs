@@ -69,6 +69,41 @@ pub struct MemberClusterSpec {
     /// of 100. Probes, reads and deletes go ahead of pod and object creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limits: Option<RateLimitSpec>,
+
+    /// Longest `terminationGracePeriodSeconds` an offload copy of each band gets. A copy keeps
+    /// its training pod's grace (so a trainer the member's scheduler preempts, SIGTERM being
+    /// its only notice then, has the time its tenant asked for to checkpoint), up to this
+    /// bound: how long the member lets an offload pod hold capacity after its own preemption.
+    /// Unset bands: no bound.
+    #[serde(default, skip_serializing_if = "TerminationGraceLimits::is_empty")]
+    pub max_termination_grace_seconds: TerminationGraceLimits,
+}
+
+/// Per-band upper bounds (seconds) on offload copies' `terminationGracePeriodSeconds`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminationGraceLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub medium: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low: Option<u32>,
+}
+
+impl TerminationGraceLimits {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The bound for `band`, if the member admin set one.
+    pub fn get(&self, band: crate::keys::Band) -> Option<u32> {
+        match band {
+            crate::keys::Band::High => self.high,
+            crate::keys::Band::Medium => self.medium,
+            crate::keys::Band::Low => self.low,
+        }
+    }
 }
 
 /// Default sustained rate of calls to a member (per second).

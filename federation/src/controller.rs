@@ -240,6 +240,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         namespace_prefix: prefix,
         copy_labels: mc.spec.copy_labels.clone(),
         copy_annotations: mc.spec.copy_annotations.clone(),
+        max_termination_grace: mc.spec.max_termination_grace_seconds,
         paused: mc.spec.paused,
         loss_timeout,
         stats,

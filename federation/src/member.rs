@@ -149,6 +149,8 @@ pub struct MemberHandle {
     /// copy carries besides tidepool's own.
     pub copy_labels: Vec<String>,
     pub copy_annotations: Vec<String>,
+    /// `spec.maxTerminationGraceSeconds`: per-band bounds on the copies' grace.
+    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
@@ -196,6 +198,8 @@ pub(crate) struct SessionOptions {
     /// `spec.copyLabels`, `spec.copyAnnotations`.
     pub copy_labels: Vec<String>,
     pub copy_annotations: Vec<String>,
+    /// `spec.maxTerminationGraceSeconds`.
+    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -255,7 +259,15 @@ impl Session {
         policy: CapacityPolicy,
         options: SessionOptions,
     ) -> Session {
-        let SessionOptions { namespace_prefix, copy_labels, copy_annotations, paused, loss_timeout, stats } = options;
+        let SessionOptions {
+            namespace_prefix,
+            copy_labels,
+            copy_annotations,
+            max_termination_grace,
+            paused,
+            loss_timeout,
+            stats,
+        } = options;
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         tokio::spawn(
@@ -457,6 +469,7 @@ impl Session {
                 namespace_prefix,
                 copy_labels,
                 copy_annotations,
+                max_termination_grace,
                 pools: handles,
                 cancelled,
                 paused,

@@ -602,6 +602,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             band: translate::band_of(&whole),
             copy_labels: &member.copy_labels,
             copy_annotations: &member.copy_annotations,
+            max_termination_grace: member.max_termination_grace,
         };
         let mut offload = match translate::offload_pod(&whole, &target) {
             Ok(offload) => offload,

@@ -35,6 +35,8 @@ pub struct Target<'a> {
     pub copy_labels: &'a [String],
     /// The same for annotations (`spec.copyAnnotations`).
     pub copy_annotations: &'a [String],
+    /// `spec.maxTerminationGraceSeconds` of the member.
+    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -255,6 +257,8 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
         s.service_account = None;
     }
     s.automount_service_account_token = Some(false);
+    s.termination_grace_period_seconds =
+        Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
     let token_volumes: Vec<String> =
         s.volumes.iter().flatten().filter(|v| carries_training_token(v)).map(|v| v.name.clone()).collect();
     if let Some(volumes) = s.volumes.as_mut() {
@@ -271,6 +275,18 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
     add_annotations_volume(&mut s);
     s
 }
+
+/// The copy's `terminationGracePeriodSeconds`: the training pod's (the API default, 30 s, when
+/// it has none), never shortened except by the member admin's bound for the band. When the
+/// member's scheduler preempts a copy itself there is no notice: SIGTERM is the trainer's
+/// only warning, and this is its time to checkpoint.
+pub fn copy_grace(tenant: Option<i64>, bound: Option<u32>) -> i64 {
+    let asked = tenant.unwrap_or(DEFAULT_TERMINATION_GRACE).max(0);
+    bound.map_or(asked, |b| asked.min(i64::from(b)))
+}
+
+/// The API server's default `terminationGracePeriodSeconds`.
+const DEFAULT_TERMINATION_GRACE: i64 = 30;
 
 /// Who else owns member namespace `meta`, if it is not one this training cluster's tidepool
 /// created (labels managed-by tidepool and origin-cluster `cluster`): then nothing of ours
@@ -528,6 +544,7 @@ mod tests {
             band: keys::Band::Medium,
             copy_labels: &[],
             copy_annotations: &[],
+            max_termination_grace: Default::default(),
         }
     }
 
@@ -662,6 +679,24 @@ mod tests {
         ]}))
         .unwrap();
         lite(Some(current)).tidepool_conditions
+    }
+
+    #[test]
+    fn the_copy_keeps_the_tenants_grace_up_to_the_members_bound_for_its_band() {
+        assert_eq!(copy_grace(Some(120), None), 120, "the tenant's grace, unbounded");
+        assert_eq!(copy_grace(None, None), 30, "the API default when the pod names none");
+        assert_eq!(copy_grace(Some(120), Some(45)), 45, "the member admin's bound");
+        assert_eq!(copy_grace(Some(10), Some(45)), 10, "never longer than asked");
+        assert_eq!(copy_grace(Some(-1), None), 0);
+        let mut pod = training_pod();
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(90);
+        let selector = BTreeMap::new();
+        let limits = tidepool_config::crd::TerminationGraceLimits { low: Some(20), high: Some(60), medium: None };
+        for (band, want) in [(keys::Band::Low, 20), (keys::Band::High, 60), (keys::Band::Medium, 90)] {
+            let t = Target { band, max_termination_grace: limits, ..target(&selector) };
+            let copy = offload_pod(&pod, &t).unwrap();
+            assert_eq!(copy.spec.unwrap().termination_grace_period_seconds, Some(want), "{band:?}");
+        }
     }
 
     #[test]
