@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod kubectl;
 mod leader;
 mod ready;
 mod serve;
@@ -53,6 +54,10 @@ enum Command {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
+    // Installed as `kubectl-tidepool`, the binary is the kubectl plugin.
+    if kubectl::invoked_as_plugin() {
+        std::process::exit(kubectl::main());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Crds => {

@@ -255,6 +255,10 @@ pub struct PoolStatus {
     /// What offload pods use beyond the capacity: what reclaim has to free.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub deficit: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// What the pool keeps from lending now: the reserve, open capacity windows, HPA
+    /// headroom and pending online pods (before the watermark).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_back: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 impl MemberClusterSpec {

@@ -15,6 +15,7 @@ mod harness;
 mod kubelet_api;
 mod member_status;
 mod operations;
+mod plugin;
 mod real_nodes;
 mod reclaim;
 mod restart;
