@@ -21,4 +21,5 @@ mod reclaim;
 mod restart;
 mod skeleton;
 mod throttle;
+mod validation;
 mod vk_features;
