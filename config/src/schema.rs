@@ -16,8 +16,9 @@ use crate::crd::MemberCluster;
 const DNS_LABEL: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// DNS-1123 subdomain.
 const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
-/// Five cron fields of digits, `*`, `,`, `-` and `/`; their values are the controller's to judge.
-const CRON_SHAPE: &str = r"^\s*[0-9*,/-]+(\s+[0-9*,/-]+){4}\s*$";
+/// A macro, or five cron fields of digits, names and `* ? , - /`; their values are the
+/// controller's to judge.
+const CRON_SHAPE: &str = r"^\s*(@[a-zA-Z]+|[0-9a-zA-Z*?,/-]+(\s+[0-9a-zA-Z*?,/-]+){4})\s*$";
 /// An amount of a reserve map is a non-negative quantity (int-or-string, hence `string()`).
 const QUANTITY: &str = "isQuantity(string(self)) && !quantity(string(self)).isLessThan(quantity('0'))";
 
@@ -160,6 +161,9 @@ fn capacity(root: &mut JSONSchemaProps) {
     with(root, &path(&["hpaHeadroomPercent"]), |n| range(n, 0.0, 1000.0));
     with(root, &path(&["windows", "[]", "name"]), |n| pattern(n, DNS_LABEL, 63));
     with(root, &path(&["windows", "[]", "schedule"]), |n| pattern(n, CRON_SHAPE, 200));
+    with(root, &path(&["windows", "[]", "timeZone"]), |n| {
+        pattern(n, "^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$", 64)
+    });
     with(root, &path(&["windows", "[]", "durationMinutes"]), |n| range(n, 1.0, 1440.0));
     with(root, &path(&["windows", "[]", "leadSeconds"]), |n| range(n, 0.0, 86_400.0));
 }
@@ -233,10 +237,10 @@ mod tests {
     #[test]
     fn the_cron_shape_takes_five_fields_of_cron_characters() {
         let re = regex::Regex::new(CRON_SHAPE).unwrap();
-        for ok in ["0 17 * * 1-5", "*/15 * * * *", " 0 0 1,15 * 0 "] {
+        for ok in ["0 17 * * 1-5", "*/15 * * * *", " 0 0 1,15 * 0 ", "0 17 ? JAN-MAR mon-fri", "@daily"] {
             assert!(re.is_match(ok), "{ok}");
         }
-        for bad in ["0 17 * *", "0 17 * * * *", "every day", "0 17 * * MON"] {
+        for bad in ["0 17 * *", "0 17 * * * *", "every day", "@ daily", "0 17 * * MON;"] {
             assert!(!re.is_match(bad), "{bad}");
         }
     }

@@ -56,6 +56,7 @@ async fn each_invalid_field_is_refused_at_apply_time_with_its_name() {
         ("e2e-val", json!({"capacity": {"hpaHeadroomPercent": 5000}}), "spec.capacity.hpaHeadroomPercent"),
         ("e2e-val", window(json!({"schedule": "every day"})), "spec.capacity.windows[0].schedule"),
         ("e2e-val", window(json!({"schedule": "0 17 * *"})), "spec.capacity.windows[0].schedule"),
+        ("e2e-val", window(json!({"timeZone": "not a zone"})), "spec.capacity.windows[0].timeZone"),
         ("e2e-val", window(json!({"durationMinutes": 0})), "spec.capacity.windows[0].durationMinutes"),
         ("e2e-val", window(json!({"leadSeconds": 100_000})), "spec.capacity.windows[0].leadSeconds"),
         (
@@ -104,7 +105,8 @@ async fn each_invalid_field_is_refused_at_apply_time_with_its_name() {
     let good = member(
         "e2e-val-good",
         json!({"namespacePrefix": "lend-", "capacity": {"reserve": {"cpu": 2, "memory": "4Gi"}, "watermarkPercent": 80,
-               "windows": [{"name": "peak", "schedule": "*/15 9-17 * * 1-5", "durationMinutes": 30, "leadSeconds": 600,
+               "windows": [{"name": "peak", "schedule": "*/15 9-17 ? * MON-FRI", "timeZone": "Europe/Paris",
+                            "durationMinutes": 30, "leadSeconds": 600,
                             "reserve": {"nvidia.com/gpu": "4"}}]},
                "pools": [{"name": "gpu", "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
                          {"name": "cpu"}],
