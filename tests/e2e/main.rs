@@ -14,6 +14,7 @@ mod failover;
 mod harness;
 mod kubelet_api;
 mod member_status;
+mod node_status;
 mod operations;
 mod plugin;
 mod real_nodes;
