@@ -1,12 +1,13 @@
 //! Tidepool's kubelet API: the one HTTPS server behind every virtual node's
 //! `InternalIP:kubeletEndpoint.Port` (see [`crate::node`]), which the training cluster's API
-//! server calls for `kubectl logs`, `exec` and `attach` on offloaded pods.
+//! server calls for `kubectl logs`, `exec`, `attach` and `port-forward` on offloaded pods.
 //!
 //! Requests are routed by pod, not by node: the training pod names its virtual node, the
 //! node its member session, and the pod's offload copy in that member ([`target`]) answers
 //! through the member's own API server — logs streamed back as they come ([`logs`]),
 //! exec/attach bridged from the SPDY streams the API server opens here ([`exec`], framing in
-//! [`spdy`]) to a WebSocket session on the member.
+//! [`spdy`]) to a WebSocket session on the member, and port-forward the same way
+//! ([`portforward`]).
 //!
 //! Only callers with a client certificate from the API server's client CA get past the TLS
 //! handshake ([`tls`]). Certificate and CA come from the bridge config's files, or, with
@@ -22,6 +23,7 @@ mod csr;
 mod der;
 mod exec;
 mod logs;
+mod portforward;
 pub mod spdy;
 mod target;
 mod tls;
@@ -214,6 +216,10 @@ async fn handle(
             let kind = if *kind == "exec" { exec::Kind::Exec } else { exec::Kind::Attach };
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
             exec::serve(&ctx, kind, &ns, &pod, &container, &query, req).await
+        }
+        (_, ["portForward", ns, pod] | ["portForward", ns, pod, _]) => {
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            portforward::serve(&ctx, &ns, &pod, req).await
         }
         _ => text(StatusCode::NOT_FOUND, "not found"),
     };
