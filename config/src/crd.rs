@@ -154,14 +154,18 @@ pub struct CapacitySpec {
     pub hpa_headroom_percent: Option<u32>,
 }
 
-/// A reservation active for `durationMinutes` from each firing of `schedule` (cron, UTC),
+/// A reservation active for `durationMinutes` from each firing of `schedule` (cron),
 /// starting `leadSeconds` early so victims get their checkpoint notice before the peak.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WindowSpec {
     pub name: String,
-    /// `minute hour day-of-month month day-of-week`, UTC.
+    /// `minute hour day-of-month month day-of-week` (names, `?` and `@daily`-style macros
+    /// as in a CronJob), read in `timeZone`.
     pub schedule: String,
+    /// IANA time zone the schedule is read in (as a CronJob's `timeZone`); default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
     pub duration_minutes: u32,
     #[serde(default)]
     pub lead_seconds: u32,
@@ -290,6 +294,10 @@ pub struct PoolStatus {
     /// What offload pods use beyond the capacity: what reclaim has to free.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub deficit: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    /// What the pool keeps from lending now: the reserve, open capacity windows, HPA
+    /// headroom and pending online pods (before the watermark).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_back: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 impl MemberClusterSpec {
@@ -351,7 +359,11 @@ impl MemberClusterSpec {
         }
         for (i, w) in c.windows.iter().enumerate() {
             let path = format!("spec.capacity.windows[{i}]");
-            if let Err(e) = crate::cron::Schedule::parse(&w.schedule) {
+            if let Some(tz) = &w.time_zone
+                && let Err(why) = crate::cron::time_zone(tz)
+            {
+                errors.push(FieldError::new(format!("{path}.timeZone"), why));
+            } else if let Err(e) = crate::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref()) {
                 errors.push(FieldError::new(format!("{path}.schedule"), e.reason));
             }
             if !(1..=1440).contains(&w.duration_minutes) {
@@ -532,6 +544,13 @@ mod tests {
             duration_minutes: 0,
             ..Default::default()
         });
+        s.capacity.windows.push(WindowSpec {
+            name: "local".into(),
+            schedule: "0 18 * * *".into(),
+            time_zone: Some("Europe/Atlantis".into()),
+            duration_minutes: 60,
+            ..Default::default()
+        });
         let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
         assert_eq!(
             paths,
@@ -539,7 +558,8 @@ mod tests {
                 "spec.capacity.reserve[cpu]",
                 "spec.capacity.watermarkPercent",
                 "spec.capacity.windows[0].schedule",
-                "spec.capacity.windows[0].durationMinutes"
+                "spec.capacity.windows[0].durationMinutes",
+                "spec.capacity.windows[1].timeZone"
             ]
         );
     }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod names;
 pub mod pod;
 pub mod resources;
+pub mod schema;
 
 pub use bridge::BridgeConfig;
 pub use crd::{MemberCluster, MemberClusterSpec, MemberClusterStatus};

@@ -28,6 +28,11 @@ pub struct QueueLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemberLabels {
     pub member: String,
 }
@@ -109,6 +114,8 @@ pub struct Metrics {
     pub api_throttled: Family<ClusterLabels, Counter>,
     /// 1 while this replica holds the leader Lease.
     pub leader: Gauge,
+    /// Always 1, labelled with the running version (join on it in dashboards and alerts).
+    pub build_info: Family<BuildLabels, Gauge>,
 }
 
 impl Metrics {
@@ -156,6 +163,9 @@ impl Metrics {
         reg.add("api_throttled", "Requests that waited for a rate limit", api_throttled.clone());
         let leader = Gauge::default();
         reg.add("leader", "1 while this replica holds the leader Lease", leader.clone());
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        reg.add("build_info", "Always 1, labelled with tidepool's version", build_info.clone());
         Self {
             registry: reg.registry,
             names: reg.names,
@@ -175,6 +185,7 @@ impl Metrics {
             api_throttle_seconds,
             api_throttled,
             leader,
+            build_info,
         }
     }
 

@@ -153,7 +153,8 @@ impl CapacityPolicy {
                 .filter_map(|w| {
                     Some(Window {
                         name: w.name.clone(),
-                        schedule: tidepool_config::cron::Schedule::parse(&w.schedule).ok()?,
+                        schedule: tidepool_config::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref())
+                            .ok()?,
                         duration: jiff::SignedDuration::from_mins(i64::from(w.duration_minutes)),
                         lead: jiff::SignedDuration::from_secs(i64::from(w.lead_seconds)),
                         reserve: quantities(&w.reserve),

@@ -537,6 +537,7 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
                 capacity: c.capacity.to_quantities(),
                 used: c.used.nonzero().to_quantities(),
                 deficit: c.deficit().nonzero().to_quantities(),
+                held_back: c.held_back.nonzero().to_quantities(),
             }
         })
         .collect();

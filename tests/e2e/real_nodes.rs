@@ -2,7 +2,7 @@
 //! CoreDNS; `tests/controlplane/realnode.sh`) runs the offload copies of training pods, and
 //! what the process does comes back to the training cluster: its logs and exec through
 //! tidepool's kubelet API, its exit code, crash loop and OOM kill in the pod status, and the
-//! reclaim notice in its own `/etc/tidepool/annotations` file.
+//! reclaim notice in its own `/etc/tidepool/annotations` file, and `kubectl port-forward` to it.
 //!
 //! The pool selects the real node by label and tolerates its taint
 //! (`tidepool.io/real-node=true:NoSchedule`), so nothing else in the suite lands there.
@@ -481,5 +481,63 @@ async fn a_job_that_ignores_disruptions_replaces_a_reclaimed_pod_without_countin
 
     members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"capacity": null}}))).await.unwrap();
     jobs.delete(&name, &kube::api::DeleteParams::background()).await.unwrap();
+    drain_pods(&s.training, NS).await;
+}
+
+/// `kubectl port-forward` in the training cluster reaches a server in the offload pod on the
+/// member's real node, through tidepool's kubelet API and the member's API server; each
+/// local connection is its own stream pair, so two in a row both get their answer.
+#[tokio::test]
+async fn kubectl_port_forward_reaches_a_server_in_the_offload_pod() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+    let s = Setup::start("").await;
+    let id = run_id();
+    let name = format!("web-{id}");
+    let script = format!("mkdir -p /www && echo 'hello from {id}' > /www/index.html && exec httpd -f -p 8080 -h /www");
+    s.run(&name, &script, "Never", None).await;
+    s.await_container(&name, "web server running", Duration::from_secs(90), |c| {
+        c.state.as_ref()?.running.as_ref().map(|_| ())
+    })
+    .await;
+
+    let mut forward = tokio::process::Command::new(s.env.var("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(s.env.kubeconfig_path("training"))
+        .args(["-n", NS, "port-forward", &format!("pod/{name}"), ":8080"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(forward.stdout.take().unwrap()).lines();
+    // "Forwarding from 127.0.0.1:PORT -> 8080"
+    let line = tokio::time::timeout(Duration::from_secs(30), stdout.next_line()).await;
+    let line = match line {
+        Ok(Ok(Some(line))) => line,
+        other => {
+            let mut err = String::new();
+            let _ = forward.stderr.take().unwrap().read_to_string(&mut err).await;
+            panic!("kubectl port-forward did not start: {other:?} {err}\n{}", s.tidepool.log_tail());
+        }
+    };
+    let local: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected kubectl output: {line}"));
+    for round in 1..=2 {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", local)).await.unwrap();
+        conn.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(20), conn.read_to_string(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("connection {round}: no answer in 20 s\n{}", s.tidepool.log_tail()))
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1."), "connection {round}: not an HTTP answer: {answer:?}");
+        assert!(answer.contains(&format!("hello from {id}")), "connection {round}: {answer:?}");
+    }
+    drop(forward);
     drain_pods(&s.training, NS).await;
 }

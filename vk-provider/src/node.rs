@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -106,7 +107,11 @@ pub fn node_status(
     health: &Health,
     now: jiff::Timestamp,
 ) -> NodeStatus {
-    let resources = whole_units(&capacity.capacity).to_quantities();
+    let mut resources = whole_units(&capacity.capacity).to_quantities();
+    // Memory in Ki, as kubelets report it (`kubectl describe node` reads the same).
+    if let Some(bytes) = capacity.capacity.iter().find(|(n, _)| *n == "memory").map(|(_, milli)| milli / 1000) {
+        resources.insert("memory".to_owned(), Quantity(format!("{}Ki", bytes / 1024)));
+    }
     let ready = readiness(health);
     let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
         type_: type_.to_owned(),
@@ -195,6 +200,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                         member: member.clone(),
                         pool: pool.clone(),
                         written: None,
+                        transitions: Transitions::new(),
                     };
                     let span = info_span!("virtual_node", member = %member.name, node = %node);
                     let handle = tokio::spawn(task.run(stop.clone()).instrument(span));
@@ -242,6 +248,35 @@ struct NodeTask {
     pool: PoolHandle,
     /// What the last status written carried: the allocatable and the health it followed.
     written: Option<(Resources, Health)>,
+    /// Each condition's status and since when it has had it, for `lastTransitionTime`.
+    transitions: Transitions,
+}
+
+/// Condition type → (status, the time it took that status).
+type Transitions = BTreeMap<String, (String, Time)>;
+
+/// Gives each condition the time its status last changed: the known one while the status
+/// stays, `now` when it changes (or is new); `known` is updated.
+pub fn stamp_transitions(conditions: &mut [NodeCondition], known: &mut Transitions, now: jiff::Timestamp) {
+    for c in conditions {
+        match known.get(&c.type_) {
+            Some((status, since)) if *status == c.status => c.last_transition_time = Some(since.clone()),
+            _ => {
+                c.last_transition_time = Some(Time(now));
+                known.insert(c.type_.clone(), (c.status.clone(), Time(now)));
+            }
+        }
+    }
+}
+
+/// What a node's existing conditions say about their transitions (a restarted tidepool
+/// keeps the times its predecessor wrote).
+fn known_transitions(node: &Node) -> Transitions {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    conditions
+        .iter()
+        .filter_map(|c| Some((c.type_.clone(), (c.status.clone(), c.last_transition_time.clone()?))))
+        .collect()
 }
 
 impl NodeTask {
@@ -304,7 +339,10 @@ impl NodeTask {
         let capacity = self.pool.capacity.borrow_and_update().clone();
         let health = self.member.health.borrow().clone();
         let member = &self.member;
-        let node = virtual_node(&self.config, member.name.as_str(), &self.pool, &capacity, &health, member.paused);
+        let mut node = virtual_node(&self.config, member.name.as_str(), &self.pool, &capacity, &health, member.paused);
+        if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            stamp_transitions(conditions, &mut self.transitions, jiff::Timestamp::now());
+        }
         let name = self.pool.node.to_string();
         let created = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -329,6 +367,9 @@ impl NodeTask {
         let health = self.member.health.borrow().clone();
         let api = Api::<Node>::all(self.training.clone());
         let node = api.get(self.pool.node.as_str()).await.map_err(|e| Error::training("read node", e))?;
+        if self.transitions.is_empty() {
+            self.transitions = known_transitions(&node);
+        }
         let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         // Keep everyone else's taints; ours are exactly what the health says.
         let ours = [keys::TAINT_VIRTUAL, keys::TAINT_UNREACHABLE, keys::TAINT_NOT_READY, keys::TAINT_PAUSED];
@@ -363,7 +404,11 @@ impl NodeTask {
             return Ok(());
         }
         let health = &advertised.1;
-        let status = node_status(&self.config, &capacity, health, jiff::Timestamp::now());
+        let now = jiff::Timestamp::now();
+        let mut status = node_status(&self.config, &capacity, health, now);
+        if let Some(conditions) = status.conditions.as_mut() {
+            stamp_transitions(conditions, &mut self.transitions, now);
+        }
         debug!(capacity = %capacity.capacity, "virtual node status");
         Api::<Node>::all(self.training.clone())
             .patch_status(
@@ -430,6 +475,41 @@ mod tests {
             runtime_class_names: Vec::new(),
             capacity: rx,
         }
+    }
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let at = |s: &str| -> jiff::Timestamp { s.parse().unwrap() };
+        let cond = |status: &str| NodeCondition { type_: "Ready".into(), status: status.into(), ..Default::default() };
+        let mut known = Transitions::new();
+        let mut first = [cond("True")];
+        stamp_transitions(&mut first, &mut known, at("2026-12-01T10:00:00Z"));
+        assert_eq!(first[0].last_transition_time, Some(Time(at("2026-12-01T10:00:00Z"))), "new: now");
+        let mut again = [cond("True")];
+        stamp_transitions(&mut again, &mut known, at("2026-12-01T10:05:00Z"));
+        assert_eq!(again[0].last_transition_time, Some(Time(at("2026-12-01T10:00:00Z"))), "same status: kept");
+        let mut flipped = [cond("False")];
+        stamp_transitions(&mut flipped, &mut known, at("2026-12-01T10:07:00Z"));
+        assert_eq!(flipped[0].last_transition_time, Some(Time(at("2026-12-01T10:07:00Z"))), "changed: now");
+        // A restarted tidepool starts from what the node says.
+        let node = Node {
+            status: Some(NodeStatus { conditions: Some(flipped.to_vec()), ..Default::default() }),
+            ..Default::default()
+        };
+        let mut restarted = known_transitions(&node);
+        let mut later = [cond("False")];
+        stamp_transitions(&mut later, &mut restarted, at("2026-12-01T11:00:00Z"));
+        assert_eq!(later[0].last_transition_time, Some(Time(at("2026-12-01T10:07:00Z"))));
+    }
+
+    #[test]
+    fn memory_is_shown_in_ki_as_kubelets_show_it() {
+        let capacity = PoolCapacity {
+            capacity: Resources::from_pairs([("cpu", "4"), ("memory", "16Gi")]).unwrap(),
+            ..Default::default()
+        };
+        let status = node_status(&BridgeConfig::default(), &capacity, &Health::default(), jiff::Timestamp::UNIX_EPOCH);
+        assert_eq!(status.allocatable.unwrap()["memory"], Quantity("16777216Ki".into()));
     }
 
     #[test]

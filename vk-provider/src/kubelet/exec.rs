@@ -29,13 +29,13 @@ use super::{Body, Context, flag, full, text};
 /// The only stream protocol spoken: the one with the Status on the error stream and a resize
 /// stream. Every API server since 1.4 offers it.
 pub(crate) const PROTOCOL_V4: &str = "v4.channel.k8s.io";
-const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
+pub(super) const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
 /// How long the API server gets to open the streams it asked for (kubelet's default).
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the API server gets to close the connection once everything was sent.
 const LINGER: Duration = Duration::from_secs(5);
 /// Largest DATA payload written.
-const CHUNK: usize = 32 * 1024;
+pub(super) const CHUNK: usize = 32 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -123,7 +123,7 @@ fn negotiate(req: &Request<Incoming>) -> Option<&'static str> {
         .then_some(PROTOCOL_V4)
 }
 
-fn wants_spdy(req: &Request<Incoming>) -> bool {
+pub(super) fn wants_spdy(req: &Request<Incoming>) -> bool {
     let has = |name, token: &str| {
         req.headers()
             .get_all(name)
@@ -326,13 +326,13 @@ async fn pump<R: AsyncRead + Unpin>(source: Option<R>, stream: Option<u32>, out:
     let _ = out.send(Frame::Data { stream, flags: FLAG_FIN, data: Bytes::new() }).await;
 }
 
-async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(mut io: W, mut frames: mpsc::Receiver<Frame>) {
+pub(super) async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(mut io: W, mut frames: mpsc::Receiver<Frame>) {
     let mut codec = Codec::new();
     let mut buf = BytesMut::new();
     while let Some(frame) = frames.recv().await {
         buf.clear();
         if let Err(error) = codec.encode(&frame, &mut buf) {
-            warn!(%error, "exec: cannot encode a frame");
+            warn!(%error, "kubelet API: cannot encode a SPDY frame");
             break;
         }
         if io.write_all(&buf).await.is_err() || io.flush().await.is_err() {

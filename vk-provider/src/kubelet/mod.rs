@@ -1,12 +1,13 @@
 //! Tidepool's kubelet API: the one HTTPS server behind every virtual node's
 //! `InternalIP:kubeletEndpoint.Port` (see [`crate::node`]), which the training cluster's API
-//! server calls for `kubectl logs`, `exec` and `attach` on offloaded pods.
+//! server calls for `kubectl logs`, `exec`, `attach` and `port-forward` on offloaded pods.
 //!
 //! Requests are routed by pod, not by node: the training pod names its virtual node, the
 //! node its member session, and the pod's offload copy in that member ([`target`]) answers
 //! through the member's own API server — logs streamed back as they come ([`logs`]),
 //! exec/attach bridged from the SPDY streams the API server opens here ([`exec`], framing in
-//! [`spdy`]) to a WebSocket session on the member.
+//! [`spdy`]) to a WebSocket session on the member, and port-forward the same way
+//! ([`portforward`]).
 //!
 //! Only callers with a client certificate from the API server's client CA get past the TLS
 //! handshake ([`tls`]). Certificate and CA come from the bridge config's files, or, with
@@ -22,6 +23,7 @@ mod csr;
 mod der;
 mod exec;
 mod logs;
+mod portforward;
 pub mod spdy;
 mod target;
 mod tls;
@@ -215,6 +217,10 @@ async fn handle(
             let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
             exec::serve(&ctx, kind, &ns, &pod, &container, &query, req).await
         }
+        (_, ["portForward", ns, pod] | ["portForward", ns, pod, _]) => {
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            portforward::serve(&ctx, &ns, &pod, req).await
+        }
         _ => text(StatusCode::NOT_FOUND, "not found"),
     };
     Ok(response)
@@ -258,38 +264,7 @@ pub(crate) fn text(status: StatusCode, message: &str) -> Response<Body> {
 
 /// `application/x-www-form-urlencoded` query pairs, in order (`command` repeats).
 pub(crate) fn query_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    fn hex(b: u8) -> Option<u8> {
-        (b as char).to_digit(16).map(|d| d as u8)
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => match (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
 }
 
 /// The first value of `key` in `query`.
