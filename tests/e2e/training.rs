@@ -224,3 +224,52 @@ async fn the_job_acks_the_notice_from_inside_is_reclaimed_at_once_and_resumes_fr
     println!("resumed: step {} loss {}", after[0].0, after[0].1);
     drain_pods(&s.training, NS).await;
 }
+
+#[tokio::test]
+async fn when_the_member_preempts_the_copy_itself_sigterm_is_the_notice_and_the_job_resumes() {
+    let s = Setup::start("").await;
+    s.hold_back_cpu(false).await;
+    let id = run_id();
+    let first = format!("pre-{id}");
+    s.pods().create(&PostParams::default(), &s.job(&first, &id)).await.unwrap();
+    let before = s.await_steps(&first, 3).await;
+    let last_seen = before.last().unwrap().0;
+
+    // The member takes the copy back without any notice, as its scheduler does when online
+    // pods arrive faster than tidepool's reclaim: a delete with the copy's own grace period.
+    let copies = Api::<Pod>::namespaced(s.member.clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
+    let copy = copies.get(&first).await.unwrap();
+    assert_eq!(
+        copy.spec.as_ref().unwrap().termination_grace_period_seconds,
+        Some(10),
+        "the copy keeps the training pod's grace"
+    );
+    copies.delete(&first, &Default::default()).await.unwrap();
+    let pods = s.pods();
+    wait_for(Duration::from_secs(60), "the training pod failed", || {
+        let (pods, first) = (pods.clone(), first.clone());
+        async move { (pods.get(&first).await.ok()?.status?.phase? == "Failed").then_some(()) }
+    })
+    .await;
+    // The copy is gone once its processes have saved and exited (within its grace).
+    wait_for(Duration::from_secs(30), "the copy gone", || {
+        let (copies, first) = (copies.clone(), first.clone());
+        async move { copies.get_opt(&first).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+
+    // Started again, the job resumes from what it saved on SIGTERM.
+    let second = format!("pre-{id}-again");
+    s.pods().create(&PostParams::default(), &s.job(&second, &id)).await.unwrap();
+    let after = s.await_steps(&second, 1).await;
+    let log = s.trainer_log(&second).await;
+    let resumed: u64 = log
+        .strip_prefix("trainer 0: resumed at step ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the trainer did not resume from a checkpoint: {log}"));
+    assert!(resumed >= last_seen, "resumed at {resumed}, before step {last_seen} was logged");
+    assert!(after[0].0 > resumed, "{after:?}");
+    println!("SIGTERM checkpoint: logged step {last_seen}, resumed at {resumed}, next step {}", after[0].0);
+    drain_pods(&s.training, NS).await;
+}
