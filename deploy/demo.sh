@@ -80,16 +80,17 @@ k get memberclusters
 say "a real trainer process on member-a's real node, across the bridge"
 k create namespace team-a --dry-run=client -o yaml | k apply -f -
 for _ in $(seq 60); do k -n team-a get serviceaccount default >/dev/null 2>&1 && break; sleep 0.5; done
-k apply -f deploy/examples/trainer-real.yaml
+# Its checkpoints go to the local clusters' S3 store (moto's server on the training bridge).
+sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#" deploy/examples/trainer-real.yaml | k apply -f -
 k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s
 k -n team-a get pods -o wide
 echo "-- its offload copy in member-a, placed by member-a's own scheduler on the real node:"
 ka -n tp-team-a get pods -o wide
 sleep 3
-echo "-- kubectl logs trainer-0 (through the training apiserver, tidepool's kubelet API, member-a):"
-k -n team-a logs trainer-0 --tail=3
+echo "-- kubectl logs trainer-0 -c trainer (through the training apiserver, tidepool's kubelet API, member-a): the loss falls"
+k -n team-a logs trainer-0 -c trainer --tail=3
 echo "-- kubectl exec trainer-0 -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3':"
-k -n team-a exec trainer-0 -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3' || echo "(exit code $?)"
+k -n team-a exec trainer-0 -c trainer -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3' || echo "(exit code $?)"
 
 say "an elastic training job (6 workers, gang of 4) placed whole on one pool"
 k apply -f deploy/examples/elastic-job.yaml
@@ -129,6 +130,25 @@ echo "-- the gang core (medium) keeps running; the Job's replacements for the re
 sleep 3
 k -n team-a get pods -l app=resnet --field-selector=status.phase=Pending -o custom-columns='NAME:.metadata.name,WHY:.status.conditions[0].message'
 
+say "member-a needs its real node's CPU back: the real job checkpoints, acks from inside the pod, and resumes"
+cores=$(ka get node "$MEMBER_A_REAL_NODE" -o jsonpath='{.status.allocatable.cpu}')
+k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"$((cores * 1000 - 100))m\"}}}}"
+if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --timeout=120s; then
+  echo "-- its final status (the ack is the trainer's termination message, no credentials involved):"
+  k -n team-a get pod trainer-0 -o jsonpath='{.status.phase} {.status.reason}: {.status.message}{"\n"}'
+  k -n team-a get pod trainer-0 -o jsonpath='{range .status.containerStatuses[*]}{.name}: {.state.terminated.message}{end}'
+  echo "-- room again: the same job started anew resumes from its checkpoint"
+  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+  k -n team-a delete pod trainer-0 --wait=true
+  sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#" deploy/examples/trainer-real.yaml | k apply -f -
+  k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s || true
+  sleep 3
+  k -n team-a logs trainer-0 -c trainer --tail=3 || true
+else
+  echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
+  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+fi
+
 say "tidepool status"
 KUBECONFIG="$TRAINING_KUBECONFIG" "$root/target/debug/tidepool" status
 
@@ -137,8 +157,8 @@ cat <<MSG
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
   export KUBECONFIG=$TRAINING_KUBECONFIG
   $CP_BIN/kubectl get nodes,memberclusters
-  $CP_BIN/kubectl -n team-a logs -f trainer-0        # a real process on member-a's real node
-  $CP_BIN/kubectl -n team-a exec -it trainer-0 -- sh
+  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job on member-a's real node
+  $CP_BIN/kubectl -n team-a exec -it trainer-0 -c trainer -- sh
   $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in member-a first, then here
 Stop everything:  bash deploy/demo.sh down
 MSG
