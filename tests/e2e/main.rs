@@ -18,6 +18,7 @@ mod operations;
 mod real_nodes;
 mod reclaim;
 mod restart;
+mod services;
 mod skeleton;
 mod throttle;
 mod vk_features;
