@@ -46,7 +46,7 @@ impl Setup {
         let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
         put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
         apply_member(&env, &training, test, ns, mode).await;
-        let tidepool = Tidepool::start(&env, test, ns);
+        let tidepool = Tidepool::start_config(&env, test, ns, "", &kubelet_config(&env));
         let nodes = Api::<Node>::all(training.clone());
         wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
             let nodes = nodes.clone();
@@ -127,18 +127,19 @@ impl Setup {
         .await;
     }
 
-    /// Waits for `name` to finish; its phase and logs.
+    /// Waits for `name` to finish; its phase and what the process wrote to its termination
+    /// message (the copy of a finished pod is gone with its logs; its status came up).
     async fn finished(&self, name: &str) -> (String, String) {
-        let phase = wait_for(Duration::from_secs(120), &format!("{name} finished"), || {
+        wait_for(Duration::from_secs(120), &format!("{name} finished"), || {
             let pods = self.pods();
             async move {
-                let phase = pods.get(name).await.ok()?.status?.phase?;
-                matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+                let status = pods.get(name).await.ok()?.status?;
+                let phase = status.phase.filter(|p| p == "Succeeded" || p == "Failed")?;
+                let terminated = status.container_statuses?.first()?.state.as_ref()?.terminated.clone()?;
+                Some((phase, terminated.message.unwrap_or_default()))
             }
         })
-        .await;
-        let (_, logs, _) = kubectl(&self.env, "training", &["-n", &self.ns, "logs", name], None).await;
-        (phase, logs)
+        .await
     }
 
     async fn mirror(&self, name: &str) -> Option<Service> {
@@ -187,13 +188,14 @@ fn worker_script(addr: &str) -> String {
     format!(
         "export MASTER_ADDR={addr} MASTER_PORT=23456; \
          for i in $(seq 120); do r=$(nc -w 2 $MASTER_ADDR $MASTER_PORT </dev/null 2>/dev/null); \
-         [ -n \"$r\" ] && echo \"joined $r\" && exit 0; sleep 0.5; done; echo never reached $MASTER_ADDR; exit 1"
+         [ -n \"$r\" ] && echo \"joined $r\" >/dev/termination-log && exit 0; sleep 0.5; done; \
+         echo never reached $MASTER_ADDR >/dev/termination-log; exit 1"
     )
 }
 
 /// The master's script: answer `workers` rendezvous connections, then finish.
 fn master_script(workers: u32) -> String {
-    format!("for i in $(seq {workers}); do echo rdzv-$i | nc -l -p 23456; done; echo all joined")
+    format!("for i in $(seq {workers}); do echo rdzv-$i | nc -l -p 23456; done; echo all joined >/dev/termination-log")
 }
 
 /// A PyTorchJob's shape: master pod + a Service named for it + workers that dial
@@ -248,29 +250,31 @@ async fn a_jobset_shaped_job_reaches_its_pods_by_hostname_and_subdomain() {
     let ip_svc = format!("{js}-ip");
     s.service(&ip_svc, false, labels.clone(), 23456).await;
     let leader = format!("{js}-leader-0");
-    s.run(&leader, labels.clone(), Some((&leader, &js)), &master_script(1)).await;
+    // The leader stays up after the rendezvous, so the ClusterIP Service has an endpoint.
+    s.run(&leader, labels.clone(), Some((&leader, &js)), &format!("{}; exec sleep 3600", master_script(1))).await;
     let follower = format!("{js}-follower-0");
     s.run(&follower, labels.clone(), Some((&follower, &js)), &worker_script(&format!("{leader}.{js}"))).await;
     let (phase, logs) = s.finished(&follower).await;
     assert_eq!((phase.as_str(), logs.trim()), ("Succeeded", "joined rdzv-1"), "{}", s.tidepool.log_tail());
-    assert_eq!(s.finished(&leader).await.0, "Succeeded");
 
     let mirror = s.mirror(&ip_svc).await.expect("the ClusterIP Service is mirrored");
     let ip = mirror.spec.unwrap().cluster_ip.unwrap_or_default();
     let training_ip = s.services().get(&ip_svc).await.unwrap().spec.unwrap().cluster_ip.unwrap_or_default();
     assert!(!ip.is_empty() && ip != "None", "the member allocated a cluster IP: {ip:?}");
+    // The member's EndpointSlice controller lists the leader's copy behind it.
     let slices = Api::<EndpointSlice>::namespaced(s.member.clone(), &s.member_ns);
-    let leader_ip = s.pods().get(&leader).await.unwrap().status.unwrap().pod_ip;
-    let listed = slices
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={ip_svc}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .flat_map(|s| s.endpoints.unwrap_or_default())
-        .flat_map(|e| e.addresses)
-        .collect::<Vec<_>>();
-    assert!(leader_ip.as_ref().is_some_and(|ip| listed.contains(ip)), "{leader_ip:?} not in {listed:?}");
+    let leader_ip = s.pods().get(&leader).await.unwrap().status.unwrap().pod_ip.unwrap();
+    let selector = format!("kubernetes.io/service-name={ip_svc}");
+    wait_for(Duration::from_secs(30), "the leader's copy in the mirror's EndpointSlice", || {
+        let (slices, selector, leader_ip) = (slices.clone(), selector.clone(), leader_ip.clone());
+        async move {
+            let items = slices.list(&ListParams::default().labels(&selector)).await.ok()?.items;
+            let mut addresses =
+                items.into_iter().flat_map(|s| s.endpoints.unwrap_or_default()).flat_map(|e| e.addresses);
+            addresses.any(|a| a == leader_ip).then_some(())
+        }
+    })
+    .await;
     assert_ne!(ip, training_ip, "the member's own address, not the training cluster's");
     drain_pods(&s.training, &s.ns).await;
     s.mirror_gone(&js).await;

@@ -12,10 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Event as CoreEvent;
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -115,58 +113,51 @@ fn observe(watch: &OffloadWatch, relay: &mut Relay, event: &CoreEvent) -> Option
     write
 }
 
-/// Writes one relayed Event: a new one, or the count of one made before.
+/// Writes one relayed Event: a new one, or the count of one made before. Through the core
+/// Events API, whose `count`, `firstTimestamp` and `lastTimestamp` are what `kubectl describe`
+/// shows as "(x3 over 2m)" (the events.k8s.io API refuses them on create).
 async fn publish(ctx: &Context, watch: &OffloadWatch, write: Write) {
-    let now = jiff::Timestamp::now();
+    let now = Time(jiff::Timestamp::now());
     let (name, pod, event, count, create) = match write {
         Write::Create { name, pod, event, count } => (name, pod, event, count, true),
         Write::Count { name, pod, event, count } => (name, pod, event, count, false),
     };
-    let api = Api::<K8sEvent>::namespaced(ctx.training.clone(), &pod.namespace);
-    let counted = |count: i32| {
-        json!({
-            "series": {"count": count, "lastObservedTime": MicroTime(now)},
-            "deprecatedCount": count,
-            "deprecatedLastTimestamp": Time(now),
-        })
-    };
+    let api = Api::<CoreEvent>::namespaced(ctx.training.clone(), &pod.namespace);
+    let counted = |count: i32| json!({"count": count, "lastTimestamp": now});
     let result = if create {
-        let object = K8sEvent {
+        let object = CoreEvent {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(pod.namespace.clone()),
                 ..Default::default()
             },
-            event_time: Some(MicroTime(now)),
-            type_: Some(event.type_.clone()),
-            reason: Some(event.reason.clone()),
-            note: Some(event.message.chars().take(1024).collect()),
-            action: Some("Relayed".to_owned()),
-            regarding: Some(ObjectReference {
+            involved_object: ObjectReference {
                 api_version: Some("v1".to_owned()),
                 kind: Some("Pod".to_owned()),
                 namespace: Some(pod.namespace.clone()),
                 name: Some(pod.name.clone()),
                 uid: Some(pod.uid.clone()),
                 ..Default::default()
-            }),
+            },
+            type_: Some(event.type_.clone()),
+            reason: Some(event.reason.clone()),
+            message: Some(event.message.chars().take(1024).collect()),
             // `kubectl describe` shows it as from the member's component, through tidepool.
-            deprecated_source: Some(k8s_openapi::api::core::v1::EventSource {
+            source: Some(EventSource {
                 component: Some(format!("{}/{}", watch.member.name, event.component)),
                 host: None,
             }),
-            deprecated_count: Some(count),
-            deprecated_first_timestamp: Some(Time(now)),
-            deprecated_last_timestamp: Some(Time(now)),
-            series: (count > 1).then(|| EventSeries { count, last_observed_time: MicroTime(now) }),
-            reporting_controller: Some("tidepool".to_owned()),
+            count: Some(count),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now.clone()),
+            reporting_component: Some("tidepool".to_owned()),
             reporting_instance: Some(format!("{}/{}", watch.member.name, event.component).chars().take(128).collect()),
             ..Default::default()
         };
         match api.create(&PostParams::default(), &object).await {
             // Made before this process (a restart): never counted down.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                let had = api.get_opt(&name).await.ok().flatten().and_then(|e| e.deprecated_count).unwrap_or(0);
+                let had = api.get_opt(&name).await.ok().flatten().and_then(|e| e.count).unwrap_or(0);
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(counted(count.max(had + 1)))).await.map(|_| ())
             }
             other => other.map(|_| ()),
