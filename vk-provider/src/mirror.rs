@@ -92,52 +92,19 @@ async fn pass(
     services: &Store<Service>,
     state: &mut State,
 ) -> Result<(), kube::Error> {
-    let member = &watch.member;
-    let cluster = ctx.config.cluster_name.as_str();
-    // 1. The copies there, each with its training pod's namespace and labels.
-    let copies: Vec<(String, Option<BTreeMap<String, String>>)> = watch
-        .store
-        .state()
-        .iter()
-        .filter_map(|copy| {
-            let pod = ctx.pods.get(&copy.origin()?)?;
-            let namespace = pod.metadata.namespace.clone().filter(|_| copy.is_copy_of(&pod))?;
-            Some((namespace, pod.metadata.labels.clone()))
-        })
-        .collect();
-    // 2. The mirrors wanted.
-    let all = services.state();
-    let by_key: BTreeMap<(String, String), &Service> =
-        all.iter().filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), &**s))).collect();
-    let desired: Vec<(Service, &Service)> = services::wanted(all.iter().map(|s| &**s), &copies)
-        .into_iter()
-        .filter_map(|key| {
-            let source = by_key.get(&key)?;
-            let namespace = translate::member_namespace(&member.namespace_prefix, &key.0);
-            let target = MirrorTarget { cluster, member: member.name.as_str(), namespace: &namespace };
-            Some((services::mirrored_service(source, &target)?, *source))
-        })
-        .collect();
-    // 3. The mirrors there, in the namespaces that have or may have some.
+    // 1. The mirrors wanted, each with its training Service.
+    let desired = desired(ctx, watch, &services.state());
+    // 2. The mirrors there, in the namespaces that have or may have some.
     let mut namespaces: BTreeSet<String> = desired.iter().filter_map(|(m, _)| m.metadata.namespace.clone()).collect();
     match &state.namespaces {
         Some(known) => namespaces.extend(known.iter().cloned()),
         None => namespaces.extend(offload_namespaces(ctx, watch).await?),
     }
-    let selector = ListParams::default().labels(&services::mirror_selector(cluster, member.name.as_str()));
-    let mut existing = Vec::new();
-    for ns in &namespaces {
-        match Api::<Service>::namespaced(member.client.clone(), ns).list(&selector).await {
-            Ok(list) => existing.extend(list.items),
-            // Not bound there yet (the pod sync binds on first use) or gone: nothing of ours.
-            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => debug!(namespace = ns, "no mirrors readable"),
-            Err(e) => return Err(e),
-        }
-    }
-    // 4. Write the difference.
+    let existing = mirrors_in(ctx, watch, &namespaces).await?;
+    // 3. Write the difference.
     let wanted: Vec<Service> = desired.iter().map(|(m, _)| m.clone()).collect();
     let sources: BTreeMap<(String, String), &Service> =
-        desired.iter().map(|(m, s)| (key_of(&m.metadata), *s)).collect();
+        desired.iter().map(|(m, s)| (key_of(&m.metadata), &**s)).collect();
     for step in services::plan(&wanted, &existing) {
         let source = match &step {
             Step::Create(m) | Step::Update(m) | Step::Recreate(m) => sources.get(&key_of(&m.metadata)).copied(),
@@ -152,6 +119,54 @@ async fn pass(
     holding.extend(existing.iter().filter_map(|m| m.metadata.namespace.clone()));
     state.namespaces = Some(holding);
     Ok(())
+}
+
+/// The mirrors wanted in `watch`'s member, from the caches: the copies there (each with its
+/// training pod's namespace and labels) against the training Services `all`.
+fn desired(ctx: &Context, watch: &OffloadWatch, all: &[Arc<Service>]) -> Vec<(Service, Arc<Service>)> {
+    let member = &watch.member;
+    let copies: Vec<(String, Option<BTreeMap<String, String>>)> = watch
+        .store
+        .state()
+        .iter()
+        .filter_map(|copy| {
+            let pod = ctx.pods.get(&copy.origin()?)?;
+            let namespace = pod.metadata.namespace.clone().filter(|_| copy.is_copy_of(&pod))?;
+            Some((namespace, pod.metadata.labels.clone()))
+        })
+        .collect();
+    let by_key: BTreeMap<(String, String), &Arc<Service>> = all.iter().map(|s| (key_of(&s.metadata), s)).collect();
+    services::wanted(all.iter().map(|s| &**s), &copies)
+        .into_iter()
+        .filter_map(|key| {
+            let source = by_key.get(&key)?;
+            let namespace = translate::member_namespace(&member.namespace_prefix, &key.0);
+            let target =
+                MirrorTarget { cluster: &ctx.config.cluster_name, member: member.name.as_str(), namespace: &namespace };
+            Some((services::mirrored_service(source, &target)?, Arc::clone(source)))
+        })
+        .collect()
+}
+
+/// This instance's mirrors in `namespaces` of the member (one list each).
+async fn mirrors_in(
+    ctx: &Context,
+    watch: &OffloadWatch,
+    namespaces: &BTreeSet<String>,
+) -> Result<Vec<Service>, kube::Error> {
+    let member = &watch.member;
+    let selector =
+        ListParams::default().labels(&services::mirror_selector(&ctx.config.cluster_name, member.name.as_str()));
+    let mut existing = Vec::new();
+    for ns in namespaces {
+        match Api::<Service>::namespaced(member.client.clone(), ns).list(&selector).await {
+            Ok(list) => existing.extend(list.items),
+            // Not bound there yet (the pod sync binds on first use) or gone: nothing of ours.
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => debug!(namespace = ns, "no mirrors readable"),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(existing)
 }
 
 fn key_of(m: &ObjectMeta) -> (String, String) {

@@ -345,10 +345,11 @@ mod tests {
         let mut stale = current.clone();
         stale.metadata.name = Some("gone".into());
 
-        assert_eq!(plan(&[current.clone()], &[current.clone()]), vec![], "a steady state writes nothing");
-        assert_eq!(plan(&[current.clone()], &[]), vec![Step::Create(current.clone())]);
-        assert_eq!(plan(&[newer.clone()], &[current.clone()]), vec![Step::Update(newer.clone())]);
-        assert_eq!(plan(&[headless.clone()], &[current.clone()]), vec![Step::Recreate(headless)]);
+        let one = std::slice::from_ref;
+        assert_eq!(plan(one(&current), one(&current)), vec![], "a steady state writes nothing");
+        assert_eq!(plan(one(&current), &[]), vec![Step::Create(current.clone())]);
+        assert_eq!(plan(one(&newer), one(&current)), vec![Step::Update(newer.clone())]);
+        assert_eq!(plan(one(&headless), one(&current)), vec![Step::Recreate(headless.clone())]);
         assert_eq!(
             plan(&[], &[current.clone(), stale]),
             vec![
