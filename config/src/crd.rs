@@ -46,6 +46,14 @@ pub struct MemberClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_prefix: Option<String>,
 
+    /// `SameName`: offload pods of training namespace `team-a` run in member namespace
+    /// `team-a` (no prefix), so the FQDNs a job was written with
+    /// (`<svc>.team-a.svc.cluster.local`) resolve in the member. Opt-in: a training namespace
+    /// whose name the member already uses for a namespace tidepool did not create is refused
+    /// (Event `OffloadNamespaceConflict` on the pod), never shared. Default `Prefixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_mode: Option<NamespaceMode>,
+
     /// How much of the surplus is lent: reserves, time windows, HPA headroom, watermark.
     #[serde(default)]
     pub capacity: CapacitySpec,
@@ -102,6 +110,27 @@ impl TerminationGraceLimits {
             crate::keys::Band::High => self.high,
             crate::keys::Band::Medium => self.medium,
             crate::keys::Band::Low => self.low,
+        }
+    }
+}
+
+/// How a training namespace maps to its member namespace.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NamespaceMode {
+    /// `<namespacePrefix><namespace>` (default `tp-<namespace>`).
+    #[default]
+    Prefixed,
+    /// The training namespace's own name.
+    SameName,
+}
+
+impl MemberClusterSpec {
+    /// The prefix of this member's offload namespaces: none in `SameName` mode, else
+    /// `spec.namespacePrefix` or the bridge's `default`.
+    pub fn effective_namespace_prefix(&self, default: &str) -> String {
+        match self.namespace_mode {
+            Some(NamespaceMode::SameName) => String::new(),
+            _ => self.namespace_prefix.clone().unwrap_or_else(|| default.to_owned()),
         }
     }
 }
@@ -340,6 +369,9 @@ impl MemberClusterSpec {
         {
             errors.push(FieldError::new("spec.namespacePrefix", NAMESPACE_PREFIX_RULE));
         }
+        if self.namespace_mode == Some(NamespaceMode::SameName) && self.namespace_prefix.is_some() {
+            errors.push(FieldError::new("spec.namespacePrefix", "must be unset with namespaceMode: SameName"));
+        }
         let c = &self.capacity;
         for (k, v) in &c.reserve {
             if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
@@ -514,6 +546,20 @@ mod tests {
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].name, DEFAULT_POOL);
         assert_eq!(s.secret_key(), "kubeconfig");
+    }
+
+    #[test]
+    fn same_name_mode_has_no_prefix_and_refuses_one() {
+        let mut s = spec();
+        assert_eq!(s.effective_namespace_prefix("tp-"), "tp-");
+        s.namespace_prefix = Some("lend-".into());
+        assert_eq!(s.effective_namespace_prefix("tp-"), "lend-");
+        s.namespace_mode = Some(NamespaceMode::SameName);
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.namespacePrefix"], "a prefix means nothing in SameName mode");
+        s.namespace_prefix = None;
+        assert!(s.validate("member-a").is_empty());
+        assert_eq!(s.effective_namespace_prefix("tp-"), "");
     }
 
     #[test]

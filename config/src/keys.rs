@@ -163,3 +163,17 @@ pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletio
 pub const REASON_RECLAIMED: &str = "Reclaimed";
 /// The online demand a reclaim notice answers (`nvidia.com/gpu=2`), for the final message.
 pub const ANNOTATION_RECLAIM_DEMAND: &str = "tidepool.io/reclaim-demand";
+
+/// Label prefix of the selector labels an offload copy carries: each label `k: v` of the
+/// training pod becomes `svc.tidepool.io/<hash of k>: v` on the copy, and a mirrored
+/// Service selects by those. The member's own selectors never use this prefix, so a tenant's
+/// labels cannot make a copy match them (see `tidepool_vk::services`).
+pub const SELECTOR_LABEL_PREFIX: &str = "svc.tidepool.io";
+/// Label (value `true`) on the Services tidepool mirrored into an offload namespace; with the
+/// origin cluster and member labels it is what the mirror, the drain and the collection select.
+pub const LABEL_MIRRORED: &str = "tidepool.io/mirrored";
+/// Annotation on a mirrored Service: the training Service's selector (JSON), for people.
+pub const ANNOTATION_ORIGIN_SELECTOR: &str = "tidepool.io/origin-selector";
+/// Reason of the Event on a training Service whose mirror a member object of the same name
+/// (not tidepool's) prevents.
+pub const REASON_SERVICE_CONFLICT: &str = "ServiceMirrorConflict";

@@ -41,8 +41,10 @@ pub struct MemberLabels {
 pub struct PoolLabels {
     pub member: String,
     pub pool: String,
-    /// `cpu` (cores), `memory` (bytes), `gpu` (devices), `pods`.
+    /// `cpu`, `memory`, `gpu`, `pods`.
     pub resource: &'static str,
+    /// What the value counts: `cores`, `bytes`, `devices`, `pods` (one metric, several units).
+    pub unit: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -203,7 +205,14 @@ impl Metrics {
         for (family, value) in [(&self.pool_capacity, capacity), (&self.pool_used, used), (&self.pool_deficit, deficit)]
         {
             for (resource, amount) in resource_values(value) {
-                family.get_or_create(&PoolLabels { member: member.into(), pool: pool.into(), resource }).set(amount);
+                family
+                    .get_or_create(&PoolLabels {
+                        member: member.into(),
+                        pool: pool.into(),
+                        resource,
+                        unit: unit_of(resource),
+                    })
+                    .set(amount);
             }
         }
     }
@@ -217,7 +226,12 @@ impl Metrics {
     pub fn forget_pool(&self, member: &str, pool: &str) {
         for family in [&self.pool_capacity, &self.pool_used, &self.pool_deficit] {
             for resource in RESOURCES {
-                family.remove(&PoolLabels { member: member.into(), pool: pool.into(), resource });
+                family.remove(&PoolLabels {
+                    member: member.into(),
+                    pool: pool.into(),
+                    resource,
+                    unit: unit_of(resource),
+                });
             }
         }
     }
@@ -262,6 +276,16 @@ const RESOURCES: [&str; 4] = ["cpu", "memory", "gpu", "pods"];
 fn resource_values(r: &Resources) -> [(&'static str, f64); 4] {
     let units = |name: &str| r.get(name) as f64 / 1000.0;
     [("cpu", units("cpu")), ("memory", units("memory")), ("gpu", units("nvidia.com/gpu")), ("pods", units("pods"))]
+}
+
+/// The unit a pool gauge's value is in, for its `unit` label.
+fn unit_of(resource: &str) -> &'static str {
+    match resource {
+        "cpu" => "cores",
+        "memory" => "bytes",
+        "gpu" => "devices",
+        _ => "pods",
+    }
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);

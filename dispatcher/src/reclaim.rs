@@ -178,7 +178,7 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let members = ctx.members.borrow().clone();
     // A member that does not answer shows a stale deficit: its pods are left as they are
-    // (DESIGN.md "Failure and security rules") until it answers or is lost.
+    // (deploy/docs/architecture.md, "Rules the code keeps") until it answers or is lost.
     for member in members.values().filter(|m| m.health.borrow().is_answering()) {
         for pool in &member.pools {
             let node = pool.node.to_string();

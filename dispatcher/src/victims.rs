@@ -4,7 +4,7 @@
 //! after hysteresis) and the offload pods running in that pool; [`victims`] answers which of
 //! them to send the checkpoint notice to, each with a reason for the Event.
 //!
-//! The rules, from DESIGN.md "Reclaim and the checkpoint notice":
+//! The rules (deploy/docs/architecture.md, step 7 of a pod's life, and operations.md):
 //! 1. Bands from the bottom: every `low` pod that helps is taken before any `medium` pod, and
 //!    every `medium` one before any `high` one.
 //! 2. A `medium` pod is a gang core: taking one breaks the gang, so the whole job on this pool

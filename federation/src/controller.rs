@@ -233,7 +233,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     }
 
     // 7. Start (or replace) the session and publish it.
-    let prefix = mc.spec.namespace_prefix.clone().unwrap_or_else(|| ctx.config.namespace_prefix.clone());
+    let prefix = mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix);
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
     let options = SessionOptions {

@@ -5,7 +5,7 @@
 //! 1. training pods on its virtual nodes that have not finished fail, reason
 //!    [`keys::REASON_MEMBER_REMOVED`], with an Event;
 //! 2. the offload copies of this training cluster and member are deleted in the member;
-//! 3. so are the reflected ConfigMaps and Secrets;
+//! 3. so are the reflected ConfigMaps and Secrets, and the mirrored Services;
 //! 4. and the offload namespaces tidepool made for this training cluster (waited for), but
 //!    not one where another `MemberCluster` of this training cluster still has copies;
 //! 5. the offload PriorityClasses, only when no other training cluster's offload namespace
@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -341,6 +341,16 @@ async fn member_objects(
         for s in Api::<Secret>::namespaced(client.clone(), &ns_name).list_metadata(&reflected).await?.items {
             objects.reflected.push(("Secret", s.metadata));
         }
+        // `labels` replaces a selector: all three labels, so only this instance's mirrors.
+        let mirrored = ListParams::default().labels(&format!(
+            "{}=true,{}={cluster},{}={member}",
+            keys::LABEL_MIRRORED,
+            keys::LABEL_ORIGIN_CLUSTER,
+            keys::LABEL_ORIGIN_MEMBER
+        ));
+        for s in Api::<Service>::namespaced(client.clone(), &ns_name).list_metadata(&mirrored).await?.items {
+            objects.reflected.push(("Service", s.metadata));
+        }
         let copies = Api::<Pod>::namespaced(client.clone(), &ns_name).list(&ours).await?.items;
         objects.copies.extend(copies.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()));
     }
@@ -401,6 +411,8 @@ async fn delete_reflected(client: &Client, objects: &[(&'static str, ObjectMeta)
         let dp = DeleteParams::default();
         let result = if *kind == "Secret" {
             Api::<Secret>::namespaced(client.clone(), ns).delete(name, &dp).await.map(|_| ())
+        } else if *kind == "Service" {
+            Api::<Service>::namespaced(client.clone(), ns).delete(name, &dp).await.map(|_| ())
         } else {
             Api::<ConfigMap>::namespaced(client.clone(), ns).delete(name, &dp).await.map(|_| ())
         };

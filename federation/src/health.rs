@@ -1,5 +1,5 @@
-//! Health of a connected member, as every consumer sees it (DESIGN.md "Failure and security
-//! rules"): a session keeps running while its member does not answer, so nothing is torn
+//! Health of a connected member, as every consumer sees it (deploy/docs/architecture.md,
+//! "Rules the code keeps"): a session keeps running while its member does not answer, so nothing is torn
 //! down by a partition; consumers read [`Health`] instead and hold back.
 //!
 //! Two writers share one `watch` channel: the session's prober (reachability, refused

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -598,6 +598,22 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         Api::<ConfigMap>::namespaced(lp_member.clone(), "kube-system").list(&ListParams::default()).await,
         "member: ConfigMaps of kube-system",
     );
+    // Services (the mirrors of training Services) only in its offload namespaces.
+    let mirror: Service =
+        serde_json::from_value(json!({"metadata": {"name": "e2e-mirror"}, "spec": {"ports": [{"port": 80}]}})).unwrap();
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    Api::<Service>::namespaced(lp_member.clone(), &offload_ns)
+        .create(&dry_run, &mirror)
+        .await
+        .expect("member: a Service in its offload namespace");
+    forbidden(
+        Api::<Service>::namespaced(lp_member.clone(), "default").create(&dry_run, &mirror).await,
+        "member: a Service outside the offload namespaces",
+    );
+    forbidden(
+        Api::<Service>::namespaced(lp_member.clone(), "kube-system").delete("kube-dns", &Default::default()).await,
+        "member: delete a Service of kube-system",
+    );
     // Its create on RoleBindings and bind on the offload role hold only in the namespaces
     // tidepool labelled as its own, and only for itself (the member chart's admission policy;
     // RBAC alone allows every one of these).
@@ -659,6 +675,14 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     forbidden(
         Api::<RoleBinding>::namespaced(lp_training.clone(), "kube-system").list(&ListParams::default()).await,
         "training: RoleBindings",
+    );
+    // Services are read (to mirror them), never written.
+    Api::<Service>::namespaced(lp_training.clone(), NS).list(&ListParams::default()).await.expect("training: Services");
+    forbidden(
+        Api::<Service>::namespaced(lp_training.clone(), NS)
+            .create(&PostParams { dry_run: true, ..Default::default() }, &mirror)
+            .await,
+        "training: create a Service",
     );
     // The kubelet API without files: it may request a serving certificate and read the client
     // CA, but not approve its own request.

@@ -20,6 +20,7 @@ mod plugin;
 mod real_nodes;
 mod reclaim;
 mod restart;
+mod services;
 mod skeleton;
 mod throttle;
 mod training;

@@ -114,7 +114,7 @@ async fn one_replica_leads_a_standby_writes_nothing_and_takes_over_after_sigkill
             let gpus = metric_value(
                 &text,
                 "tidepool_pool_capacity",
-                &format!("member=\"{MEMBER}\",pool=\"default\",resource=\"gpu\""),
+                &format!("member=\"{MEMBER}\",pool=\"default\",resource=\"gpu\",unit=\"devices\""),
             )?;
             (gpus > 0.0).then_some(())
         }

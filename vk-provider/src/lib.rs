@@ -12,11 +12,15 @@ mod access;
 pub mod collect;
 pub mod copies;
 pub mod kubelet;
+mod member_events;
+mod mirror;
 pub mod node;
 pub mod offload;
 pub mod pods;
 pub mod policy;
 pub mod reflect;
+pub mod relay;
+pub mod services;
 pub mod translate;
 
 use std::sync::Arc;

@@ -72,7 +72,7 @@ const EVENTS_IN_FLIGHT: usize = 8;
 
 pub(crate) struct Context {
     pub(crate) training: Client,
-    config: Arc<BridgeConfig>,
+    pub(crate) config: Arc<BridgeConfig>,
     members: watch::Receiver<Members>,
     offload: Mutex<HashMap<MemberName, OffloadWatch>>,
     namespaces: Mutex<HashSet<(MemberName, String)>>,
@@ -108,7 +108,7 @@ pub(crate) struct OffloadWatch {
     /// Asks the collector for work now.
     collect: mpsc::Sender<collect::Request>,
     /// Bounds the writes to this member in flight (see [`WRITES_IN_FLIGHT`]).
-    writes: Arc<Semaphore>,
+    pub(crate) writes: Arc<Semaphore>,
 }
 
 pub async fn run(
@@ -276,12 +276,19 @@ fn start_offload_watch(
         writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
     };
     let pod_trigger = trigger.clone();
+    // Copies coming and going change which Services are mirrored, and which Events relayed.
+    let (mirror_tx, mirror_rx) = mpsc::channel::<()>(1);
+    let (relay_tx, relay_rx) = mpsc::channel::<String>(64);
+    tokio::spawn(crate::mirror::run(ctx.clone(), watch.clone(), mirror_rx).in_current_span());
+    tokio::spawn(crate::member_events::run(ctx.clone(), watch.clone(), relay_rx).in_current_span());
     tokio::spawn(
         async move {
             let mut events = std::pin::pin!(events);
             while let Some(ev) = events.next().await {
                 match ev {
                     Ok(pod) => {
+                        let _ = mirror_tx.try_send(());
+                        let _ = relay_tx.try_send(pod.namespace().unwrap_or_default());
                         if store.get(&ObjectRef::from_obj(&pod)).is_none() {
                             // Gone from the member: its copies may be unused now.
                             let _ = collect_tx.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));

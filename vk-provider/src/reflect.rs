@@ -225,7 +225,7 @@ pub struct CopyTarget<'a> {
 pub enum NotReflectable {
     #[error("has no {0}")]
     MissingField(&'static str),
-    /// Training credentials never travel to a member (DESIGN.md, Pod translation).
+    /// Training credentials never travel to a member (deploy/docs/security.md).
     #[error("is a service-account token of the training cluster, and those stay there")]
     ServiceAccountToken,
 }

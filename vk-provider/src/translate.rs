@@ -185,6 +185,9 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     let spec = pod.spec.as_ref().ok_or(TranslateError::MissingField("spec"))?;
 
     let mut labels = copied_metadata(meta.labels.as_ref(), &COPIED_LABELS, target.copy_labels);
+    // What mirrored Services select by (see crate::services): tenant labels only under
+    // tidepool's prefix.
+    labels.extend(crate::services::selector_labels(meta.labels.as_ref()));
     labels.insert(keys::LABEL_ORIGIN_UID.to_owned(), uid);
     labels.insert(keys::LABEL_ORIGIN_CLUSTER.to_owned(), target.cluster.to_owned());
     labels.insert(keys::LABEL_ORIGIN_MEMBER.to_owned(), target.member.to_owned());
@@ -784,7 +787,16 @@ mod tests {
         let origin = [keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_UID, keys::LABEL_ORIGIN_MEMBER];
         let mut want: Vec<&str> = [keys::LABEL_BAND, keys::LABEL_GANG].into_iter().chain(origin).collect();
         want.sort();
-        assert_eq!(keys_of(copy.metadata.labels.clone()), want);
+        // Besides: every training label under tidepool's selector prefix (crate::services).
+        let (selectable, plain): (BTreeMap<_, _>, BTreeMap<_, _>) = copy
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .partition(|(k, _)| k.starts_with("svc.tidepool.io/"));
+        assert_eq!(selectable, crate::services::selector_labels(pod.metadata.labels.as_ref()));
+        assert_eq!(keys_of(Some(plain)), want);
         assert_eq!(copy.metadata.labels.unwrap()[keys::LABEL_ORIGIN_UID], "uid-1", "the origin is tidepool's word");
         // Not even the reclaim deadline: the pod sync writes it once the notice is tidepool's.
         let want_ann = vec![keys::ANNOTATION_ORIGIN_NAME, keys::ANNOTATION_ORIGIN_NAMESPACE];
