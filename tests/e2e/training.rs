@@ -273,3 +273,76 @@ async fn when_the_member_preempts_the_copy_itself_sigterm_is_the_notice_and_the_
     println!("SIGTERM checkpoint: logged step {last_seen}, resumed at {resumed}, next step {}", after[0].0);
     drain_pods(&s.training, NS).await;
 }
+
+/// A PS/worker job as a launcher makes it: 2 parameter-server pods (`hostname`/`subdomain`
+/// under headless Service `svc`) and `trainers` trainer pods that dial `<ps>.<svc>:2222`, one
+/// gang of `min` pods (`tidepool.io/gang`), for the dispatcher.
+fn ps_worker_job(s: &Setup, id: &str, svc: &str, trainers: u32, min: u32) -> Vec<Pod> {
+    let store = format!("{}/ckpt/{id}", s.env.var("CHECKPOINT_STORE"));
+    let ps_addrs = format!("{svc}-ps-0.{svc}:2222,{svc}-ps-1.{svc}:2222");
+    let pod = |name: String, role: &str, index: u32, extra: serde_json::Value| -> Pod {
+        let mut spec = json!({
+            "schedulerName": scheduler_name(TEST),
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 10,
+            "containers": [{
+                "name": role, "image": s.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                "command": ["tp-train", role],
+                "env": [{"name": "TP_INDEX", "value": index.to_string()}, {"name": "TP_STORE", "value": store},
+                        {"name": "TP_PS", "value": ps_addrs}, {"name": "TP_STEP_DELAY_MS", "value": "50"}],
+                "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}
+            }]
+        });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"job": id, "role": role},
+                         "annotations": {keys::ANNOTATION_GANG: id, keys::ANNOTATION_MIN_MEMBER: min.to_string()}},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    let mut pods: Vec<Pod> = (0..2)
+        .map(|i| pod(format!("{svc}-ps-{i}"), "ps", i, json!({"hostname": format!("{svc}-ps-{i}"), "subdomain": svc})))
+        .collect();
+    pods.extend((0..trainers).map(|i| pod(format!("{svc}-trainer-{i}"), "trainer", i, json!({}))));
+    pods
+}
+
+#[tokio::test]
+async fn a_ps_worker_job_finds_its_parameter_servers_by_service_name_on_one_member_and_its_loss_falls() {
+    let s = Setup::start("").await;
+    s.hold_back_cpu(false).await;
+    let id = run_id();
+    let svc = format!("ctr-{id}");
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": svc},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": true,
+                 "selector": {"job": id, "role": "ps"}, "ports": [{"name": "ps", "port": 2222}]}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(s.training.clone(), NS)
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    // 2 PS + 2 trainers, minMember 3 (the PS and one trainer).
+    for p in ps_worker_job(&s, &id, &svc, 2, 3) {
+        s.pods().create(&PostParams::default(), &p).await.unwrap();
+    }
+    for i in 0..2 {
+        let trainer = format!("{svc}-trainer-{i}");
+        let steps = s.await_steps(&trainer, 4).await;
+        let (first, last) = (steps[0], *steps.last().unwrap());
+        assert!(last.1 < first.1, "trainer {i}: the loss did not fall: {steps:?}");
+        println!("trainer {i}: loss {} at step {} -> {} at step {}", first.1, first.0, last.1, last.0);
+    }
+    // Every pod of the job runs on the one pool it was placed on.
+    let pods = s.pods().list(&Default::default()).await.unwrap();
+    let nodes: std::collections::BTreeSet<_> = pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get("job")) == Some(&id))
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert_eq!(nodes.into_iter().collect::<Vec<_>>(), [NODE]);
+    drain_pods(&s.training, NS).await;
+}
