@@ -3,10 +3,13 @@
 //! a capacity window shrinks the virtual node exactly from its lead time on, and pausing the
 //! member taints its virtual node until it is unpaused.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tidepool_config::{MemberCluster, keys};
 
@@ -21,10 +24,17 @@ async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<(S
 /// Starts a tidepool serving member-b as MemberCluster `member` and waits for its node.
 async fn start(env: &Env, training: &Client, test: &str, ns: &str, member: &str) -> (Tidepool, String) {
     prepare(env, training, test, ns).await;
-    bridge_member(env, training, test, ns, member, "member-b").await;
-    let tidepool = Tidepool::start(env, test, ns);
     let node = format!("tidepool-{member}");
     let nodes = Api::<Node>::all(training.clone());
+    // A node an earlier run's tidepool left is not this run's: gone before this one starts.
+    let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    wait_for(Duration::from_secs(30), "an earlier run's virtual node gone", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { nodes.get_opt(&node).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    bridge_member(env, training, test, ns, member, "member-b").await;
+    let tidepool = Tidepool::start(env, test, ns);
     wait_for(Duration::from_secs(90), "virtual node Ready", || {
         let (nodes, node) = (nodes.clone(), node.clone());
         async move {
@@ -116,6 +126,13 @@ async fn an_online_pod_at_offload_priority_raises_a_condition_until_it_goes() {
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
 
+/// The API server's time of the newest write to the node's status (managed fields record
+/// it, to the second, for each writer).
+fn status_write_time(node: &Node) -> Option<jiff::Timestamp> {
+    let fields = node.metadata.managed_fields.as_ref()?;
+    fields.iter().filter(|f| f.subresource.as_deref() == Some("status")).filter_map(|f| Some(f.time.as_ref()?.0)).max()
+}
+
 fn gpus(node: &Node) -> Option<i64> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get("nvidia.com/gpu")?;
     q.0.parse().ok()
@@ -137,6 +154,11 @@ async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
     })
     .await;
 
+    // Every version of the node from here on, in order, with the API server's own time of
+    // the write that made it: the order of events is read from the server, not timed here.
+    let field = format!("metadata.name={node}");
+    let mut versions = Box::pin(watcher(nodes.clone(), watcher::Config::default().fields(&field)));
+
     // 1. A window whose cron start is the next minute boundary at least 12 s away, with a lead
     //    that brings the reservation forward to exactly 12 s from now (cron has minute
     //    granularity; the lead does not).
@@ -157,24 +179,34 @@ async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
     let start = jiff::Timestamp::from_second(reserve_at).unwrap();
     eprintln!("window {schedule:?} lead {lead}s: reservation from {start}");
 
-    // 2. Not before the lead: the node keeps its GPUs until a moment before the start.
-    let ahead = jiff::Timestamp::now().duration_until(start).as_secs_f64() - 1.0;
-    let until = Instant::now() + Duration::from_secs_f64(ahead.max(0.0));
-    while Instant::now() < until {
-        let n = nodes.get(&node).await.unwrap();
-        assert_eq!(gpus(&n), Some(base), "GPUs changed before the window's lead time ({})", jiff::Timestamp::now());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-
-    // 3. From the start on, the window's reserve is held back.
-    wait_for(Duration::from_secs(10), "virtual node shrunk by the window's reserve", || {
-        let (nodes, node) = (nodes.clone(), node.clone());
-        async move { (gpus(&nodes.get(&node).await.ok()?)? == base - RESERVE).then_some(()) }
+    // 2. Every version before the reservation shows the whole surplus; the first one without
+    //    the window's GPUs was written, by the API server's clock, no earlier than the lead
+    //    time (server times are whole seconds, and the lead time is one: a write even a
+    //    moment early carries the second before it).
+    let shrunk = tokio::time::timeout(Duration::from_secs(40), async {
+        let mut seen = 0usize;
+        loop {
+            match versions.next().await.expect("node watch ended").expect("node watch failed") {
+                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                    seen += 1;
+                    match gpus(&n) {
+                        Some(g) if g == base => {}
+                        Some(g) if g == base - RESERVE => return (n, seen),
+                        other => panic!("virtual node GPUs {other:?}, neither {base} nor {}", base - RESERVE),
+                    }
+                }
+                watcher::Event::Delete(_) => panic!("virtual node deleted"),
+                _ => {}
+            }
+        }
     })
-    .await;
-    let late = jiff::Timestamp::now().duration_since(start);
-    eprintln!("reservation visible {:.1}s after its start", late.as_secs_f64());
-    assert!(late.as_secs_f64() > -0.5, "reservation visible before its start ({late:?}) {}", tidepool.log_tail());
+    .await
+    .unwrap_or_else(|_| panic!("the window never shrank the virtual node {}", tidepool.log_tail()));
+    let (n, seen) = shrunk;
+    let written = status_write_time(&n).expect("the node's status write has a server time");
+    eprintln!("reservation written at {written} (server), lead time {start}, after {seen} versions");
+    assert!(seen > 1, "the watch saw no version before the reservation");
+    assert!(written >= start, "reservation written at {written}, before the window's lead time {start}");
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
 
