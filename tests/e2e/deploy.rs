@@ -408,7 +408,7 @@ const RELEASE: &str = "e2e-lp";
 const SA: &str = "e2e-lp-tidepool";
 
 /// A token for ServiceAccount `namespace/name`, from the TokenRequest API.
-async fn token(client: &Client, namespace: &str, name: &str) -> String {
+pub(crate) async fn token(client: &Client, namespace: &str, name: &str) -> String {
     let request = TokenRequest {
         spec: Some(TokenRequestSpec { audiences: None, expiration_seconds: Some(3600), ..Default::default() }),
         ..Default::default()

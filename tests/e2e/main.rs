@@ -7,6 +7,7 @@
 
 mod bad_input;
 mod chart;
+mod credentials;
 mod deploy;
 mod dispatcher;
 mod drain;
