@@ -15,6 +15,7 @@ mod failover;
 mod harness;
 mod kubelet_api;
 mod member_status;
+mod membership;
 mod operations;
 mod real_nodes;
 mod reclaim;
