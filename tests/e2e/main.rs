@@ -14,6 +14,7 @@ mod drain;
 mod failover;
 mod harness;
 mod kubelet_api;
+mod member_disruption;
 mod member_status;
 mod membership;
 mod operations;

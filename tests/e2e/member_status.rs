@@ -1,7 +1,8 @@
 //! What a member's own state does to its `MemberCluster` and virtual node: online pods at or
 //! below the offload priorities raise `OnlinePriorityConflict` (and clear it when gone), and
 //! a capacity window shrinks the virtual node exactly from its lead time on, and pausing the
-//! member taints its virtual node until it is unpaused.
+//! member taints its virtual node and places nothing new there (its running pods stay) until
+//! it is unpaused.
 
 use std::time::Duration;
 
@@ -215,30 +216,103 @@ fn has_taint(node: &Node, key: &str) -> bool {
     taints.is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
 }
 
+/// PodScheduled=False/Unschedulable message of a pod, once the dispatcher wrote one.
+fn unschedulable_message(p: &Pod) -> Option<String> {
+    let conditions = p.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.clone().unwrap_or_default())
+}
+
 #[tokio::test]
-async fn pausing_a_member_taints_its_virtual_node_and_unpausing_lifts_the_taint() {
+async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() {
     const TEST: &str = "pause";
     const NS: &str = "e2e-pause";
     const MEMBER: &str = "pause-b";
     let env = Env::load();
     let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
     let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
     let nodes = Api::<Node>::all(training.clone());
     assert!(!has_taint(&nodes.get(&node).await.unwrap(), keys::TAINT_PAUSED));
     let members = Api::<MemberCluster>::all(training.clone());
-    for (paused, what) in [(true, "paused taint on the virtual node"), (false, "paused taint gone")] {
-        let patch = serde_json::json!({"spec": {"paused": paused}});
-        members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-        wait_for(Duration::from_secs(30), what, || {
-            let (nodes, node) = (nodes.clone(), node.clone());
-            async move {
-                let n = nodes.get_opt(&node).await.ok()??;
-                (has_taint(&n, keys::TAINT_PAUSED) == paused).then_some(())
-            }
-        })
-        .await;
-    }
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let phase = |name: String| {
+        let pods = pods.clone();
+        async move { pods.get(&name).await.ok()?.status?.phase }
+    };
+
+    // 1. A pod runs on the member before the pause.
+    let kept = format!("kept-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": kept},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(Duration::from_secs(60), "kept pod Running", || {
+        let phase = phase(kept.clone());
+        async move { (phase.await.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copy_uid = copies.get(&kept).await.unwrap().metadata.uid.unwrap();
+
+    // 2. Paused: the node is tainted, and a pod for tidepool's scheduler that fits the member
+    //    is looked at (the dispatcher says why it waits) and not placed.
+    let patch = serde_json::json!({"spec": {"paused": true}});
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for(Duration::from_secs(30), "paused taint on the virtual node", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { has_taint(&nodes.get_opt(&node).await.ok()??, keys::TAINT_PAUSED).then_some(()) }
+    })
+    .await;
+    let waiting = format!("waiting-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": waiting},
+        "spec": {
+            "schedulerName": scheduler_name(TEST),
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let message = wait_for(Duration::from_secs(30), "the dispatcher explains why the pod waits", || {
+        let (pods, waiting) = (pods.clone(), waiting.clone());
+        async move { unschedulable_message(&pods.get(&waiting).await.ok()?) }
+    })
+    .await;
+    eprintln!("waiting while paused: {message}");
+    let p = pods.get(&waiting).await.unwrap();
+    assert_eq!(p.spec.unwrap().node_name, None, "placed on a paused member");
+    // The pod that ran before the pause runs on, the same copy.
+    assert_eq!(phase(kept.clone()).await.as_deref(), Some("Running"));
+    let copy = copies.get(&kept).await.unwrap();
+    assert_eq!(copy.metadata.uid.as_deref(), Some(copy_uid.as_str()), "the kept pod's copy was replaced");
+    assert!(copy.metadata.deletion_timestamp.is_none(), "the kept pod's copy is being deleted");
+
+    // 3. Unpaused: the taint goes, and the waiting pod is placed there and runs.
+    let patch = serde_json::json!({"spec": {"paused": false}});
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for(Duration::from_secs(30), "paused taint gone", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { (!has_taint(&nodes.get_opt(&node).await.ok()??, keys::TAINT_PAUSED)).then_some(()) }
+    })
+    .await;
+    wait_for(Duration::from_secs(60), "the waiting pod placed on the unpaused member and Running", || {
+        let (pods, waiting, node) = (pods.clone(), waiting.clone(), node.clone());
+        async move {
+            let p = pods.get(&waiting).await.ok()?;
+            (p.spec?.node_name.as_deref() == Some(node.as_str()) && p.status?.phase.as_deref() == Some("Running"))
+                .then_some(())
+        }
+    })
+    .await;
     let n = nodes.get(&node).await.unwrap();
     assert!(has_taint(&n, keys::TAINT_VIRTUAL), "the virtual taint stays {}", tidepool.log_tail());
+    drain_pods(&training, NS).await;
     members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
