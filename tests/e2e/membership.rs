@@ -2,7 +2,8 @@
 //! pool with that pool's own surplus (and no node for the whole member); a same-named pod of
 //! another origin in the member namespace is never overwritten (`OffloadConflict`); a member
 //! no longer selected by this tidepool loses its virtual node and its drain finalizer, and is
-//! not drained (its offload pods stay).
+//! not drained (its offload pods stay); a training pod ended in the training cluster by anyone
+//! has its copy deleted by the pod sync (the fallback to the dispatcher's own delete).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -268,5 +269,48 @@ async fn a_deselected_member_loses_its_node_and_finalizer_and_is_not_drained() {
     copies.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
     pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
     members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
+    drop(tidepool);
+}
+
+/// The pod sync's own delete of a copy (the fallback when the dispatcher's delete did not
+/// happen): a training pod that ended in the training cluster by anyone's hand has its
+/// copy stopped in the member.
+#[tokio::test]
+async fn a_training_pod_failed_in_the_training_cluster_has_its_copy_deleted() {
+    const TEST: &str = "ended";
+    const NS: &str = "e2e-ended";
+    const MEMBER: &str = "e2e-ended-b";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    prepare(&env, &training, TEST, NS).await;
+    bridge_member(&env, &training, TEST, NS, MEMBER, "member-b").await;
+    let tidepool = Tidepool::start(&env, TEST, NS);
+    let node = format!("tidepool-{MEMBER}");
+    node_ready(&training, &node).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let name = format!("worker-{}", run_id());
+    pods.create(&PostParams::default(), &bound_pod(&name, &node, 1)).await.unwrap();
+    wait_for(Duration::from_secs(60), "pod Running through the member", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    assert!(copies.get_opt(&name).await.unwrap().is_some());
+
+    // Failed by someone else (an admin, a controller): not the dispatcher, which deletes the
+    // copies of the pods it reclaims itself.
+    let failed = serde_json::json!({"status": {"phase": "Failed", "reason": "Ended", "message": "ended by the test"}});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed)).await.unwrap();
+    wait_for(Duration::from_secs(30), "the copy of the ended pod deleted in the member", || {
+        let (copies, name) = (copies.clone(), name.clone());
+        async move { copies.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let st = pods.get(&name).await.unwrap().status.unwrap();
+    assert_eq!((st.phase.as_deref(), st.reason.as_deref()), (Some("Failed"), Some("Ended")), "{}", tidepool.log_tail());
+    drain_pods(&training, NS).await;
+    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
     drop(tidepool);
 }
