@@ -146,9 +146,22 @@ async fn main() {
     ensure_namespace(&member, NS).await;
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     delete_pods(&direct_api).await;
+    // The offload namespace is tidepool's to create (it puts nothing in one it did not make):
+    // one left by an earlier run is emptied, one made by anyone else goes.
     let offload_ns = format!("tp-{NS}");
-    ensure_namespace(&member, &offload_ns).await;
-    delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
+    if let Some(ns) = namespaces.get_opt(&offload_ns).await.unwrap() {
+        if ns.metadata.labels.unwrap_or_default().contains_key(keys::LABEL_MANAGED_BY) {
+            delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
+        } else {
+            let _ = namespaces.delete(&offload_ns, &DeleteParams::default()).await;
+            wait_for(Duration::from_secs(120), "a foreign offload namespace gone", || {
+                let (namespaces, offload_ns) = (namespaces.clone(), offload_ns.clone());
+                async move { namespaces.get_opt(&offload_ns).await.ok()?.is_none().then_some(()) }
+            })
+            .await;
+        }
+    }
     let bench_nodes = add_bench_nodes(&member, env_usize("BENCH_NODES", 11)).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
