@@ -164,7 +164,10 @@ async fn cleanup(member_b: &Client, training: &Client) {
         let left_pods = pods.list_metadata(&ListParams::default().limit(1)).await.map(|l| l.items.len()).unwrap_or(0);
         let left_nodes =
             nodes.list_metadata(&ListParams::default().labels(BENCH_LABEL).limit(1)).await.map(|l| l.items.len());
-        if left_pods == 0 && left_nodes.is_ok_and(|n| n == 0) {
+        // The namespace too: one still terminating refuses the pods made next, and goes
+        // under them (another benchmark, reclaim, uses the same namespace).
+        let ns_gone = matches!(Api::<Namespace>::all(member_b.clone()).get_opt(ONLINE_NS).await, Ok(None));
+        if left_pods == 0 && left_nodes.is_ok_and(|n| n == 0) && ns_gone {
             eprintln!("cleanup took {:.0} s", started.elapsed().as_secs_f64());
             return;
         }
