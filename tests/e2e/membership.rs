@@ -55,6 +55,16 @@ async fn each_pool_is_one_virtual_node_with_its_own_surplus() {
     let training = env.client("training").await;
     let member_a = env.client("member-a").await;
     prepare(&env, &training, TEST, NS).await;
+    // Nodes an aborted earlier run left are not this run's (a status patch would keep their
+    // resources): gone before this tidepool starts.
+    let nodes = Api::<Node>::all(training.clone());
+    let lp = ListParams::default().labels(&format!("{}={MEMBER}", keys::LABEL_MEMBER));
+    let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
+    wait_for(Duration::from_secs(30), "an earlier run's pool nodes gone", || {
+        let (nodes, lp) = (nodes.clone(), lp.clone());
+        async move { nodes.list(&lp).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
     // member-a's kwok nodes are labelled tidepool.io/test-pool=gpu or =cpu (cluster.sh).
@@ -77,7 +87,6 @@ async fn each_pool_is_one_virtual_node_with_its_own_surplus() {
 
     // One node per pool, named tidepool-<member>-<pool>, each with what its own nodes lend
     // (worked out here from the member's nodes and pods); none for the member as a whole.
-    let nodes = Api::<Node>::all(training.clone());
     for name in ["gpu", "cpu"] {
         let node = format!("tidepool-{MEMBER}-{name}");
         let n = node_ready(&training, &node).await;
