@@ -23,6 +23,7 @@ use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
 use tidepool_config::{Resources, names};
 use tidepool_federation::MemberHandle;
+use tidepool_federation::capacity::PoolCapacity;
 use tracing::{debug, info, warn};
 
 use crate::controller::{Context, pacing, pod_group_api, publish, requests};
@@ -256,66 +257,20 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
 /// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
-/// needs the least taken.
+/// needs the least taken ([`choose_pool`]).
 async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
     let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let members = ctx.members.borrow().clone();
+    // Nothing can be freed on a member that does not answer: its pods stay as they are.
+    let pools: Vec<(String, PoolCapacity)> = members
+        .values()
+        .filter(|m| !m.paused && m.health.borrow().is_answering())
+        .flat_map(|m| m.pools.iter().map(|pool| (pool.node.to_string(), pool.capacity.borrow().clone())))
+        .collect();
     for r in pending {
-        let mut best: Option<Candidate> = None;
-        let mut room = false;
-        // Nothing can be freed on a member that does not answer: its pods stay as they are.
-        'members: for member in members.values().filter(|m| !m.paused && m.health.borrow().is_answering()) {
-            for pool in &member.pools {
-                let node = pool.node.to_string();
-                let cap = pool.capacity.borrow().clone();
-                let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
-                let on_node: Vec<Arc<PodLite>> =
-                    pods.iter().filter(|p| p.node_name() == Some(node.as_str()) && placed(p)).cloned().collect();
-                // What is free, plus what pods under notice are about to free.
-                let mut available = cap.capacity.clone();
-                available.sub(&cap.used);
-                for p in on_node.iter().filter(|p| deadline_of(p, grace).is_some()) {
-                    available.add(&requests(p));
-                }
-                let mut need = r.demand.clone();
-                need.sub(&available);
-                need.clamp_non_negative();
-                if need.is_empty() {
-                    // Enough is free or being freed here already: nothing more to take.
-                    room = true;
-                    break 'members;
-                }
-                let lower: Vec<&Arc<PodLite>> = on_node
-                    .iter()
-                    .filter(|p| p.is_live() && deadline_of(p, grace).is_none() && band_of(p) < r.band)
-                    .collect();
-                let mut takeable = Resources::new();
-                lower.iter().for_each(|p| takeable.add(&requests(p)));
-                if !need.fits_in(&takeable) {
-                    continue;
-                }
-                let views = lower
-                    .iter()
-                    .filter_map(|p| {
-                        let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
-                        Some(offload_view(p, member_node, (1, 1, 1)))
-                    })
-                    .collect();
-                let smaller = best.as_ref().is_none_or(|(n, ..)| {
-                    (need.get(tidepool_federation::capacity::GPU), need.get("cpu"))
-                        < (n.get(tidepool_federation::capacity::GPU), n.get("cpu"))
-                });
-                if smaller {
-                    best = Some((need, node.clone(), views, on_node.clone()));
-                }
-            }
-        }
-        if room {
-            continue;
-        }
-        let Some((need, node, views, on_node)) = best else { continue };
+        let Some((need, node, views, on_node)) = choose_pool(&pools, pods, &r.demand, r.band, grace) else { continue };
         let picked = victims(&need, &views);
         let cause = format!("higher-band gang {} ({}) needs room on {node}", r.gang, r.band.as_str());
         let notices = picked.iter().filter_map(|v| {
@@ -324,6 +279,58 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
         });
         futures::future::join_all(notices).await;
     }
+}
+
+/// Of `pools` (virtual node, capacity), the one where `demand` of band `band` needs the least
+/// taken from lower-band pods (GPUs first, then cpu), with what to take and the pods to take it
+/// from. `None` when some pool has room already (free, or being freed by pods under notice) or
+/// none can make room.
+fn choose_pool(
+    pools: &[(String, PoolCapacity)],
+    pods: &[Arc<PodLite>],
+    demand: &Resources,
+    band: Band,
+    grace: &BandSeconds,
+) -> Option<Candidate> {
+    let mut best: Option<Candidate> = None;
+    for (node, cap) in pools {
+        let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
+        let on_node: Vec<Arc<PodLite>> =
+            pods.iter().filter(|p| p.node_name() == Some(node.as_str()) && placed(p)).cloned().collect();
+        // What is free, plus what pods under notice are about to free.
+        let mut available = cap.capacity.clone();
+        available.sub(&cap.used);
+        for p in on_node.iter().filter(|p| deadline_of(p, grace).is_some()) {
+            available.add(&requests(p));
+        }
+        let mut need = demand.clone();
+        need.sub(&available);
+        need.clamp_non_negative();
+        if need.is_empty() {
+            // Enough is free or being freed here already: nothing more to take.
+            return None;
+        }
+        let lower: Vec<&Arc<PodLite>> =
+            on_node.iter().filter(|p| p.is_live() && deadline_of(p, grace).is_none() && band_of(p) < band).collect();
+        let mut takeable = Resources::new();
+        lower.iter().for_each(|p| takeable.add(&requests(p)));
+        if !need.fits_in(&takeable) {
+            continue;
+        }
+        let views = lower
+            .iter()
+            .filter_map(|p| {
+                let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
+                Some(offload_view(p, member_node, (1, 1, 1)))
+            })
+            .collect();
+        let gpu = tidepool_federation::capacity::GPU;
+        let smaller = best.as_ref().is_none_or(|(n, ..)| (need.get(gpu), need.get("cpu")) < (n.get(gpu), n.get("cpu")));
+        if smaller {
+            best = Some((need, node.clone(), views, on_node.clone()));
+        }
+    }
+    best
 }
 
 /// The notice of a pod reclaimed at once (no checkpoint grace in its band): its condition
@@ -635,6 +642,58 @@ mod tests {
                 "lastTransitionTime": at},
                {"type": keys::CONDITION_DISRUPTION_TARGET, "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM,
                 "lastTransitionTime": at}])
+    }
+
+    /// A running low pod with `gpus` GPUs, placed by the dispatcher on virtual node `node`.
+    fn low_on(node: &str, uid: &str, gpus: u32) -> Arc<PodLite> {
+        Arc::new(lite(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid,
+                         "labels": {keys::LABEL_BAND: "low"}, "annotations": {keys::ANNOTATION_PLACEMENT: node}},
+            "spec": {"nodeName": node, "schedulerName": "tidepool",
+                     "containers": [{"name": "c", "image": "i",
+                                     "resources": {"requests": {"nvidia.com/gpu": gpus.to_string()},
+                                                   "limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+            "status": {"phase": "Running"},
+        })))
+    }
+
+    /// A pool of `capacity` GPUs holding `pods` (all placed on member node `n`).
+    fn pool_of(node: &str, capacity: i64, pods: &[&Arc<PodLite>]) -> (String, PoolCapacity) {
+        let mut cap = PoolCapacity::default();
+        cap.capacity.set(GPU, capacity * 1000);
+        let mut placed = BTreeMap::new();
+        for p in pods {
+            cap.used.add(&requests(p));
+            let uid = p.metadata.uid.clone().unwrap();
+            placed.insert(uid, tidepool_federation::capacity::Placed { node: "n".into(), copy_uid: None });
+        }
+        cap.placed = Arc::new(placed);
+        (node.to_owned(), cap)
+    }
+
+    #[test]
+    fn preemption_takes_from_the_pool_that_needs_the_least_taken() {
+        // Pool a: 8 GPUs, full with two 4-GPU low pods. Pool b: 8 GPUs, 6 used by three
+        // 2-GPU low pods. A high gang of 4 GPUs needs 4 taken on a, 2 on b: b, whichever
+        // comes first.
+        let a = [low_on("tidepool-a", "a1", 4), low_on("tidepool-a", "a2", 4)];
+        let b = [low_on("tidepool-b", "b1", 2), low_on("tidepool-b", "b2", 2), low_on("tidepool-b", "b3", 2)];
+        let pods: Vec<Arc<PodLite>> = a.iter().chain(&b).cloned().collect();
+        let pa = pool_of("tidepool-a", 8, &a.iter().collect::<Vec<_>>());
+        let pb = pool_of("tidepool-b", 8, &b.iter().collect::<Vec<_>>());
+        let demand = Resources::from_pairs([(GPU, "4")]).unwrap();
+        let grace = BandSeconds::default();
+        for pools in [vec![pa.clone(), pb.clone()], vec![pb.clone(), pa.clone()]] {
+            let (need, node, views, _) = choose_pool(&pools, &pods, &demand, Band::High, &grace).unwrap();
+            assert_eq!(node, "tidepool-b");
+            assert_eq!(need.get(GPU), 2000);
+            assert_eq!(views.len(), 3, "the pool's lower-band pods are the candidates");
+        }
+        // Room already on a pool: nothing is taken anywhere.
+        let roomy = pool_of("tidepool-c", 8, &[]);
+        assert!(choose_pool(&[pa.clone(), roomy], &pods, &demand, Band::High, &grace).is_none());
+        // Pods of the same band or above are never taken: a gang of band low takes nothing.
+        assert!(choose_pool(&[pa, pb], &pods, &demand, Band::Low, &grace).is_none());
     }
 
     #[test]

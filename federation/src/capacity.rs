@@ -693,6 +693,28 @@ mod tests {
         assert_eq!(gpus("2026-11-30T20:00:00Z"), 8000);
     }
 
+    /// The lead brings the reservation forward to the second, not to a minute boundary (cron
+    /// has minute granularity; the lead does not), and not a second earlier.
+    #[test]
+    fn a_window_reserves_from_exactly_its_lead_time_before_the_start() {
+        let nodes = [node("a", &[("nvidia.com/gpu", "8")])];
+        let mut p = policy(&[], 100);
+        p.windows.push(Window {
+            name: "evening".into(),
+            schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+            duration: jiff::SignedDuration::from_mins(30),
+            lead: jiff::SignedDuration::from_secs(75),
+            reserve: r(&[("nvidia.com/gpu", "6")]),
+        });
+        let gpus = |now: &str| under(&nodes, &[], &p, &[], now).capacity.get(GPU);
+        assert_eq!(gpus("2026-11-30T17:58:44Z"), 8000, "one second before the lead");
+        assert_eq!(gpus("2026-11-30T17:58:44.999Z"), 8000, "a moment before the lead");
+        assert_eq!(gpus("2026-11-30T17:58:45Z"), 2000, "at the lead");
+        assert_eq!(gpus("2026-11-30T17:59:30Z"), 2000, "between the lead and the start");
+        assert_eq!(gpus("2026-11-30T18:29:59Z"), 2000, "just before the end");
+        assert_eq!(gpus("2026-11-30T18:30:00Z"), 8000, "at the end");
+    }
+
     #[test]
     fn hpa_headroom_is_growth_times_replica_requests_times_factor() {
         let nodes = [node("a", &[("cpu", "64")])];

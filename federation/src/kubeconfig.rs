@@ -171,6 +171,35 @@ users:
         }
     }
 
+    /// Every field that names a file on tidepool's disk is refused by name, even when the
+    /// file exists and holds what the field expects (the Secret's author must never make
+    /// tidepool read its own files), for users and for clusters.
+    #[tokio::test]
+    async fn every_file_reference_is_refused_naming_its_field() {
+        let dir = std::env::temp_dir();
+        let file = dir.join(format!("tidepool-kubeconfig-test-{}.pem", std::process::id()));
+        std::fs::write(&file, "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").unwrap();
+        let path = file.display().to_string();
+        let users = [
+            (format!("{{client-certificate: {path}, client-key-data: a2V5}}"), "client-certificate"),
+            (format!("{{client-certificate-data: Y2VydA==, client-key: {path}}}"), "client-key"),
+            (format!("{{tokenFile: {path}}}"), "tokenFile"),
+        ];
+        for (user, field) in users {
+            let err = client_config(with_user(&user).as_bytes()).await.unwrap_err();
+            assert_eq!(err.reason(), "KubeconfigRejected", "{user}");
+            assert!(err.to_string().contains(&format!("({field})")), "{user}: {err}");
+        }
+        let cluster = with_user("{token: abc}").replace(
+            r#"{server: "https://127.0.0.1:6444"}"#,
+            &format!(r#"{{server: "https://127.0.0.1:6444", certificate-authority: {path}}}"#),
+        );
+        let err = client_config(cluster.as_bytes()).await.unwrap_err();
+        assert_eq!(err.reason(), "KubeconfigRejected");
+        assert!(err.to_string().contains("(certificate-authority)"), "{err}");
+        let _ = std::fs::remove_file(&file);
+    }
+
     #[tokio::test]
     async fn skipping_tls_verification_is_refused() {
         let text = with_user("{token: abc}").replace(

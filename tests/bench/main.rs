@@ -14,6 +14,8 @@
 //! 3. gangs of `BENCH_GANGS` [8,64,256] pods submitted with `schedulerName: tidepool`: submit
 //!    → all offload pods created in the member, and submit → all Running, against the same
 //!    pods created directly; every 100 ms the gang is sampled for a split (pods on two pools).
+//!    Each scenario: a warm-up round (not counted), then `BENCH_ROUNDS` [3] rounds, the two
+//!    paths alternating which goes first; tables give the median (min–max) over the rounds.
 //! 4. tidepool's resident memory idle, after each scenario, and with `BENCH_MEMORY_PODS`
 //!    [1000,10000] mirrored pods all Running.
 //!
@@ -144,9 +146,22 @@ async fn main() {
     ensure_namespace(&member, NS).await;
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     delete_pods(&direct_api).await;
+    // The offload namespace is tidepool's to create (it puts nothing in one it did not make):
+    // one left by an earlier run is emptied, one made by anyone else goes.
     let offload_ns = format!("tp-{NS}");
-    ensure_namespace(&member, &offload_ns).await;
-    delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
+    if let Some(ns) = namespaces.get_opt(&offload_ns).await.unwrap() {
+        if ns.metadata.labels.unwrap_or_default().contains_key(keys::LABEL_MANAGED_BY) {
+            delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
+        } else {
+            let _ = namespaces.delete(&offload_ns, &DeleteParams::default()).await;
+            wait_for(Duration::from_secs(120), "a foreign offload namespace gone", || {
+                let (namespaces, offload_ns) = (namespaces.clone(), offload_ns.clone());
+                async move { namespaces.get_opt(&offload_ns).await.ok()?.is_none().then_some(()) }
+            })
+            .await;
+        }
+    }
     let bench_nodes = add_bench_nodes(&member, env_usize("BENCH_NODES", 11)).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
@@ -184,32 +199,50 @@ async fn main() {
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
     let bench = Bench { env: &env, training: training.clone(), member: member.clone(), node, offload_ns: &offload_ns };
 
-    // 1. Burst, then 2. a steady 5 pods/s: each through tidepool and directly.
+    // 1. Burst, then 2. a steady 5 pods/s: each through tidepool and directly, in a warm-up
+    //    round (not counted) and then BENCH_ROUNDS rounds whose order alternates (A/B, B/A,
+    //    …), so neither path always runs on a machine the other has just warmed or loaded.
     let burst = env_usize("BENCH_BURST", 1000);
     let paced = env_usize("BENCH_PACED", 100);
-    let mut runs = Vec::new();
+    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
+    let mut runs: Vec<(&str, usize, Path, Vec<Run>)> = Vec::new();
     let offload_api = Api::<Pod>::namespaced(member.clone(), &offload_ns);
     for (scenario, n, every) in [("burst", burst, None), ("paced", paced, Some(Duration::from_millis(200)))] {
         if n == 0 {
             continue;
         }
-        for path in [Path::Tidepool, Path::Direct] {
-            let run = bench.run(path, scenario, n, every).await;
-            if path == Path::Tidepool && scenario == "burst" {
-                memory.push((format!("after a burst of {n} mirrored pods"), rss_mib(pid)));
-            }
-            match path {
-                Path::Tidepool => {
-                    delete_pods(&training_pods).await;
-                    // The next run's request counts must not include this run's clean-up.
-                    wait_empty(&offload_api).await;
+        let mut measured: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
+        for round in 0..=rounds {
+            let order = if round % 2 == 1 { [Path::Tidepool, Path::Direct] } else { [Path::Direct, Path::Tidepool] };
+            for path in order {
+                let run = bench.run(path, scenario, n, every).await;
+                eprintln!(
+                    "{scenario} round {round}{} {}: {:.2} s",
+                    if round == 0 { " (warm-up)" } else { "" },
+                    path.label(),
+                    run.total
+                );
+                if path == Path::Tidepool && scenario == "burst" && round == 1 {
+                    memory.push((format!("after a burst of {n} mirrored pods"), rss_mib(pid)));
                 }
-                Path::Direct => delete_pods(&direct_api).await,
+                match path {
+                    Path::Tidepool => {
+                        delete_pods(&training_pods).await;
+                        // The next run's request counts must not include this run's clean-up.
+                        wait_empty(&offload_api).await;
+                    }
+                    Path::Direct => delete_pods(&direct_api).await,
+                }
+                if round > 0 {
+                    measured.entry(path.label()).or_default().push(run);
+                }
             }
-            runs.push((scenario, n, path, run));
+        }
+        for path in [Path::Tidepool, Path::Direct] {
+            runs.push((scenario, n, path, measured.remove(path.label()).unwrap_or_default()));
         }
     }
-    print_runs(&runs);
+    print_runs(&runs, rounds);
 
     // 3. Gangs through the dispatcher.
     let gangs: Vec<usize> = std::env::var("BENCH_GANGS")
@@ -317,6 +350,7 @@ impl Bench<'_> {
         let offload_seen = observe(self.member.clone(), self.offload_ns);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let names: Vec<String> = (0..n).map(|i| format!("{scenario}-{}-{i}", path.label())).collect();
+        // (Each run's pods are deleted before the next: the names repeat across rounds.)
         let before = (request_counts(self.env, "training"), request_counts(self.env, "member-a"));
         let start = Instant::now();
         let node = (path == Path::Tidepool).then_some(self.node);
@@ -345,56 +379,94 @@ impl Bench<'_> {
     }
 }
 
-fn print_runs(runs: &[(&str, usize, Path, Run)]) {
+/// Median of `v` (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `median (min–max)` of one measure over the rounds.
+fn spread(v: &[f64], digits: usize) -> String {
+    let (min, max) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(*x), b.max(*x)));
+    if v.is_empty() {
+        return "–".to_owned();
+    }
+    format!("{:.digits$} ({min:.digits$}–{max:.digits$})", median(v))
+}
+
+/// The API rows the bridge's claims are about: printed whatever they measure (a 0 is a
+/// measurement, not a row to leave out).
+const CLAIMED: [(&str, &str, &str); 6] = [
+    ("member", "POST", "pods"),
+    ("member", "GET", "pods"),
+    ("member", "LIST", "pods"),
+    ("member", "WATCH", "pods"),
+    ("training", "PATCH", "pods/status"),
+    ("training", "POST", "events"),
+];
+
+fn print_runs(runs: &[(&str, usize, Path, Vec<Run>)], rounds: usize) {
     println!(
         "\n## Pod sync: tidepool (training pods bound to the virtual node) vs direct (the same pods created in the member)\n"
+    );
+    println!(
+        "Median (min–max) over {rounds} round(s) after a warm-up round; the order of the two paths alternates from round to round.\n"
     );
     println!(
         "| scenario | path | all Running after (s) | throughput (pods/s) | create→Running p50 (s) | p99 (s) | status up-sync p50 (s) | p99 (s) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for (scenario, n, path, r) in runs {
-        let lag = if r.lag.is_empty() {
+    let of = |rs: &[Run], f: &dyn Fn(&Run) -> f64| rs.iter().map(f).collect::<Vec<f64>>();
+    for (scenario, n, path, rs) in runs {
+        let lag = if rs.iter().all(|r| r.lag.is_empty()) {
             "– | –".to_string()
         } else {
-            format!("{:.3} | {:.3}", pct(&r.lag, 0.5), pct(&r.lag, 0.99))
+            format!("{} | {}", spread(&of(rs, &|r| pct(&r.lag, 0.5)), 3), spread(&of(rs, &|r| pct(&r.lag, 0.99)), 3))
         };
         println!(
-            "| {scenario} {n} | {} | {:.2} | {:.1} | {:.3} | {:.3} | {lag} |",
+            "| {scenario} {n} | {} | {} | {} | {} | {} | {lag} |",
             path.label(),
-            r.total,
-            *n as f64 / r.total,
-            pct(&r.latency, 0.5),
-            pct(&r.latency, 0.99)
+            spread(&of(rs, &|r| r.total), 2),
+            spread(&of(rs, &|r| *n as f64 / r.total), 1),
+            spread(&of(rs, &|r| pct(&r.latency, 0.5)), 3),
+            spread(&of(rs, &|r| pct(&r.latency, 0.99)), 3),
         );
     }
     for scenario in ["burst", "paced"] {
         let find = |p: Path| runs.iter().find(|r| r.0 == scenario && r.2 == p).map(|r| &r.3);
         if let (Some(t), Some(d)) = (find(Path::Tidepool), find(Path::Direct)) {
+            let ratios: Vec<f64> = t.iter().zip(d).map(|(t, d)| d.total / t.total).collect();
+            let added =
+                |p: f64| t.iter().zip(d).map(|(t, d)| pct(&t.latency, p) - pct(&d.latency, p)).collect::<Vec<_>>();
             println!(
-                "\n{scenario}: throughput ratio tidepool/direct {:.2}; added create→Running p50 {:+.3} s, p99 {:+.3} s",
-                d.total / t.total,
-                pct(&t.latency, 0.5) - pct(&d.latency, 0.5),
-                pct(&t.latency, 0.99) - pct(&d.latency, 0.99)
+                "\n{scenario}: throughput ratio tidepool/direct {} (per round: the pair run in that round); added create→Running p50 {} s, p99 {} s",
+                spread(&ratios, 2),
+                spread(&added(0.5), 3),
+                spread(&added(0.99), 3)
             );
         }
     }
     println!("\n## API requests per pod while a run lasted (apiserver_request_total, all clients)\n");
     println!(
-        "In the direct path the member requests are the benchmark's create, the member scheduler's binding and kwok's status writes; what the tidepool path adds on top is tidepool's.\n"
+        "Median over the rounds. In the direct path the member requests are the benchmark's create, the member scheduler's binding and kwok's status writes; what the tidepool path adds on top is tidepool's. Every row either path counted is printed, and the claimed rows even at 0.\n"
     );
     println!("| scenario | cluster | verb | resource | tidepool path | direct path | added by tidepool |");
     println!("|---|---|---|---|---|---|---|");
     for scenario in ["burst", "paced"] {
-        let find = |p: Path| runs.iter().find(|r| r.0 == scenario && r.2 == p).map(|r| &r.3.calls);
+        let find = |p: Path| runs.iter().find(|r| r.0 == scenario && r.2 == p).map(|r| &r.3);
         let (Some(t), Some(d)) = (find(Path::Tidepool), find(Path::Direct)) else { continue };
-        let keys: BTreeSet<&(String, String, String)> = t.keys().chain(d.keys()).collect();
+        let claimed = CLAIMED.iter().map(|(c, v, r)| ((*c).to_owned(), (*v).to_owned(), (*r).to_owned()));
+        let keys: BTreeSet<(String, String, String)> =
+            t.iter().chain(d).flat_map(|r| r.calls.keys().cloned()).chain(claimed).collect();
         for k in keys {
-            let (tv, dv) = (t.get(k).copied().unwrap_or(0.0), d.get(k).copied().unwrap_or(0.0));
-            // Below 0.02 per pod is background (leases, controllers), not the pods.
-            if tv < 0.02 && dv < 0.02 {
-                continue;
-            }
+            let per =
+                |rs: &[Run]| median(&rs.iter().map(|r| r.calls.get(&k).copied().unwrap_or(0.0)).collect::<Vec<_>>());
+            let (tv, dv) = (per(t), per(d));
             println!("| {scenario} | {} | {} | {} | {tv:.2} | {dv:.2} | {:+.2} |", k.0, k.1, k.2, tv - dv);
         }
     }

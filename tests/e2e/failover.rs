@@ -220,6 +220,21 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
     let mut node_watch = Box::pin(watcher(nodes.clone(), watcher::Config::default().fields(&node_field)));
     let worker_field = format!("metadata.name={}", s.worker);
     let mut worker_watch = Box::pin(watcher(pods.clone(), watcher::Config::default().fields(&worker_field)));
+    // A pod for tidepool's scheduler that would fit the member: nothing new is placed on an
+    // unreachable member, though the dispatcher looks at it (and says why it waits).
+    let newcomer = format!("newcomer-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": newcomer},
+        "spec": {
+            "schedulerName": scheduler_name(TEST),
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let newcomer_field = format!("metadata.name={newcomer}");
+    let mut newcomer_watch = Box::pin(watcher(pods.clone(), watcher::Config::default().fields(&newcomer_field)));
+    let mut newcomer_explained = false;
     let (mut copy_events, mut node_events, mut worker_events) = (0usize, 0usize, 0usize);
     let held = async {
         loop {
@@ -251,12 +266,25 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
                     watcher::Event::Delete(_) => panic!("training pod deleted during the outage"),
                     _ => {}
                 },
+                e = newcomer_watch.next() => match e.expect("newcomer watch ended").expect("newcomer watch failed") {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        let node = p.spec.as_ref().and_then(|sp| sp.node_name.clone());
+                        assert_eq!(node, None, "a new pod placed on the unreachable member at {:?}", cut.elapsed());
+                        let conditions = p.status.and_then(|st| st.conditions).unwrap_or_default();
+                        newcomer_explained |= conditions.iter().any(|c| {
+                            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                        });
+                    }
+                    watcher::Event::Delete(_) => panic!("new pod deleted during the outage"),
+                    _ => {}
+                },
             }
         }
     };
     let _ = tokio::time::timeout(OUTAGE.saturating_sub(cut.elapsed()), held).await;
     // Each watch delivered at least the object's state once: they were watching.
     assert!(copy_events > 0 && node_events > 0 && worker_events > 0, "{copy_events} {node_events} {worker_events}");
+    assert!(newcomer_explained, "the dispatcher never looked at the new pod during the outage");
 
     // 3. Restored: node Ready, taint gone, member Ready, exactly the one offload pod. Every
     //    copy made from here on is seen (a watch started before the connection is back).
@@ -319,6 +347,22 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
     assert_eq!(copies.len(), 1, "offload copies after recovery: {copies:?}");
     assert_eq!(copies[0].metadata.uid.as_deref(), Some(s.offload_uid.as_str()));
     assert_eq!(pods.get(&s.worker).await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
+    // The member is back: the pod that waited is placed there now, and runs.
+    wait_for(Duration::from_secs(60), "the waiting pod placed on the recovered member", || {
+        let (pods, newcomer, node) = (pods.clone(), newcomer.clone(), s.node.clone());
+        async move {
+            let p = pods.get(&newcomer).await.ok()?;
+            (p.spec?.node_name.as_deref() == Some(node.as_str()) && p.status?.phase.as_deref() == Some("Running"))
+                .then_some(())
+        }
+    })
+    .await;
+    pods.delete(&newcomer, &DeleteParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(60), "waiting pod deleted", || {
+        let (pods, newcomer) = (pods.clone(), newcomer.clone());
+        async move { pods.get_opt(&newcomer).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 
     teardown(&s, NS, MEMBER).await;
     drop(s);

@@ -7,13 +7,16 @@
 
 mod bad_input;
 mod chart;
+mod credentials;
 mod deploy;
 mod dispatcher;
 mod drain;
 mod failover;
 mod harness;
 mod kubelet_api;
+mod member_disruption;
 mod member_status;
+mod membership;
 mod node_status;
 mod operations;
 mod plugin;

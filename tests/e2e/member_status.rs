@@ -1,12 +1,16 @@
 //! What a member's own state does to its `MemberCluster` and virtual node: online pods at or
 //! below the offload priorities raise `OnlinePriorityConflict` (and clear it when gone), and
 //! a capacity window shrinks the virtual node exactly from its lead time on, and pausing the
-//! member taints its virtual node until it is unpaused.
+//! member taints its virtual node and places nothing new there (its running pods stay) until
+//! it is unpaused.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tidepool_config::{MemberCluster, keys};
 
@@ -21,10 +25,17 @@ async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<(S
 /// Starts a tidepool serving member-b as MemberCluster `member` and waits for its node.
 async fn start(env: &Env, training: &Client, test: &str, ns: &str, member: &str) -> (Tidepool, String) {
     prepare(env, training, test, ns).await;
-    bridge_member(env, training, test, ns, member, "member-b").await;
-    let tidepool = Tidepool::start(env, test, ns);
     let node = format!("tidepool-{member}");
     let nodes = Api::<Node>::all(training.clone());
+    // A node an earlier run's tidepool left is not this run's: gone before this one starts.
+    let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    wait_for(Duration::from_secs(30), "an earlier run's virtual node gone", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { nodes.get_opt(&node).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    bridge_member(env, training, test, ns, member, "member-b").await;
+    let tidepool = Tidepool::start(env, test, ns);
     wait_for(Duration::from_secs(90), "virtual node Ready", || {
         let (nodes, node) = (nodes.clone(), node.clone());
         async move {
@@ -116,6 +127,13 @@ async fn an_online_pod_at_offload_priority_raises_a_condition_until_it_goes() {
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
 
+/// The API server's time of the newest write to the node's status (managed fields record
+/// it, to the second, for each writer).
+fn status_write_time(node: &Node) -> Option<jiff::Timestamp> {
+    let fields = node.metadata.managed_fields.as_ref()?;
+    fields.iter().filter(|f| f.subresource.as_deref() == Some("status")).filter_map(|f| Some(f.time.as_ref()?.0)).max()
+}
+
 fn gpus(node: &Node) -> Option<i64> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get("nvidia.com/gpu")?;
     q.0.parse().ok()
@@ -137,6 +155,11 @@ async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
     })
     .await;
 
+    // Every version of the node from here on, in order, with the API server's own time of
+    // the write that made it: the order of events is read from the server, not timed here.
+    let field = format!("metadata.name={node}");
+    let mut versions = Box::pin(watcher(nodes.clone(), watcher::Config::default().fields(&field)));
+
     // 1. A window whose cron start is the next minute boundary at least 12 s away, with a lead
     //    that brings the reservation forward to exactly 12 s from now (cron has minute
     //    granularity; the lead does not).
@@ -157,24 +180,34 @@ async fn a_capacity_window_shrinks_the_virtual_node_from_its_lead_time_on() {
     let start = jiff::Timestamp::from_second(reserve_at).unwrap();
     eprintln!("window {schedule:?} lead {lead}s: reservation from {start}");
 
-    // 2. Not before the lead: the node keeps its GPUs until a moment before the start.
-    let ahead = jiff::Timestamp::now().duration_until(start).as_secs_f64() - 1.0;
-    let until = Instant::now() + Duration::from_secs_f64(ahead.max(0.0));
-    while Instant::now() < until {
-        let n = nodes.get(&node).await.unwrap();
-        assert_eq!(gpus(&n), Some(base), "GPUs changed before the window's lead time ({})", jiff::Timestamp::now());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-
-    // 3. From the start on, the window's reserve is held back.
-    wait_for(Duration::from_secs(10), "virtual node shrunk by the window's reserve", || {
-        let (nodes, node) = (nodes.clone(), node.clone());
-        async move { (gpus(&nodes.get(&node).await.ok()?)? == base - RESERVE).then_some(()) }
+    // 2. Every version before the reservation shows the whole surplus; the first one without
+    //    the window's GPUs was written, by the API server's clock, no earlier than the lead
+    //    time (server times are whole seconds, and the lead time is one: a write even a
+    //    moment early carries the second before it).
+    let shrunk = tokio::time::timeout(Duration::from_secs(40), async {
+        let mut seen = 0usize;
+        loop {
+            match versions.next().await.expect("node watch ended").expect("node watch failed") {
+                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                    seen += 1;
+                    match gpus(&n) {
+                        Some(g) if g == base => {}
+                        Some(g) if g == base - RESERVE => return (n, seen),
+                        other => panic!("virtual node GPUs {other:?}, neither {base} nor {}", base - RESERVE),
+                    }
+                }
+                watcher::Event::Delete(_) => panic!("virtual node deleted"),
+                _ => {}
+            }
+        }
     })
-    .await;
-    let late = jiff::Timestamp::now().duration_since(start);
-    eprintln!("reservation visible {:.1}s after its start", late.as_secs_f64());
-    assert!(late.as_secs_f64() > -0.5, "reservation visible before its start ({late:?}) {}", tidepool.log_tail());
+    .await
+    .unwrap_or_else(|_| panic!("the window never shrank the virtual node {}", tidepool.log_tail()));
+    let (n, seen) = shrunk;
+    let written = status_write_time(&n).expect("the node's status write has a server time");
+    eprintln!("reservation written at {written} (server), lead time {start}, after {seen} versions");
+    assert!(seen > 1, "the watch saw no version before the reservation");
+    assert!(written >= start, "reservation written at {written}, before the window's lead time {start}");
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
 
@@ -183,30 +216,103 @@ fn has_taint(node: &Node, key: &str) -> bool {
     taints.is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
 }
 
+/// PodScheduled=False/Unschedulable message of a pod, once the dispatcher wrote one.
+fn unschedulable_message(p: &Pod) -> Option<String> {
+    let conditions = p.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.clone().unwrap_or_default())
+}
+
 #[tokio::test]
-async fn pausing_a_member_taints_its_virtual_node_and_unpausing_lifts_the_taint() {
+async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() {
     const TEST: &str = "pause";
     const NS: &str = "e2e-pause";
     const MEMBER: &str = "pause-b";
     let env = Env::load();
     let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
     let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
     let nodes = Api::<Node>::all(training.clone());
     assert!(!has_taint(&nodes.get(&node).await.unwrap(), keys::TAINT_PAUSED));
     let members = Api::<MemberCluster>::all(training.clone());
-    for (paused, what) in [(true, "paused taint on the virtual node"), (false, "paused taint gone")] {
-        let patch = serde_json::json!({"spec": {"paused": paused}});
-        members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-        wait_for(Duration::from_secs(30), what, || {
-            let (nodes, node) = (nodes.clone(), node.clone());
-            async move {
-                let n = nodes.get_opt(&node).await.ok()??;
-                (has_taint(&n, keys::TAINT_PAUSED) == paused).then_some(())
-            }
-        })
-        .await;
-    }
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let phase = |name: String| {
+        let pods = pods.clone();
+        async move { pods.get(&name).await.ok()?.status?.phase }
+    };
+
+    // 1. A pod runs on the member before the pause.
+    let kept = format!("kept-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": kept},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(Duration::from_secs(60), "kept pod Running", || {
+        let phase = phase(kept.clone());
+        async move { (phase.await.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copy_uid = copies.get(&kept).await.unwrap().metadata.uid.unwrap();
+
+    // 2. Paused: the node is tainted, and a pod for tidepool's scheduler that fits the member
+    //    is looked at (the dispatcher says why it waits) and not placed.
+    let patch = serde_json::json!({"spec": {"paused": true}});
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for(Duration::from_secs(30), "paused taint on the virtual node", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { has_taint(&nodes.get_opt(&node).await.ok()??, keys::TAINT_PAUSED).then_some(()) }
+    })
+    .await;
+    let waiting = format!("waiting-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": waiting},
+        "spec": {
+            "schedulerName": scheduler_name(TEST),
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let message = wait_for(Duration::from_secs(30), "the dispatcher explains why the pod waits", || {
+        let (pods, waiting) = (pods.clone(), waiting.clone());
+        async move { unschedulable_message(&pods.get(&waiting).await.ok()?) }
+    })
+    .await;
+    eprintln!("waiting while paused: {message}");
+    let p = pods.get(&waiting).await.unwrap();
+    assert_eq!(p.spec.unwrap().node_name, None, "placed on a paused member");
+    // The pod that ran before the pause runs on, the same copy.
+    assert_eq!(phase(kept.clone()).await.as_deref(), Some("Running"));
+    let copy = copies.get(&kept).await.unwrap();
+    assert_eq!(copy.metadata.uid.as_deref(), Some(copy_uid.as_str()), "the kept pod's copy was replaced");
+    assert!(copy.metadata.deletion_timestamp.is_none(), "the kept pod's copy is being deleted");
+
+    // 3. Unpaused: the taint goes, and the waiting pod is placed there and runs.
+    let patch = serde_json::json!({"spec": {"paused": false}});
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for(Duration::from_secs(30), "paused taint gone", || {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        async move { (!has_taint(&nodes.get_opt(&node).await.ok()??, keys::TAINT_PAUSED)).then_some(()) }
+    })
+    .await;
+    wait_for(Duration::from_secs(60), "the waiting pod placed on the unpaused member and Running", || {
+        let (pods, waiting, node) = (pods.clone(), waiting.clone(), node.clone());
+        async move {
+            let p = pods.get(&waiting).await.ok()?;
+            (p.spec?.node_name.as_deref() == Some(node.as_str()) && p.status?.phase.as_deref() == Some("Running"))
+                .then_some(())
+        }
+    })
+    .await;
     let n = nodes.get(&node).await.unwrap();
     assert!(has_taint(&n, keys::TAINT_VIRTUAL), "the virtual taint stays {}", tidepool.log_tail());
+    drain_pods(&training, NS).await;
     members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }

@@ -541,3 +541,44 @@ async fn kubectl_port_forward_reaches_a_server_in_the_offload_pod() {
     drop(forward);
     drain_pods(&s.training, NS).await;
 }
+
+#[tokio::test]
+async fn a_trainer_that_exits_on_its_notice_has_its_copy_deleted_at_once_and_is_reclaimed() {
+    // A minute between notice and deadline: the copy going sooner is the exit's doing.
+    let s = Setup::start("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 60, medium: 60, low: 60}").await;
+    let name = format!("leaver-{}", run_id());
+    let script = "echo started; until grep -q reclaim-deadline /etc/tidepool/annotations; do sleep 0.3; done; \
+                  echo checkpointed; exit 0";
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": s.dispatched_spec(script)})).unwrap();
+    s.pods().create(&PostParams::default(), &pod).await.unwrap();
+    s.await_container(&name, "trainer running", Duration::from_secs(90), |c| {
+        c.state.as_ref()?.running.as_ref().map(|_| ())
+    })
+    .await;
+    let copy_uid = s.copies().get(&name).await.unwrap().metadata.uid.unwrap();
+
+    hold_back_the_real_nodes_cpu(&s).await;
+
+    // The notice, then the trainer's exit: its copy is deleted and the pod is Reclaimed,
+    // saying it exited, long before the deadline.
+    let noticed = wait_for(Duration::from_secs(30), "reclaim notice", || async {
+        s.pods().get(&name).await.ok()?.metadata.annotations?.get(keys::ANNOTATION_RECLAIM_DEADLINE).cloned()
+    })
+    .await;
+    let deadline: jiff::Timestamp = noticed.parse().unwrap();
+    let status = wait_for(Duration::from_secs(40), "pod Failed/Reclaimed after its exit", || async {
+        let st = s.pods().get(&name).await.ok()?.status?;
+        (st.phase.as_deref() == Some("Failed") && st.reason.as_deref() == Some(keys::REASON_RECLAIMED)).then_some(st)
+    })
+    .await;
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains("exited"), "{message}");
+    wait_for(Duration::from_secs(20), "the copy deleted in the member", || async {
+        let copy = s.copies().get_opt(&name).await.ok()?;
+        copy.is_none_or(|c| c.metadata.uid.as_deref() != Some(copy_uid.as_str())).then_some(())
+    })
+    .await;
+    assert!(jiff::Timestamp::now() < deadline, "the copy went only at the deadline {deadline}");
+    drain_pods(&s.training, NS).await;
+}

@@ -22,13 +22,20 @@ const NODE: &str = "tidepool-e2e-skel-a";
 /// of the online pods on them and of the online pods still pending (no node selector
 /// here picks a node outside that set). Offload copies do not count: they use the surplus.
 async fn member_surplus(member: &Client) -> Resources {
+    pool_surplus(member, &std::collections::BTreeMap::new()).await
+}
+
+/// Like [`member_surplus`], for a pool: only nodes carrying every label of `selector`.
+pub(crate) async fn pool_surplus(member: &Client, selector: &std::collections::BTreeMap<String, String>) -> Resources {
     let nodes = Api::<Node>::all(member.clone()).list(&ListParams::default()).await.unwrap().items;
     let pods = Api::<Pod>::all(member.clone()).list(&ListParams::default()).await.unwrap().items;
     let lends = |n: &Node| {
         let spec = n.spec.clone().unwrap_or_default();
         let hard_taint =
             spec.taints.unwrap_or_default().iter().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
-        is_ready(n) && !spec.unschedulable.unwrap_or(false) && !hard_taint
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let in_pool = selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+        is_ready(n) && !spec.unschedulable.unwrap_or(false) && !hard_taint && in_pool
     };
     let lending: Vec<&Node> = nodes.iter().filter(|n| lends(n)).collect();
     let mut surplus = Resources::new();
@@ -94,7 +101,7 @@ fn requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Resources {
     total
 }
 
-fn allocatable(node: &Node) -> Option<Resources> {
+pub(crate) fn allocatable(node: &Node) -> Option<Resources> {
     Resources::from_quantities(node.status.as_ref()?.allocatable.as_ref()?).ok()
 }
 

@@ -664,8 +664,21 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
                         .in_current_span(),
                 );
             }
-            // Already there: the watch brings it and the next reconcile checks its origin.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            // Already there: ours (the watch brings it, and the next reconcile), or a pod
+            // our watch never sees (another origin): reported, never overwritten.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                if let Some(msg) = foreign_pod(&member.client, &member_ns, &name, &pod).await {
+                    publish(
+                        &ctx,
+                        &pod,
+                        EventType::Warning,
+                        "OffloadConflict",
+                        &format!("member {}: {msg}", member.name),
+                    )
+                    .await;
+                    return Ok(Action::requeue(Duration::from_secs(60)));
+                }
+            }
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // The namespace went away under us; create it again next time.
                 if let Ok(mut known) = ctx.namespaces.lock() {
@@ -895,6 +908,17 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> 
 /// `Recorder`, which keeps every Event it published for minutes (to count repeats) and
 /// scans all of them on each publish: with an Event per offloaded pod, that is a cache the
 /// size of the cluster and a scan of it per pod.
+/// Why member pod `ns/name`, found where `pod`'s copy was to be created, is not its copy (it
+/// lacks `pod`'s origin UID), or `None` if it is (or is gone, or cannot be read now: the next
+/// reconcile looks again).
+async fn foreign_pod(client: &kube::Client, ns: &str, name: &str, pod: &PodLite) -> Option<String> {
+    let found = OffloadPod::from(Api::<Pod>::namespaced(client.clone(), ns).get_opt(name).await.ok()??);
+    if found.is_copy_of(pod) {
+        return None;
+    }
+    Some(format!("already has pod {ns}/{name} with another origin"))
+}
+
 async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
     let namespace = pod.namespace().unwrap_or_default();
     let now = jiff::Timestamp::now();
