@@ -144,8 +144,8 @@ async fn main() {
     ensure_namespace(&member, NS).await;
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     delete_pods(&direct_api).await;
+    // tidepool makes the offload namespace (one made here would not be its own, and refused).
     let offload_ns = format!("tp-{NS}");
-    ensure_namespace(&member, &offload_ns).await;
     delete_pods(&Api::<Pod>::namespaced(member.clone(), &offload_ns)).await;
     let bench_nodes = add_bench_nodes(&member, env_usize("BENCH_NODES", 11)).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
