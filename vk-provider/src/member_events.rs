@@ -113,59 +113,76 @@ fn observe(watch: &OffloadWatch, relay: &mut Relay, event: &CoreEvent) -> Option
     write
 }
 
-/// Writes one relayed Event: a new one, or the count of one made before. Through the core
-/// Events API, whose `count`, `firstTimestamp` and `lastTimestamp` are what `kubectl describe`
-/// shows as "(x3 over 2m)" (the events.k8s.io API refuses them on create).
+/// Writes one relayed Event: a new one, or the count of one made before (made anew if it
+/// expired meanwhile). Through the core Events API, whose `count`, `firstTimestamp` and
+/// `lastTimestamp` are what `kubectl describe` shows as "(x3 over 2m)" (the events.k8s.io API
+/// refuses them on create).
 async fn publish(ctx: &Context, watch: &OffloadWatch, write: Write) {
-    let now = Time(jiff::Timestamp::now());
     let (name, pod, event, count, create) = match write {
         Write::Create { name, pod, event, count } => (name, pod, event, count, true),
         Write::Count { name, pod, event, count } => (name, pod, event, count, false),
     };
     let api = Api::<CoreEvent>::namespaced(ctx.training.clone(), &pod.namespace);
-    let counted = |count: i32| json!({"count": count, "lastTimestamp": now});
     let result = if create {
-        let object = CoreEvent {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(pod.namespace.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".to_owned()),
-                kind: Some("Pod".to_owned()),
-                namespace: Some(pod.namespace.clone()),
-                name: Some(pod.name.clone()),
-                uid: Some(pod.uid.clone()),
-                ..Default::default()
-            },
-            type_: Some(event.type_.clone()),
-            reason: Some(event.reason.clone()),
-            message: Some(event.message.chars().take(1024).collect()),
-            // `kubectl describe` shows it as from the member's component, through tidepool.
-            source: Some(EventSource {
-                component: Some(format!("{}/{}", watch.member.name, event.component)),
-                host: None,
-            }),
-            count: Some(count),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now.clone()),
-            reporting_component: Some("tidepool".to_owned()),
-            reporting_instance: Some(format!("{}/{}", watch.member.name, event.component).chars().take(128).collect()),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &object).await {
-            // Made before this process (a restart): never counted down.
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                let had = api.get_opt(&name).await.ok().flatten().and_then(|e| e.count).unwrap_or(0);
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(counted(count.max(had + 1)))).await.map(|_| ())
-            }
-            other => other.map(|_| ()),
-        }
+        create_event(&api, watch, &name, &pod, &event, count).await
     } else {
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(counted(count))).await.map(|_| ())
+        match set_count(&api, &name, count).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => create_event(&api, watch, &name, &pod, &event, count).await,
+            other => other,
+        }
     };
     if let Err(e) = result {
         debug!(error = %e, event = name, "cannot relay member Event");
+    }
+}
+
+async fn set_count(api: &Api<CoreEvent>, name: &str, count: i32) -> Result<(), kube::Error> {
+    let patch = json!({"count": count, "lastTimestamp": Time(jiff::Timestamp::now())});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
+}
+
+async fn create_event(
+    api: &Api<CoreEvent>,
+    watch: &OffloadWatch,
+    name: &str,
+    pod: &PodRef,
+    event: &MemberEvent,
+    count: i32,
+) -> Result<(), kube::Error> {
+    let now = Time(jiff::Timestamp::now());
+    let from = format!("{}/{}", watch.member.name, event.component);
+    let object = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(pod.namespace.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        },
+        type_: Some(event.type_.clone()),
+        reason: Some(event.reason.clone()),
+        message: Some(event.message.chars().take(1024).collect()),
+        // `kubectl describe` shows it as from the member's component, through tidepool.
+        source: Some(EventSource { component: Some(from.clone()), host: None }),
+        count: Some(count),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        reporting_component: Some("tidepool".to_owned()),
+        reporting_instance: Some(from.chars().take(128).collect()),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &object).await {
+        // Made before this process (a restart): never counted down.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let had = api.get_opt(name).await.ok().flatten().and_then(|e| e.count).unwrap_or(0);
+            set_count(api, name, count.max(had + 1)).await
+        }
+        other => other.map(|_| ()),
     }
 }
