@@ -272,8 +272,14 @@ fn main() -> ExitCode {
         "wall ms"
     );
     let mut tidepool_rate = f64::INFINITY;
-    for (name, commit) in [("snapshot", false), ("sequential", true)] {
-        for path in [Path::Tidepool, Path::Aggregate] {
+    // A warm-up of each path (caches, allocator), then the scenarios with the path that goes
+    // first alternating, so neither path always runs on a warmer machine.
+    for path in [Path::Tidepool, Path::Aggregate] {
+        let _ = measure(path, &gangs, &pools, false);
+    }
+    for (i, (name, commit)) in [("snapshot", false), ("sequential", true)].into_iter().enumerate() {
+        let order = if i % 2 == 0 { [Path::Tidepool, Path::Aggregate] } else { [Path::Aggregate, Path::Tidepool] };
+        for path in order {
             let o = measure(path, &gangs, &pools, commit);
             let mut sorted = o.decide.clone();
             sorted.sort();

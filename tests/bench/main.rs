@@ -589,74 +589,94 @@ async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
     println!("\n## Gangs through the dispatcher vs the same pods created directly\n");
+    println!("The path that goes first alternates from one gang size to the next.\n");
     println!(
         "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | tidepool submit→all Running (s) | direct submit→all Running (s) | split samples (every 100 ms) |"
     );
     println!("|---|---|---|---|---|---|");
-    for &size in sizes {
-        let offload_seen = observe(member.clone(), offload_ns);
-        let training_seen = observe(training.clone(), NS);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let gang = format!("g{size}");
-        let names: Vec<String> = (0..size).map(|i| format!("{gang}-{i}")).collect();
-        let meta = json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: size.to_string()}});
-        let spec = json!({"schedulerName": scheduler_name(TEST)});
-        let splits = Arc::new(Mutex::new((0u32, 0u32)));
-        let stop = tokio_util::sync::CancellationToken::new();
-        {
-            let (seen, splits, stop, names) = (training_seen.clone(), splits.clone(), stop.clone(), names.clone());
-            tokio::spawn(async move {
-                while !stop.is_cancelled() {
-                    {
-                        let s = seen.lock().unwrap();
-                        let pools: BTreeSet<&String> = names.iter().filter_map(|n| s.node.get(n)).collect();
-                        let mut c = splits.lock().unwrap();
-                        c.0 += 1;
-                        if pools.len() > 1 {
-                            c.1 += 1;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            });
-        }
-        let start = Instant::now();
-        futures::stream::iter(names.iter().cloned())
-            .map(|name| {
-                let (api, spec, meta) = (training_pods.clone(), spec.clone(), meta.clone());
-                async move { api.create(&PostParams::default(), &pod(&name, spec, meta)).await.unwrap() }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<_>>()
-            .await;
-        let created = wait_all(&offload_seen, &names, false, Duration::from_secs(600)).await.expect("gang not created");
-        let running = wait_all(&training_seen, &names, true, Duration::from_secs(600)).await.expect("gang not running");
-        stop.cancel();
-        let (samples, split) = *splits.lock().unwrap();
-        let (t_created, t_running) =
-            (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64());
-        delete_pods(&training_pods).await;
-
-        let direct_seen = observe(member.clone(), NS);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let start = Instant::now();
-        futures::stream::iter(names.iter().cloned())
-            .map(|name| {
-                let api = direct_api.clone();
-                async move { api.create(&PostParams::default(), &pod(&name, json!({}), json!({}))).await.unwrap() }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<_>>()
-            .await;
-        let d_created =
-            wait_all(&direct_seen, &names, false, Duration::from_secs(600)).await.expect("direct not created");
-        let d_running =
-            wait_all(&direct_seen, &names, true, Duration::from_secs(600)).await.expect("direct not running");
+    for (i, &size) in sizes.iter().enumerate() {
+        let names: Vec<String> = (0..size).map(|i| format!("g{size}-{i}")).collect();
+        let (tidepool, direct) = if i % 2 == 0 {
+            let t = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
+            (t, gang_direct(member, &direct_api, &names).await)
+        } else {
+            let d = gang_direct(member, &direct_api, &names).await;
+            (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, d)
+        };
+        let ((t_created, t_running, samples, split), (d_created, d_running)) = (tidepool, direct);
         println!(
-            "| {size} | {t_created:.2} | {:.2} | {t_running:.2} | {:.2} | {split} of {samples} |",
-            d_created.duration_since(start).as_secs_f64(),
-            d_running.duration_since(start).as_secs_f64()
+            "| {size} | {t_created:.2} | {d_created:.2} | {t_running:.2} | {d_running:.2} | {split} of {samples} |"
         );
-        delete_pods(&direct_api).await;
     }
+}
+
+/// One gang submitted to the dispatcher: seconds to all created in the member and to all
+/// Running, and (samples, samples that saw the gang on two pools).
+async fn gang_through_tidepool(
+    training: &Client,
+    member: &Client,
+    training_pods: &Api<Pod>,
+    names: &[String],
+    offload_ns: &str,
+) -> (f64, f64, u32, u32) {
+    let offload_seen = observe(member.clone(), offload_ns);
+    let training_seen = observe(training.clone(), NS);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let gang = names.first().and_then(|n| n.split_once('-')).map(|(g, _)| g.to_owned()).unwrap_or_default();
+    let meta =
+        json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: names.len().to_string()}});
+    let spec = json!({"schedulerName": scheduler_name(TEST)});
+    let splits = Arc::new(Mutex::new((0u32, 0u32)));
+    let stop = tokio_util::sync::CancellationToken::new();
+    {
+        let (seen, splits, stop, names) = (training_seen.clone(), splits.clone(), stop.clone(), names.to_vec());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                {
+                    let s = seen.lock().unwrap();
+                    let pools: BTreeSet<&String> = names.iter().filter_map(|n| s.node.get(n)).collect();
+                    let mut c = splits.lock().unwrap();
+                    c.0 += 1;
+                    if pools.len() > 1 {
+                        c.1 += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+    let start = Instant::now();
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let (api, spec, meta) = (training_pods.clone(), spec.clone(), meta.clone());
+            async move { api.create(&PostParams::default(), &pod(&name, spec, meta)).await.unwrap() }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let created = wait_all(&offload_seen, names, false, Duration::from_secs(600)).await.expect("gang not created");
+    let running = wait_all(&training_seen, names, true, Duration::from_secs(600)).await.expect("gang not running");
+    stop.cancel();
+    let (samples, split) = *splits.lock().unwrap();
+    delete_pods(training_pods).await;
+    (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64(), samples, split)
+}
+
+/// The same pods created directly in the member: seconds to all created and to all Running.
+async fn gang_direct(member: &Client, direct_api: &Api<Pod>, names: &[String]) -> (f64, f64) {
+    let direct_seen = observe(member.clone(), NS);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start = Instant::now();
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let api = direct_api.clone();
+            async move { api.create(&PostParams::default(), &pod(&name, json!({}), json!({}))).await.unwrap() }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let created = wait_all(&direct_seen, names, false, Duration::from_secs(600)).await.expect("direct not created");
+    let running = wait_all(&direct_seen, names, true, Duration::from_secs(600)).await.expect("direct not running");
+    delete_pods(direct_api).await;
+    (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64())
 }
