@@ -300,6 +300,14 @@ async fn member_client(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> 
     crate::throttle::client(config, name.as_str(), &limits, stats).ok()
 }
 
+/// The label selector of this bridge instance's objects of one kind (`kind=true` plus both
+/// origin labels): another MemberCluster's reflected objects or mirrors in the same
+/// namespace are never listed, so never deleted. (`ListParams::labels` replaces a selector,
+/// so the three go in one.)
+fn owned_selector(kind: &str, cluster: &str, member: &MemberName) -> String {
+    format!("{kind}=true,{}={cluster},{}={member}", keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_MEMBER)
+}
+
 /// Lists what tidepool made in the member for this training cluster and member.
 async fn member_objects(
     client: &Client,
@@ -334,20 +342,14 @@ async fn member_objects(
             left.namespaces += 1;
             objects.namespaces.push(ns_name.clone());
         }
-        let reflected = ours.clone().labels(&format!("{}=true", keys::LABEL_REFLECTED));
+        let reflected = ListParams::default().labels(&owned_selector(keys::LABEL_REFLECTED, cluster, member));
         for cm in Api::<ConfigMap>::namespaced(client.clone(), &ns_name).list_metadata(&reflected).await?.items {
             objects.reflected.push(("ConfigMap", cm.metadata));
         }
         for s in Api::<Secret>::namespaced(client.clone(), &ns_name).list_metadata(&reflected).await?.items {
             objects.reflected.push(("Secret", s.metadata));
         }
-        // `labels` replaces a selector: all three labels, so only this instance's mirrors.
-        let mirrored = ListParams::default().labels(&format!(
-            "{}=true,{}={cluster},{}={member}",
-            keys::LABEL_MIRRORED,
-            keys::LABEL_ORIGIN_CLUSTER,
-            keys::LABEL_ORIGIN_MEMBER
-        ));
+        let mirrored = ListParams::default().labels(&owned_selector(keys::LABEL_MIRRORED, cluster, member));
         for s in Api::<Service>::namespaced(client.clone(), &ns_name).list_metadata(&mirrored).await?.items {
             objects.reflected.push(("Service", s.metadata));
         }
@@ -533,6 +535,18 @@ async fn publish(ctx: &Context, mc: &MemberCluster, type_: EventType, reason: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_lists_only_its_own_reflected_objects_and_mirrors() {
+        let member = MemberName::new("member-a".to_owned());
+        for kind in [keys::LABEL_REFLECTED, keys::LABEL_MIRRORED] {
+            let selector = owned_selector(kind, "training", &member);
+            let terms: Vec<&str> = selector.split(',').collect();
+            assert!(terms.contains(&format!("{kind}=true").as_str()), "{selector}");
+            assert!(terms.contains(&format!("{}=training", keys::LABEL_ORIGIN_CLUSTER).as_str()), "{selector}");
+            assert!(terms.contains(&format!("{}=member-a", keys::LABEL_ORIGIN_MEMBER).as_str()), "{selector}");
+        }
+    }
 
     const T: Duration = DRAIN_TIMEOUT;
 
