@@ -184,4 +184,6 @@ async fn kubectl_tidepool_shows_a_tenant_their_gangs_and_an_admin_the_members() 
     let (code, out, _) = plugin(&env, dir.path(), &admin, &["members"]).await;
     assert_eq!(code, 0);
     assert!(out.lines().any(|l| l.starts_with("plugin-member-b") && l.contains("Ready")), "{out}");
+    // The placed gang's copies hold member-b's GPUs: gone before the next test needs them.
+    drain_pods(&training, NS).await;
 }
