@@ -73,7 +73,9 @@ impl Store {
 
     fn request(&self, method: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
         let addr = format!("{}:{}", self.host, self.port);
-        let mut conn = TcpStream::connect(&addr).map_err(|e| format!("connect {addr}: {e}"))?;
+        // A bounded connect, tried a few times: an unanswered SYN must not hold a trainer's
+        // start (or its checkpoint) for the kernel's two minutes.
+        let mut conn = connect(&addr)?;
         conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
         conn.set_write_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
         let head = format!(
@@ -111,6 +113,22 @@ pub fn parse_response(reply: &[u8]) -> Result<(u16, Vec<u8>), String> {
         body.truncate(n);
     }
     Ok((status, body))
+}
+
+/// Dials `addr` with a 5 s timeout per attempt, up to 6 attempts a second apart.
+fn connect(addr: &str) -> Result<TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let mut last = String::new();
+    for _ in 0..6 {
+        let resolved = addr.to_socket_addrs().map_err(|e| format!("resolve {addr}: {e}"))?.next();
+        let Some(target) = resolved else { return Err(format!("resolve {addr}: no address")) };
+        match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
+            Ok(conn) => return Ok(conn),
+            Err(e) => last = format!("connect {addr}: {e}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Err(last)
 }
 
 #[cfg(test)]
