@@ -4,29 +4,14 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client};
 use tidepool_config::{MemberCluster, keys};
 
 use crate::harness::*;
 
 const TEST: &str = "bad-input";
 const NS: &str = "e2e-bad-input";
-
-/// Ready condition (status, reason, message) of a MemberCluster, once it has one.
-async fn ready_condition(client: &Client, name: &str) -> Option<(String, String, String)> {
-    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
-    let c = mc.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason, c.message))
-}
-
-async fn wait_reason(client: &Client, name: &str, status: &str, reason: &str) -> String {
-    wait_for(Duration::from_secs(60), &format!("{name}: Ready={status} reason {reason}"), || async move {
-        let (s, r, m) = ready_condition(client, name).await?;
-        (s == status && r == reason).then_some(m)
-    })
-    .await
-}
 
 #[tokio::test]
 async fn broken_members_are_reported_and_the_good_one_keeps_working() {

@@ -24,20 +24,6 @@ const NS: &str = "e2e-credentials";
 /// Where the test's ServiceAccounts live in member-b.
 const MEMBER_NS: &str = "e2e-credentials-ids";
 
-async fn ready_condition(client: &Client, name: &str) -> Option<(String, String, String)> {
-    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
-    let c = mc.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason, c.message))
-}
-
-async fn wait_reason(client: &Client, name: &str, status: &str, reason: &str) -> String {
-    wait_for(Duration::from_secs(60), &format!("{name}: Ready={status} reason {reason}"), || async move {
-        let (s, r, m) = ready_condition(client, name).await?;
-        (s == status && r == reason).then_some(m)
-    })
-    .await
-}
-
 /// A ServiceAccount in member-b (recreated, so its tokens are new) and a kubeconfig with a
 /// token for it; bound to cluster-admin if `admin`.
 async fn member_identity(env: &Env, member_b: &Client, name: &str, admin: bool) -> String {

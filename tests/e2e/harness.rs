@@ -465,3 +465,21 @@ pub async fn kubectl(env: &Env, cluster: &str, args: &[&str], stdin: Option<&str
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Ready condition (status, reason, message) of a MemberCluster, once it has one.
+#[allow(dead_code)]
+pub async fn ready_condition(client: &Client, name: &str) -> Option<(String, String, String)> {
+    let mc = Api::<MemberCluster>::all(client.clone()).get(name).await.ok()?;
+    let c = mc.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason, c.message))
+}
+
+/// Waits (60 s) until MemberCluster `name` is `Ready=status` with `reason`; its message.
+#[allow(dead_code)]
+pub async fn wait_reason(client: &Client, name: &str, status: &str, reason: &str) -> String {
+    wait_for(Duration::from_secs(60), &format!("{name}: Ready={status} reason {reason}"), || async move {
+        let (s, r, m) = ready_condition(client, name).await?;
+        (s == status && r == reason).then_some(m)
+    })
+    .await
+}
