@@ -146,7 +146,15 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
     // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
     let pods = tidepool_federation::TrainingPods::start(training.clone());
-    let _vk = tidepool_vk::VirtualKubelet::start(training.clone(), config.clone(), federation.members(), pods.clone());
+    // Reclaim's member deletes go through the pod sync, the one writer of offload copies.
+    let (copy_writer, copy_writes) = tidepool_federation::writes::copy_writes();
+    let _vk = tidepool_vk::VirtualKubelet::start(
+        training.clone(),
+        config.clone(),
+        federation.members(),
+        pods.clone(),
+        copy_writes,
+    );
     // Ends once ready: nothing more to report then.
     tokio::spawn(ready::follow(
         ready,
@@ -155,7 +163,7 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
         federation.members(),
         pods.clone(),
     ));
-    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members(), pods);
+    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members(), pods, copy_writer);
 
     let lost = async {
         match &elector {

@@ -24,7 +24,7 @@ use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{PlacementLabels, metrics};
 use tidepool_config::pod::PodLite;
 use tidepool_config::{BridgeConfig, Resources};
-use tidepool_federation::training::Handovers;
+use tidepool_federation::writes::CopyWriter;
 use tidepool_federation::{Members, TrainingPods};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
@@ -51,8 +51,8 @@ pub(crate) struct Context {
     ranges: BandRanges,
     pub(crate) members: watch::Receiver<Members>,
     pub(crate) pods: Store<PodLite>,
-    /// Pods whose copy reclaim deletes before their status says so (shared with the pod sync).
-    pub(crate) handovers: Handovers,
+    /// Asks vk-provider, the one writer of offload copies, to free a reclaimed pod's copy.
+    pub(crate) copies: CopyWriter,
     recorder: Recorder,
     pod_groups: moka::future::Cache<(GangSource, String), Result<u32, String>>,
     /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
@@ -98,6 +98,7 @@ pub async fn run(
     config: Arc<BridgeConfig>,
     members: watch::Receiver<Members>,
     training_pods: TrainingPods,
+    copies: CopyWriter,
 ) {
     let pods = training_pods.store();
     let changed = Arc::new(Notify::new());
@@ -121,7 +122,7 @@ pub async fn run(
         ranges: BandRanges::default(),
         members: members.clone(),
         pods,
-        handovers: training_pods.handovers(),
+        copies,
         pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
         explained: std::sync::Mutex::new(HashMap::new()),
         preempt: std::sync::Mutex::new(Vec::new()),

@@ -46,8 +46,9 @@ impl Dispatcher {
         config: Arc<BridgeConfig>,
         members: watch::Receiver<Members>,
         pods: tidepool_federation::TrainingPods,
+        copies: tidepool_federation::writes::CopyWriter,
     ) -> Self {
-        tokio::spawn(controller::run(training, config, members, pods));
+        tokio::spawn(controller::run(training, config, members, pods, copies));
         Self
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! Every step is recorded in the training cluster (deadline annotation, condition, final
 //! `Failed`/`Reclaimed` status), so a restarted dispatcher picks up notices in flight. At
-//! the deadline (or the ack) the dispatcher deletes the offload copy itself, while it writes
-//! that status; vk-provider deletes any copy of a terminal training pod in its turn.
+//! the deadline (or the ack) the dispatcher has vk-provider, the one writer of offload copies,
+//! delete the copy at once (ahead of its ordinary work), then writes that status; vk-provider
+//! deletes any copy of a terminal training pod in its turn.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -13,18 +14,18 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tidepool_config::Resources;
 use tidepool_config::bridge::BandSeconds;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
-use tidepool_config::{Resources, names};
 use tidepool_federation::MemberHandle;
 use tidepool_federation::capacity::PoolCapacity;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::controller::{Context, pacing, pod_group_api, publish, requests};
 use crate::gang::{self, GangKey, GangSource};
@@ -527,17 +528,16 @@ fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
     ctx.members.borrow().values().find(|m| m.pool_for_node(node).is_some()).cloned()
 }
 
-/// Deletes the copy of reclaimed pod `p`. The pod sync is told first (a
-/// [`tidepool_federation::training::Handovers`] entry) that the copy's disappearance is this
-/// reclaim, not a loss to report, whichever watch reaches it first.
+/// Has vk-provider delete the copy of reclaimed pod `p` now, and waits for the member's
+/// answer. The pod sync would delete it too once the `Failed` status comes back through its
+/// watch; online pods waiting for the room should not wait for that.
 async fn free_copy(ctx: &Context, p: &PodLite) {
     let (Some(member), Some(uid)) = (member_of(ctx, p), p.metadata.uid.as_deref()) else { return };
-    ctx.handovers.begin(uid);
     let copy_uid = p
         .node_name()
         .and_then(|n| member.pool_for_node(n))
         .and_then(|pool| pool.capacity.borrow().placed.get(uid).and_then(|c| c.copy_uid.clone()));
-    delete_copy(&member, p, copy_uid).await;
+    ctx.copies.free_copy(Arc::new(p.clone()), member, copy_uid).await;
 }
 
 /// The training pod's end: `Failed`, reason `Reclaimed`, then its Events. A pod reclaimed at
@@ -572,44 +572,6 @@ async fn record_reclaimed(
             publish_later(ctx, p, events);
         }
         Err(e) => warn!(pod = %name, error = %e, "cannot mark pod reclaimed; will retry"),
-    }
-}
-
-/// Deletes the offload copy of reclaimed pod `p` in `member` now. The pod sync would delete
-/// it too once the `Failed` status comes back through its watch; online pods waiting for
-/// the room should not wait for that. A pod of the same name that is not this pod's copy is
-/// never touched: the delete names the copy's UID (`copy_uid`, as the member's pod watch
-/// saw it) as precondition, or, without it, selects by origin UID. By name is the faster of
-/// the two for the member's API server, which a collection delete makes read its pods first.
-/// A copy already gone is fine.
-async fn delete_copy(member: &MemberHandle, p: &PodLite, copy_uid: Option<String>) {
-    let (Some(uid), Some(ns)) = (p.metadata.uid.as_deref(), p.metadata.namespace.as_deref()) else { return };
-    let member_ns = names::member_namespace(&member.namespace_prefix, ns);
-    let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
-    let mut dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-    let started = std::time::Instant::now();
-    let deleted = match copy_uid {
-        Some(copy_uid) => {
-            dp.preconditions = Some(Preconditions { uid: Some(copy_uid), resource_version: None });
-            match api.delete(&p.name_any(), &dp).await {
-                // Gone already, or another pod by now: nothing of this pod's left to delete.
-                Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => Ok(()),
-                r => r.map(|_| ()),
-            }
-        }
-        None => {
-            let lp = ListParams::default().labels(&format!("{}={uid}", keys::LABEL_ORIGIN_UID));
-            api.delete_collection(&dp, &lp).await.map(|_| ())
-        }
-    };
-    match deleted {
-        Ok(()) => {
-            debug!(pod = %p.name_any(), member = %member.name, took = ?started.elapsed(), "reclaimed pod's copy deleted")
-        }
-        // The pod sync deletes it in its turn.
-        Err(e) => {
-            warn!(pod = %p.name_any(), member = %member.name, error = %e, "cannot delete the reclaimed pod's copy now")
-        }
     }
 }
 

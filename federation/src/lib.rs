@@ -19,6 +19,7 @@ pub mod member;
 pub mod priority;
 pub mod throttle;
 pub mod training;
+pub mod writes;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -44,45 +44,6 @@ pub struct TrainingPods {
     events: broadcast::Sender<PodEvent>,
     /// Whole pods by UID, as JSON: a decoded `Pod` costs several times its JSON.
     awaiting: Arc<Mutex<HashMap<String, Box<str>>>>,
-    handovers: Handovers,
-}
-
-/// How long a [`Handovers`] entry holds at most: the dispatcher's status write arrives
-/// well within it, and one that never does (the write failed) is judged again after it.
-pub const HANDOVER_HOLD: Duration = Duration::from_secs(10);
-
-/// Training pods whose offload copy the dispatcher deletes itself, before their `Reclaimed`
-/// status is written (a reclaim must give the capacity back first). Until that status
-/// arrives, the copy vanishing is expected: the pod sync must not report it as lost, nor as
-/// preempted by the member. By UID, with when the hand-over began; an entry goes when the
-/// pod ends or is deleted, or after [`HANDOVER_HOLD`]. Cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct Handovers(Arc<Mutex<HashMap<String, tokio::time::Instant>>>);
-
-impl Handovers {
-    /// The dispatcher is about to delete the copy of pod `uid` and then end the pod itself.
-    pub fn begin(&self, uid: &str) {
-        if let Ok(mut h) = self.0.lock() {
-            h.insert(uid.to_owned(), tokio::time::Instant::now());
-        }
-    }
-
-    /// How much longer the dispatcher owns the ending of pod `uid`, if it does.
-    pub fn held(&self, uid: &str) -> Option<Duration> {
-        let mut h = self.0.lock().ok()?;
-        let since = *h.get(uid)?;
-        let left = HANDOVER_HOLD.checked_sub(since.elapsed());
-        if left.is_none() {
-            h.remove(uid);
-        }
-        left
-    }
-
-    fn end(&self, uid: &str) {
-        if let Ok(mut h) = self.0.lock() {
-            h.remove(uid);
-        }
-    }
 }
 
 impl TrainingPods {
@@ -90,7 +51,7 @@ impl TrainingPods {
     pub fn start(client: Client) -> TrainingPods {
         let (store, mut writer) = reflector::store::<PodLite>();
         let (events, _) = broadcast::channel(EVENT_BUFFER);
-        let pods = TrainingPods { store, events, awaiting: Arc::default(), handovers: Handovers::default() };
+        let pods = TrainingPods { store, events, awaiting: Arc::default() };
         let shared = pods.clone();
         let stream = watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff();
         tokio::spawn(async move {
@@ -119,11 +80,6 @@ impl TrainingPods {
             }
         });
         pods
-    }
-
-    /// Pods whose ending the dispatcher has taken over (see [`Handovers`]).
-    pub fn handovers(&self) -> Handovers {
-        self.handovers.clone()
     }
 
     /// The cache.
@@ -162,11 +118,8 @@ impl TrainingPods {
             watcher::Event::Apply(p) => watcher::Event::Apply(self.keep(p)),
             watcher::Event::InitApply(p) => watcher::Event::InitApply(self.keep(p)),
             watcher::Event::Delete(p) => {
-                if let Some(uid) = p.metadata.uid.as_ref() {
-                    if let Ok(mut awaiting) = self.awaiting.lock() {
-                        awaiting.remove(uid);
-                    }
-                    self.handovers.end(uid);
+                if let (Some(uid), Ok(mut awaiting)) = (p.metadata.uid.as_ref(), self.awaiting.lock()) {
+                    awaiting.remove(uid);
                 }
                 watcher::Event::Delete(p.into())
             }
@@ -177,9 +130,6 @@ impl TrainingPods {
 
     fn keep(&self, mut pod: Pod) -> PodLite {
         let ended = pod.status.as_ref().is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")));
-        if let (true, Some(uid)) = (ended, pod.metadata.uid.as_ref()) {
-            self.handovers.end(uid);
-        }
         let awaiting_offload = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
             && pod.status.as_ref().is_none_or(|s| s.host_ip.is_none())
             && pod.metadata.deletion_timestamp.is_none()

@@ -170,7 +170,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
         if !wanted(ns) || used.contains(&(ns.to_owned(), Source::new(kind, name))) {
             continue;
         }
-        if let Err(e) = copies::delete_copy(member, kind, &meta).await {
+        if let Err(e) = copies::delete_reflected(member, kind, &meta).await {
             warn!(member = %member.name, kind = %kind, name, namespace = ns, error = %e, "cannot delete unused reflected copy");
         }
     }

@@ -480,7 +480,7 @@ impl Reflection<'_> {
     }
 
     async fn delete(&self, source: &Source, copy: &ObjectMeta) -> Result<(), Error> {
-        delete_copy(self.member, source.kind, copy).await
+        delete_reflected(self.member, source.kind, copy).await
     }
 
     fn member_error(&self, what: &'static str, e: kube::Error) -> Error {
@@ -497,7 +497,7 @@ enum Written {
 }
 
 /// Deletes a copy exactly as it was seen: if it changed since, it is left for the next pass.
-pub(crate) async fn delete_copy(member: &MemberHandle, kind: Kind, copy: &ObjectMeta) -> Result<(), Error> {
+pub(crate) async fn delete_reflected(member: &MemberHandle, kind: Kind, copy: &ObjectMeta) -> Result<(), Error> {
     let (Some(name), Some(namespace)) = (copy.name.as_deref(), copy.namespace.as_deref()) else {
         return Err(Error::MissingField("metadata.name"));
     };

@@ -11,6 +11,7 @@
 mod access;
 pub mod collect;
 pub mod copies;
+mod handover;
 pub mod kubelet;
 mod member_events;
 mod mirror;
@@ -115,9 +116,10 @@ impl VirtualKubelet {
         config: Arc<BridgeConfig>,
         members: watch::Receiver<Members>,
         pods: tidepool_federation::TrainingPods,
+        copy_writes: tidepool_federation::writes::CopyWrites,
     ) -> Self {
         tokio::spawn(node::run(training.clone(), config.clone(), members.clone()));
-        tokio::spawn(pods::run(training, config, members, pods));
+        tokio::spawn(pods::run(training, config, members, pods, copy_writes));
         Self
     }
 }

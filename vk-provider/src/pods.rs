@@ -29,6 +29,7 @@ use tidepool_config::metrics::metrics;
 use tidepool_config::pod::{PodLite, SyncedStatus};
 use tidepool_config::{BridgeConfig, MemberName, keys};
 use tidepool_federation::training::listed;
+use tidepool_federation::writes::CopyWrites;
 use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
@@ -36,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
 
 use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
+use crate::handover::{self, Handovers};
 use crate::offload::OffloadPod;
 use crate::reflect::{self, References, Source};
 use crate::translate::{self, Target};
@@ -82,6 +84,8 @@ pub(crate) struct Context {
     pub(crate) pods: Store<PodLite>,
     /// The same, for whole pods when one is to be offloaded.
     training_pods: TrainingPods,
+    /// Pods whose copy was freed for a reclaim, their status on the way.
+    handovers: Handovers,
     /// What the pods on their way to a member reference (training namespace, sources),
     /// until their offload copy shows it: a source's change triggers them, and the
     /// collector keeps the copies made for them.
@@ -116,6 +120,7 @@ pub async fn run(
     config: Arc<BridgeConfig>,
     members: watch::Receiver<Members>,
     training_pods: TrainingPods,
+    copy_writes: CopyWrites,
 ) {
     let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
     let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
@@ -152,12 +157,14 @@ pub async fn run(
         event_instance: std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned()),
         pods: store,
         training_pods,
+        handovers: Handovers::default(),
         waiting: Mutex::new(HashMap::new()),
         // The training side's watches live as long as the process.
         sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
         training_writes: Semaphore::new(WRITES_IN_FLIGHT),
         event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
     });
+    tokio::spawn(handover::run(copy_writes, ctx.handovers.clone()));
     tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
     tokio::spawn(forward_deletions(ctx.clone(), gone_rx));
     tokio::spawn(report_queue_depth(trigger_tx.clone()));
@@ -339,6 +346,7 @@ async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mp
 async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Arc<PodLite>>) {
     while let Some(pod) = gone.recv().await {
         ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+        ctx.handovers.end(&pod);
         let Some(node) = pod.node_name() else { continue };
         let Some((watch, _)) = ctx.route(node) else { continue };
         let (Some(namespace), Some(uid)) = (pod.metadata.namespace.as_deref(), pod.metadata.uid.clone()) else {
@@ -477,9 +485,9 @@ impl Context {
     /// the pod runs, else read from the API. `None` if it is gone (or is another pod of
     /// the same name now).
     /// How much longer the dispatcher owns the ending of `pod`, whose copy it deleted
-    /// itself (see [`tidepool_federation::training::Handovers`]).
+    /// itself (see [`handover`]).
     fn handed_over(&self, pod: &PodLite) -> Option<Duration> {
-        self.training_pods.handovers().held(pod.metadata.uid.as_deref()?)
+        self.handovers.held(pod)
     }
 
     async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
