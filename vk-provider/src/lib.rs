@@ -22,6 +22,7 @@ pub mod policy;
 pub mod reflect;
 pub mod relay;
 pub mod services;
+pub mod step;
 pub mod translate;
 
 use std::sync::Arc;
@@ -53,6 +54,9 @@ pub enum Error {
     MissingUid,
     #[error(transparent)]
     Translate(#[from] translate::TranslateError),
+    /// A task panicked while holding this lock: what it guards may be half-written.
+    #[error("lock {0} poisoned by a panic")]
+    Poisoned(&'static str),
 }
 
 impl Error {
@@ -99,6 +103,7 @@ impl Error {
             Self::MissingField(_) | Self::MissingUid => "invalid_object",
             Self::ForeignNamespace { .. } => "namespace_conflict",
             Self::Translate(_) => "translate",
+            Self::Poisoned(_) => "poisoned_lock",
         }
     }
 }

@@ -40,12 +40,10 @@ use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
 use crate::handover::{self, Handovers};
 use crate::offload::OffloadPod;
 use crate::reflect::{self, References, Source};
+use crate::step::{self, Cause, Facts, Step, Then};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
 
-/// When a pod whose member does not answer is looked at again (the member answering again
-/// triggers every pod sooner).
-const RESYNC: Duration = Duration::from_secs(300);
 /// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
 /// sooner.
 const MISSING_RETRY: Duration = Duration::from_secs(30);
@@ -511,156 +509,198 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
         // (re)connecting triggers every pod again.
         return Ok(Action::await_change());
     };
-    let member = &watch.member;
-    // 0. The member's health (see tidepool_federation::health). Lost past the loss timeout:
-    //    the pod fails so its controller places it elsewhere; its offload copy is deleted
-    //    by step 7 once the member answers again. Merely unreachable: nothing is touched,
-    //    here or in the member; the health changing back triggers every pod again.
-    let health = member.health.borrow().clone();
-    if health.lost && pod.is_live() {
-        let msg = format!(
-            "member {} unreachable for more than {}s ({}); the pod is given up so it can run elsewhere",
-            member.name,
-            ctx.config.member_loss_timeout_seconds,
-            health.unreachable.as_deref().unwrap_or("no answer"),
-        );
-        fail_pod(&ctx, &pod, keys::REASON_MEMBER_LOST, &msg).await?;
-        return Ok(Action::await_change());
-    }
-    if !health.is_answering() {
-        return Ok(Action::requeue(RESYNC));
-    }
-    if !listed(&watch.store, Duration::from_secs(10)).await {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
     let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let name = pod.name_any();
-    let member_ns = translate::member_namespace(&member.namespace_prefix, &namespace);
-    let existing = watch.store.get(&ObjectRef::new(&name).within(&member_ns));
+    let member_ns = translate::member_namespace(&watch.member.namespace_prefix, &namespace);
+    // The member's health (see tidepool_federation::health) first: a member that does not
+    // answer is not waited for.
+    let health = watch.member.health.borrow().clone();
+    let listed = health.is_answering() && listed(&watch.store, Duration::from_secs(10)).await;
+    let existing = watch.store.get(&ObjectRef::new(&pod.name_any()).within(&member_ns));
+    let facts =
+        Facts { pod: &pod, health: &health, listed, existing: existing.as_deref(), handed_over: ctx.handed_over(&pod) };
+    let step = step::next_step(&facts);
     let copy = existing.as_deref().filter(|o| o.is_copy_of(&pod));
-
-    // 1. Deleted in training: delete the offload copy first, then finish the training pod.
-    if pod.metadata.deletion_timestamp.is_some() {
-        if let Some(copy) = copy {
-            if copy.metadata.deletion_timestamp.is_none() {
-                let _slot = slot(&watch.writes).await;
-                let grace = pod.metadata.deletion_grace_period_seconds.map(|g| g.max(0) as u32);
-                delete_offload(member, copy, grace).await?;
-            }
-            return Ok(Action::requeue(Duration::from_secs(5)));
+    if copy.is_some() {
+        ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+    }
+    let sync = PodSync { ctx: &ctx, watch: &watch, pod: &pod, namespace, member_ns };
+    match (step, copy) {
+        (Step::Wait, _) => Ok(Action::await_change()),
+        (Step::Requeue(after), _) => Ok(Action::requeue(after)),
+        (Step::Fail { reason, cause }, _) => {
+            sync.fail(reason, &cause, &health).await?;
+            Ok(Action::await_change())
         }
+        (Step::DeleteCopy { grace, then }, Some(copy)) => {
+            let _slot = slot(&watch.writes).await;
+            delete_offload(&watch.member, copy, grace).await?;
+            Ok(match then {
+                Then::LookAgain => Action::requeue(step::DELETING),
+                Then::Wait => Action::await_change(),
+            })
+        }
+        (Step::FinishDeletion, _) => sync.finish_deletion().await,
+        (Step::Conflict, _) => {
+            let msg = format!(
+                "member {} already has pod {}/{} with another origin",
+                watch.member.name,
+                sync.member_ns,
+                pod.name_any()
+            );
+            publish(&ctx, &pod, EventType::Warning, "OffloadConflict", &msg).await;
+            Ok(Action::requeue(step::CONFLICT))
+        }
+        (Step::Forget, _) => {
+            ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+            Ok(Action::await_change())
+        }
+        (Step::Offload, _) => sync.offload(&pool).await,
+        (Step::Follow, Some(copy)) => sync.follow(copy).await,
+        // Steps on a copy always come with one (see step::with_copy).
+        (Step::DeleteCopy { .. } | Step::Follow, None) => Ok(Action::await_change()),
+    }
+}
+
+/// One pod's sync in progress: the pod, its member and where its copy lives.
+struct PodSync<'a> {
+    ctx: &'a Arc<Context>,
+    watch: &'a OffloadWatch,
+    pod: &'a Arc<PodLite>,
+    namespace: String,
+    member_ns: String,
+}
+
+impl PodSync<'_> {
+    fn member(&self) -> &MemberHandle {
+        &self.watch.member
+    }
+
+    /// Step::Fail: the message says why, with the member's name.
+    async fn fail(&self, reason: &str, cause: &Cause, health: &tidepool_federation::Health) -> Result<(), Error> {
+        let member = &self.member().name;
+        let msg = match cause {
+            Cause::MemberLost => format!(
+                "member {member} unreachable for more than {}s ({}); the pod is given up so it can run elsewhere",
+                self.ctx.config.member_loss_timeout_seconds,
+                health.unreachable.as_deref().unwrap_or("no answer"),
+            ),
+            Cause::Disrupted(how) => {
+                format!("offload pod {}/{} {how} in member {member}", self.member_ns, self.pod.name_any())
+            }
+        };
+        fail_pod(self.ctx, self.pod, reason, &msg).await
+    }
+
+    /// Step::FinishDeletion: the copy is gone; the training pod's deletion completes.
+    async fn finish_deletion(&self) -> Result<Action, Error> {
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+            preconditions: Some(Preconditions { uid: self.pod.uid(), resource_version: None }),
             ..Default::default()
         };
-        let _slot = slot(&ctx.training_writes).await;
-        match Api::<Pod>::namespaced(ctx.training.clone(), &namespace).delete(&name, &dp).await {
+        let _slot = slot(&self.ctx.training_writes).await;
+        let api = Api::<Pod>::namespaced(self.ctx.training.clone(), &self.namespace);
+        match api.delete(&self.pod.name_any(), &dp).await {
             Ok(_) => {}
             Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {}
             Err(e) => return Err(Error::training("finish pod deletion", e)),
         }
-        info!(member = %member.name, "offload pod gone; training pod deletion finished");
+        info!(member = %self.member().name, "offload pod gone; training pod deletion finished");
         // Copies made for a pod that never ran are not freed by an offload pod going away.
-        let _ = watch.collect.try_send(collect::Request::Copies(member_ns));
-        return Ok(Action::await_change());
+        let _ = self.watch.collect.try_send(collect::Request::Copies(self.member_ns.clone()));
+        Ok(Action::await_change())
     }
 
-    let terminal = pod.is_terminal();
-
-    let Some(copy) = copy else {
-        if existing.is_some() {
-            // 2. A pod of the same name that is not ours: never overwrite it.
-            let msg = format!("member {} already has pod {member_ns}/{name} with another origin", member.name);
-            publish(&ctx, &pod, EventType::Warning, "OffloadConflict", &msg).await;
-            return Ok(Action::requeue(Duration::from_secs(60)));
-        }
-        if terminal {
-            ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
-            return Ok(Action::await_change());
-        }
-        if pod.status.host_ip.is_some() {
-            if let Some(left) = ctx.handed_over(&pod) {
-                // The dispatcher deleted it, reclaiming the pod; its status is on the way.
-                return Ok(Action::requeue(left));
-            }
-            // 3. It ran in the member and is gone without our deleting it: the member evicted
-            //    or preempted it (its last status, copied up, says which), or someone deleted it.
-            let (reason, why) = translate::member_disruption(pod.status.disruption.as_deref());
-            let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
-            fail_pod(&ctx, &pod, reason, &msg).await?;
-            return Ok(Action::await_change());
-        }
+    /// Step::Offload: policy, translation, references, then the copy.
+    async fn offload(&self, pool: &PoolHandle) -> Result<Action, Error> {
         // A turn to write to the member first, then the whole pod (decoded, several times
-        // its cache entry) only while this reconcile can use it.
-        let _slot = slot(&watch.writes).await;
-        // The whole pod, to translate (the cache holds only what the sync decides on).
-        let Some(whole) = ctx.whole(&pod).await? else {
+        // its cache entry) only while this sync can use it.
+        let _slot = slot(&self.watch.writes).await;
+        let Some(whole) = self.ctx.whole(self.pod).await? else {
             return Ok(Action::await_change());
         };
-        // 4. The offload policy: a refused pod fails here, before anything reaches the member.
-        let allowed = policy::check(&whole, &ctx.config.policy)
+        let member = self.member();
+        // The offload policy: a refused pod fails here, before anything reaches the member.
+        let allowed = policy::check(&whole, &self.ctx.config.policy)
             .and_then(|()| policy::check_pool(&whole, &pool.runtime_class_names));
         if let Err(violation) = allowed {
             let msg = format!("not offloaded to member {}: {violation}", member.name);
-            fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+            fail_pod(self.ctx, self.pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
             return Ok(Action::await_change());
         }
-        // 5. Translate (a copy that cannot exist in the member fails the pod), then copy
-        //    what it references into the member namespace.
-        let target = Target {
-            cluster: &ctx.config.cluster_name,
-            member: member.name.as_str(),
-            namespace_prefix: &member.namespace_prefix,
-            node_selector: &pool.node_selector,
-            tolerations: &pool.tolerations,
-            band: translate::band_of(&whole),
-            copy_labels: &member.copy_labels,
-            copy_annotations: &member.copy_annotations,
-            max_termination_grace: member.max_termination_grace,
-        };
-        let mut offload = match translate::offload_pod(&whole, &target) {
+        // A copy that cannot exist in the member fails the pod.
+        let mut offload = match translate::offload_pod(&whole, &self.target(&whole, pool)) {
             Ok(offload) => offload,
             Err(e @ translate::TranslateError::NamespaceTooLong(_)) => {
                 let msg = format!("not offloaded to member {}: {e}", member.name);
-                fail_pod(&ctx, &pod, e.reason(), &msg).await?;
+                fail_pod(self.ctx, self.pod, e.reason(), &msg).await?;
                 return Ok(Action::await_change());
             }
             Err(e) => return Err(e.into()),
         };
-        ensure_namespace(&ctx, &watch, &member_ns).await?;
+        ensure_namespace(self.ctx, self.watch, &self.member_ns).await?;
+        if let Some(wait) = self.reflect(&mut offload).await? {
+            return Ok(wait);
+        }
+        self.create(&offload).await
+    }
+
+    fn target<'t>(&'t self, whole: &Pod, pool: &'t PoolHandle) -> Target<'t> {
+        let member = self.member();
+        Target {
+            cluster: &self.ctx.config.cluster_name,
+            member: member.name.as_str(),
+            namespace_prefix: &member.namespace_prefix,
+            node_selector: &pool.node_selector,
+            tolerations: &pool.tolerations,
+            band: translate::band_of(whole),
+            copy_labels: &member.copy_labels,
+            copy_annotations: &member.copy_annotations,
+            max_termination_grace: member.max_termination_grace,
+        }
+    }
+
+    /// Copies what `offload` references into the member namespace; `Some` when the copy
+    /// must wait (or the pod has failed).
+    async fn reflect(&self, offload: &mut Pod) -> Result<Option<Action>, Error> {
+        let (ctx, member) = (self.ctx, &self.member().name);
         let references = reflect::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
         if !references.is_empty() {
             // Until its copy shows what it references, the pod itself says so.
-            ctx.wait_for(&pod, &references);
+            ctx.wait_for(self.pod, &references);
         }
-        let reflection = ctx.reflection(&watch, &namespace, &member_ns);
-        match reflection.run(&references).await? {
+        let outcome = ctx.reflection(self.watch, &self.namespace, &self.member_ns).run(&references).await?;
+        let (event, msg, after) = match outcome {
             Outcome::Ready(absent) => {
                 // Optional sources that do not exist in training are not referenced in the
                 // member either: its kubelet would take any object of that name there.
                 if let Some(spec) = offload.spec.as_mut() {
                     reflect::drop_references(spec, &absent);
                 }
+                return Ok(None);
             }
             Outcome::Missing(missing) => {
-                let msg = format!("waiting for {} before offloading to member {}", missing.join(", "), member.name);
-                publish(&ctx, &pod, EventType::Warning, "ReferenceMissing", &msg).await;
-                return Ok(Action::requeue(MISSING_RETRY));
+                let msg = format!("waiting for {} before offloading to member {member}", missing.join(", "));
+                ("ReferenceMissing", msg, MISSING_RETRY)
             }
             Outcome::Refused(why) => {
-                let msg = format!("not offloaded to member {}: {why}", member.name);
-                fail_pod(&ctx, &pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
-                return Ok(Action::await_change());
+                let msg = format!("not offloaded to member {member}: {why}");
+                fail_pod(ctx, self.pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+                return Ok(Some(Action::await_change()));
             }
-            Outcome::Conflict(msg) => {
-                publish(&ctx, &pod, EventType::Warning, "ReflectionConflict", &msg).await;
-                return Ok(Action::requeue(Duration::from_secs(60)));
-            }
-            Outcome::Retry => return Ok(Action::requeue(Duration::from_secs(2))),
-        }
-        // 6. Create the offload copy.
-        match Api::<Pod>::namespaced(member.client.clone(), &member_ns).create(&PostParams::default(), &offload).await {
+            Outcome::Conflict(msg) => ("ReflectionConflict", msg, step::CONFLICT),
+            Outcome::Retry => return Ok(Some(Action::requeue(Duration::from_secs(2)))),
+        };
+        publish(ctx, self.pod, EventType::Warning, event, &msg).await;
+        Ok(Some(Action::requeue(after)))
+    }
+
+    /// Creates the copy; the member's watch brings it back, and with it the next sync.
+    async fn create(&self, offload: &Pod) -> Result<Action, Error> {
+        let (ctx, pod, member) = (self.ctx, self.pod, self.member());
+        let (member_ns, name) = (&self.member_ns, pod.name_any());
+        let api = Api::<Pod>::namespaced(member.client.clone(), member_ns);
+        match api.create(&PostParams::default(), offload).await {
             Ok(_) => {
                 info!(member = %member.name, "offload pod created");
                 let msg = format!("created {member_ns}/{name} in member {}", member.name);
@@ -672,113 +712,82 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
                         .in_current_span(),
                 );
             }
-            // Already there: ours (the watch brings it, and the next reconcile), or a pod
-            // our watch never sees (another origin): reported, never overwritten.
+            // Already there: ours (the watch brings it, and the next sync), or a pod our
+            // watch never sees (another origin): reported, never overwritten.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                if let Some(msg) = foreign_pod(&member.client, &member_ns, &name, &pod).await {
-                    publish(
-                        &ctx,
-                        &pod,
-                        EventType::Warning,
-                        "OffloadConflict",
-                        &format!("member {}: {msg}", member.name),
-                    )
-                    .await;
-                    return Ok(Action::requeue(Duration::from_secs(60)));
+                if let Some(msg) = foreign_pod(&member.client, member_ns, &name, pod).await {
+                    let msg = format!("member {}: {msg}", member.name);
+                    publish(ctx, pod, EventType::Warning, "OffloadConflict", &msg).await;
+                    return Ok(Action::requeue(step::CONFLICT));
                 }
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // The namespace went away under us; create it again next time.
-                if let Ok(mut known) = ctx.namespaces.lock() {
-                    known.remove(&(member.name.clone(), member_ns.clone()));
-                }
+                ctx.namespaces
+                    .lock()
+                    .map_err(|_| Error::Poisoned("namespaces"))?
+                    .remove(&(member.name.clone(), member_ns.clone()));
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(e) => return Err(Error::member(&member.name, "create offload pod", e)),
         }
-        // The member's watch brings the copy back, and with it the next reconcile.
-        return Ok(Action::await_change());
-    };
-
-    ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
-
-    // The dispatcher is deleting the copy, reclaiming the pod: neither a second delete nor
-    // the notice is worth a member write. Back once the handover is over, if the copy is
-    // still there.
-    if copy.metadata.deletion_timestamp.is_none()
-        && let Some(left) = ctx.handed_over(&pod)
-    {
-        return Ok(Action::requeue(left));
+        Ok(Action::await_change())
     }
 
-    // 7. The training pod ended here (reclaimed, or failed by tidepool): stop its copy.
-    if terminal {
-        if copy.metadata.deletion_timestamp.is_none() {
-            let _slot = slot(&watch.writes).await;
-            delete_offload(member, copy, Some(0)).await?;
+    /// Step::Follow: the notice down, its references current, its status up.
+    ///
+    /// Nothing waits on a timer in the steady state: the watches of both clusters (and of
+    /// the sources) trigger every change, and their relists trigger every pod. A timer per
+    /// pod would cost memory in proportion to the pods mirrored.
+    async fn follow(&self, copy: &OffloadPod) -> Result<Action, Error> {
+        // Notices written on the training pod travel down, so the trainer sees them in
+        // /etc/tidepool/annotations.
+        sync_notice(self.watch, self.pod, copy).await?;
+        let retry = self.refresh_references(copy).await?;
+        let next = || retry.map_or_else(Action::await_change, Action::requeue);
+        let Some(member_status) = copy.status() else {
+            return Ok(next());
+        };
+        let ctx = self.ctx;
+        let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
+        translate::keep_tidepool_conditions(&mut desired, &self.pod.status.tidepool_conditions);
+        translate::hold_for_reclaim(&mut desired, &self.pod.status.tidepool_conditions);
+        let synced = SyncedStatus::of(Some(&desired));
+        if synced.all == self.pod.status.synced.all {
+            return Ok(next());
         }
-        return Ok(Action::await_change());
-    }
-
-    // 8a. The member is deleting the copy on its own (eviction, preemption by an online
-    //     pod): the training pod fails now, with the member's reason.
-    let member_status = copy.status();
-    if copy.metadata.deletion_timestamp.is_some() {
-        if let Some(left) = ctx.handed_over(&pod) {
-            return Ok(Action::requeue(left));
-        }
-        let (reason, why) = translate::member_disruption(translate::disruption_reason(member_status.as_ref()));
-        let msg = format!("offload pod {member_ns}/{name} {why} in member {}", member.name);
-        fail_pod(&ctx, &pod, reason, &msg).await?;
-        return Ok(Action::await_change());
-    }
-
-    // 8. Notices written on the training pod travel down, so the trainer sees them in
-    //    /etc/tidepool/annotations.
-    sync_notice(&watch, &pod, copy).await?;
-
-    // 9. Keep its ConfigMap and Secret copies current while it runs.
-    // Nothing waits on a timer in the steady state: the watches of both clusters (and of
-    // the sources) trigger every change, and their relists trigger every pod. A timer per
-    // pod would cost memory in proportion to the pods mirrored.
-    let mut retry = None;
-    if !copy.references.is_empty() {
-        let _slot = slot(&watch.writes).await;
-        match ctx.reflection(&watch, &namespace, &member_ns).run(&copy.references).await? {
-            // A source deleted in training is deleted in the member too; the pod runs on,
-            // as it would with a kubelet of its own.
-            Outcome::Ready(_) | Outcome::Missing(_) => {}
-            Outcome::Refused(msg) | Outcome::Conflict(msg) => {
-                publish(&ctx, &pod, EventType::Warning, "ReflectionFailed", &msg).await;
-            }
-            Outcome::Retry => retry = Some(Duration::from_secs(2)),
-        }
-    }
-    let next = || retry.map_or_else(Action::await_change, Action::requeue);
-
-    // 10. Copy status up.
-    let Some(member_status) = member_status else {
-        return Ok(next());
-    };
-    let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
-    translate::keep_tidepool_conditions(&mut desired, &pod.status.tidepool_conditions);
-    translate::hold_for_reclaim(&mut desired, &pod.status.tidepool_conditions);
-    let synced = SyncedStatus::of(Some(&desired));
-    if synced.all != pod.status.synced.all {
         // A Pending pod's new conditions wait a moment for the pod to run (coalescing two
         // writes into one); the offload pod turning Running triggers this sooner.
-        if let Some(wait) =
-            translate::status_settles_in(&pod.status, &desired, &synced, jiff::Timestamp::now(), PENDING_SETTLE)
-        {
+        let now = jiff::Timestamp::now();
+        if let Some(wait) = translate::status_settles_in(&self.pod.status, &desired, &synced, now, PENDING_SETTLE) {
             return Ok(match retry {
                 Some(r) => Action::requeue(wait.min(r)),
                 None if wait >= translate::UNTIL_NEXT_CHANGE => Action::await_change(),
                 None => Action::requeue(wait),
             });
         }
-        patch_status(&ctx, &pod, &desired).await?;
+        patch_status(ctx, self.pod, &desired).await?;
+        Ok(next())
     }
-    Ok(next())
+
+    /// Keeps the copy's ConfigMap and Secret copies current while it runs; when to look
+    /// again, if a source could not be copied now.
+    async fn refresh_references(&self, copy: &OffloadPod) -> Result<Option<Duration>, Error> {
+        if copy.references.is_empty() {
+            return Ok(None);
+        }
+        let _slot = slot(&self.watch.writes).await;
+        match self.ctx.reflection(self.watch, &self.namespace, &self.member_ns).run(&copy.references).await? {
+            // A source deleted in training is deleted in the member too; the pod runs on,
+            // as it would with a kubelet of its own.
+            Outcome::Ready(_) | Outcome::Missing(_) => Ok(None),
+            Outcome::Refused(msg) | Outcome::Conflict(msg) => {
+                publish(self.ctx, self.pod, EventType::Warning, "ReflectionFailed", &msg).await;
+                Ok(None)
+            }
+            Outcome::Retry => Ok(Some(Duration::from_secs(2))),
+        }
+    }
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy, once tidepool's

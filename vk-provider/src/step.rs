@@ -1,0 +1,302 @@
+//! The pod sync's decision table: from what is known of one training pod bound to a virtual
+//! node, the next step to take. Pure; [`crate::pods`] gathers the facts and carries the step
+//! out. Each row below is one of the sync's cases, in the order they are judged.
+//!
+//! | # | facts | step |
+//! |---|-------|------|
+//! | 0a | member lost (past the loss timeout), pod live | [`Step::Fail`] `MemberLost` |
+//! | 0b | member not answering | [`Step::Requeue`] later; nothing touched anywhere |
+//! | 0c | member's offload watch not listed yet | [`Step::Requeue`] soon |
+//! | 1 | pod being deleted, copy there | [`Step::DeleteCopy`] with the pod's grace (once), then look again |
+//! | 1' | pod being deleted, no copy | [`Step::FinishDeletion`] |
+//! | 2 | a member pod of the copy's name that is not its copy | [`Step::Conflict`] |
+//! | 2' | pod ended, no copy | [`Step::Forget`] |
+//! | 3 | no copy, pod ran in the member, copy freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
+//! | 3' | no copy, pod ran in the member | [`Step::Fail`] with the member's disruption reason |
+//! | 4–6 | no copy, pod never ran | [`Step::Offload`]: policy, translation, references, create |
+//! | 7a | copy there, not being deleted, freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
+//! | 7 | pod ended, copy there | [`Step::DeleteCopy`] at once (if not already being deleted) |
+//! | 8a | copy being deleted by the member, freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
+//! | 8a' | copy being deleted by the member | [`Step::Fail`] with the member's disruption reason |
+//! | 8–10 | copy there and running | [`Step::Follow`]: notice down, references current, status up |
+
+use std::time::Duration;
+
+use tidepool_config::keys;
+use tidepool_config::pod::PodLite;
+use tidepool_federation::Health;
+
+use crate::offload::OffloadPod;
+use crate::translate;
+
+/// When a pod whose member does not answer is looked at again (the member answering again
+/// triggers every pod sooner).
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// When a pod is looked at again while its member's offload watch lists.
+pub const LISTING: Duration = Duration::from_secs(1);
+/// When a pod whose deletion waits for its copy to go is looked at again.
+pub const DELETING: Duration = Duration::from_secs(5);
+/// When a pod whose copy's name is taken by a pod not of ours is looked at again.
+pub const CONFLICT: Duration = Duration::from_secs(60);
+
+/// What the sync knows of one training pod when it decides.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The training pod, as the shared cache holds it.
+    pub pod: &'a PodLite,
+    /// The member's health.
+    pub health: &'a Health,
+    /// Whether the member's offload watch has listed (until then, no copy is known).
+    pub listed: bool,
+    /// The member pod named as the pod's copy would be, if any (ours or not).
+    pub existing: Option<&'a OffloadPod>,
+    /// How much longer the dispatcher owns this pod's ending, if it freed the copy for a
+    /// reclaim (see [`crate::handover`]).
+    pub handed_over: Option<Duration>,
+}
+
+/// The next step for one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing until the pod, its copy or its member changes.
+    Wait,
+    /// Look again after this long (or sooner, on a change).
+    Requeue(Duration),
+    /// The training pod fails with `reason`; `cause` finishes the message.
+    Fail { reason: &'static str, cause: Cause },
+    /// Delete the copy with `grace` seconds (`None`: the copy's own), then `then`.
+    DeleteCopy { grace: Option<u32>, then: Then },
+    /// The copy is gone: finish deleting the training pod.
+    FinishDeletion,
+    /// The copy's name is taken in the member by a pod that is not this pod's copy.
+    Conflict,
+    /// The pod ended with no copy left: forget what it was waiting for.
+    Forget,
+    /// Make the copy.
+    Offload,
+    /// Follow the running copy: notice down, references current, status up.
+    Follow,
+}
+
+/// What follows a [`Step::DeleteCopy`] (or the copy already being deleted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Look again after [`DELETING`]: the training pod's deletion waits for the copy.
+    LookAgain,
+    /// Nothing: the copy's going brings the next change.
+    Wait,
+}
+
+/// Why a pod fails, for its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// The member has not answered past the loss timeout.
+    MemberLost,
+    /// The copy went (or is going) in the member without our deleting it; the phrase says how.
+    Disrupted(&'static str),
+}
+
+/// The next step for the pod in `facts`.
+pub fn next_step(facts: &Facts<'_>) -> Step {
+    let Facts { pod, health, listed, existing, handed_over } = *facts;
+    if health.lost && pod.is_live() {
+        return Step::Fail { reason: keys::REASON_MEMBER_LOST, cause: Cause::MemberLost };
+    }
+    if !health.is_answering() {
+        return Step::Requeue(RESYNC);
+    }
+    if !listed {
+        return Step::Requeue(LISTING);
+    }
+    let copy = existing.filter(|o| o.is_copy_of(pod));
+    if pod.metadata.deletion_timestamp.is_some() {
+        return match copy {
+            Some(c) if c.metadata.deletion_timestamp.is_none() => {
+                let grace = pod.metadata.deletion_grace_period_seconds.map(|g| g.max(0) as u32);
+                Step::DeleteCopy { grace, then: Then::LookAgain }
+            }
+            Some(_) => Step::Requeue(DELETING),
+            None => Step::FinishDeletion,
+        };
+    }
+    match copy {
+        None => without_copy(pod, existing.is_some(), handed_over),
+        Some(copy) => with_copy(pod, copy, handed_over),
+    }
+}
+
+/// Rows 2–6.
+fn without_copy(pod: &PodLite, name_taken: bool, handed_over: Option<Duration>) -> Step {
+    if name_taken {
+        return Step::Conflict;
+    }
+    if pod.is_terminal() {
+        return Step::Forget;
+    }
+    if pod.status.host_ip.is_none() {
+        return Step::Offload;
+    }
+    if let Some(left) = handed_over {
+        return Step::Requeue(left);
+    }
+    let (reason, how) = translate::member_disruption(pod.status.disruption.as_deref());
+    Step::Fail { reason, cause: Cause::Disrupted(how) }
+}
+
+/// Rows 7–10.
+fn with_copy(pod: &PodLite, copy: &OffloadPod, handed_over: Option<Duration>) -> Step {
+    let deleting = copy.metadata.deletion_timestamp.is_some();
+    match (pod.is_terminal(), deleting, handed_over) {
+        // The dispatcher is deleting the copy, reclaiming the pod: neither a second delete
+        // nor the notice is worth a member write.
+        (_, false, Some(left)) => Step::Requeue(left),
+        (true, false, None) => Step::DeleteCopy { grace: Some(0), then: Then::Wait },
+        (true, true, _) => Step::Wait,
+        (false, true, Some(left)) => Step::Requeue(left),
+        (false, true, None) => {
+            let status = copy.status();
+            let (reason, how) = translate::member_disruption(translate::disruption_reason(status.as_ref()));
+            Step::Fail { reason, cause: Cause::Disrupted(how) }
+        }
+        (false, false, None) => Step::Follow,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    fn training(status: serde_json::Value, deleting: bool) -> PodLite {
+        let mut meta = json!({"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
+            meta["deletionGracePeriodSeconds"] = json!(30);
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"nodeName": "tidepool-m", "containers": [{"name": "c", "image": "i"}]},
+            "status": status,
+        }))
+        .unwrap();
+        PodLite::from(pod)
+    }
+
+    fn pending() -> PodLite {
+        training(json!({"phase": "Pending"}), false)
+    }
+
+    /// A pod whose copy ran (the virtual node's address is its host IP).
+    fn ran(phase: &str) -> PodLite {
+        training(json!({"phase": phase, "hostIP": "10.0.0.1"}), false)
+    }
+
+    fn member_pod(origin: &str, deleting: bool, status: serde_json::Value) -> OffloadPod {
+        let mut meta = json!({
+            "name": "p", "namespace": "tp-ns", "uid": "c1",
+            "labels": {keys::LABEL_ORIGIN_UID: origin},
+        });
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
+        }
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": meta, "spec": {"containers": []}, "status": status})).unwrap();
+        OffloadPod::from(pod)
+    }
+
+    fn copy() -> OffloadPod {
+        member_pod("u1", false, json!({"phase": "Running"}))
+    }
+
+    fn healthy() -> Health {
+        Health::default()
+    }
+
+    fn decide(pod: &PodLite, existing: Option<&OffloadPod>, handed_over: Option<Duration>) -> Step {
+        next_step(&Facts { pod, health: &healthy(), listed: true, existing, handed_over })
+    }
+
+    const HELD: Option<Duration> = Some(Duration::from_secs(3));
+
+    #[test]
+    fn row_0_the_members_health_comes_first() {
+        let lost = Health { unreachable: Some("timeout".into()), lost: true, ..Default::default() };
+        let facts = |pod, health| Facts { pod, health, listed: true, existing: None, handed_over: None };
+        let running = ran("Running");
+        assert_eq!(
+            next_step(&facts(&running, &lost)),
+            Step::Fail { reason: keys::REASON_MEMBER_LOST, cause: Cause::MemberLost }
+        );
+        // An ended pod of a lost member is not failed again; nothing is touched anywhere.
+        let ended = ran("Succeeded");
+        assert_eq!(next_step(&facts(&ended, &lost)), Step::Requeue(RESYNC));
+        let unreachable = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        assert_eq!(next_step(&facts(&running, &unreachable)), Step::Requeue(RESYNC));
+        let refused = Health { refused: Some("401".into()), ..Default::default() };
+        assert_eq!(next_step(&facts(&running, &refused)), Step::Requeue(RESYNC));
+        // Unusable credentials stop new placements, not the sync of what runs.
+        let unusable = Health { unusable: Some(("InvalidSpec".into(), "bad".into())), ..Default::default() };
+        assert_eq!(
+            next_step(&facts(&running, &unusable)),
+            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted("disappeared") }
+        );
+        let fine = healthy();
+        let unlisted = Facts { listed: false, ..facts(&running, &fine) };
+        assert_eq!(next_step(&unlisted), Step::Requeue(LISTING));
+    }
+
+    #[test]
+    fn row_1_a_deleted_pod_deletes_its_copy_first_with_its_grace() {
+        let deleting = training(json!({"phase": "Running", "hostIP": "10.0.0.1"}), true);
+        assert_eq!(decide(&deleting, Some(&copy()), None), Step::DeleteCopy { grace: Some(30), then: Then::LookAgain });
+        let going = member_pod("u1", true, json!({"phase": "Running"}));
+        assert_eq!(decide(&deleting, Some(&going), None), Step::Requeue(DELETING), "deleted once");
+        assert_eq!(decide(&deleting, None, None), Step::FinishDeletion);
+        // A same-named pod of another origin is not its copy: the deletion finishes.
+        assert_eq!(decide(&deleting, Some(&member_pod("other", false, json!({}))), None), Step::FinishDeletion);
+    }
+
+    #[test]
+    fn rows_2_to_6_without_a_copy() {
+        let foreign = member_pod("other", false, json!({"phase": "Running"}));
+        assert_eq!(decide(&pending(), Some(&foreign), None), Step::Conflict);
+        assert_eq!(decide(&ran("Failed"), None, None), Step::Forget);
+        assert_eq!(decide(&pending(), None, None), Step::Offload);
+        assert_eq!(decide(&ran("Running"), None, HELD), Step::Requeue(Duration::from_secs(3)));
+        assert_eq!(
+            decide(&ran("Running"), None, None),
+            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted("disappeared") }
+        );
+    }
+
+    #[test]
+    fn row_3_the_members_last_word_names_the_disruption() {
+        let preempted = training(
+            json!({"phase": "Running", "hostIP": "10.0.0.1",
+                   "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}),
+            false,
+        );
+        assert_eq!(
+            decide(&preempted, None, None),
+            Step::Fail { reason: "PreemptedByMember", cause: Cause::Disrupted("was preempted by an online pod") }
+        );
+    }
+
+    #[test]
+    fn rows_7_to_10_with_a_copy() {
+        assert_eq!(decide(&ran("Running"), Some(&copy()), HELD), Step::Requeue(Duration::from_secs(3)));
+        assert_eq!(decide(&ran("Failed"), Some(&copy()), None), Step::DeleteCopy { grace: Some(0), then: Then::Wait });
+        let going = |status| member_pod("u1", true, status);
+        assert_eq!(decide(&ran("Failed"), Some(&going(json!({"phase": "Running"}))), None), Step::Wait);
+        let evicted = going(json!({"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}));
+        assert_eq!(
+            decide(&ran("Running"), Some(&evicted), None),
+            Step::Fail { reason: "EvictedByMember", cause: Cause::Disrupted("was evicted") }
+        );
+        assert_eq!(decide(&ran("Running"), Some(&evicted), HELD), Step::Requeue(Duration::from_secs(3)));
+        assert_eq!(decide(&ran("Running"), Some(&copy()), None), Step::Follow);
+        assert_eq!(decide(&pending(), Some(&copy()), None), Step::Follow);
+    }
+}
