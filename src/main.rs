@@ -8,6 +8,7 @@ mod leader;
 mod ready;
 mod serve;
 mod status;
+mod supervise;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -81,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Run { config, exit_on_stdin_eof } => {
             init_tracing();
+            supervise::count_panics();
             let mut config = match config {
                 Some(path) => BridgeConfig::load(&path)?,
                 None => BridgeConfig::default(),
@@ -141,14 +143,19 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
 
     ready.send_replace(ready::Readiness::Syncing("the federation to start".into()));
     let config = Arc::new(config);
-    let federation = tidepool_federation::Federation::start(training.clone(), config.clone());
+    let mut supervisor = supervise::Supervisor::default();
+    let stop = supervisor.stop_token();
+    let tasks = &mut supervisor.tasks;
+    let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone());
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
     // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
-    let pods = tidepool_federation::TrainingPods::start(training.clone());
+    let pods = tidepool_federation::TrainingPods::start(tasks, training.clone());
     // Reclaim's member deletes go through the pod sync, the one writer of offload copies.
     let (copy_writer, copy_writes) = tidepool_federation::writes::copy_writes();
     let _vk = tidepool_vk::VirtualKubelet::start(
+        tasks,
+        stop,
         training.clone(),
         config.clone(),
         federation.members(),
@@ -163,7 +170,8 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
         federation.members(),
         pods.clone(),
     ));
-    let _dispatcher = tidepool_dispatcher::Dispatcher::start(training, config, federation.members(), pods, copy_writer);
+    let _dispatcher =
+        tidepool_dispatcher::Dispatcher::start(tasks, training, config, federation.members(), pods, copy_writer);
 
     let lost = async {
         match &elector {
@@ -175,7 +183,10 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
         result = &mut shutdown => result?,
         // Another replica may be active by now: stop at once, writing nothing more.
         reason = lost => anyhow::bail!("{reason}; exiting so the replica restarts as a standby"),
+        failure = supervisor.failure() => return Err(failure),
     }
+    // Writes in flight finish before the Lease goes: the next leader starts after them.
+    supervisor.stop().await;
     if let Some(elector) = &elector {
         elector.release().await;
     }

@@ -16,6 +16,7 @@ pub mod names;
 pub mod pod;
 pub mod resources;
 pub mod schema;
+pub mod sync;
 
 pub use bridge::BridgeConfig;
 pub use crd::{MemberCluster, MemberClusterSpec, MemberClusterStatus};

@@ -116,6 +116,8 @@ pub struct Metrics {
     pub api_throttled: Family<ClusterLabels, Counter>,
     /// 1 while this replica holds the leader Lease.
     pub leader: Gauge,
+    /// Panics caught in tasks (each is logged too; a controller's own task ending exits).
+    pub panics: Counter,
     /// Always 1, labelled with the running version (join on it in dashboards and alerts).
     pub build_info: Family<BuildLabels, Gauge>,
 }
@@ -165,6 +167,8 @@ impl Metrics {
         reg.add("api_throttled", "Requests that waited for a rate limit", api_throttled.clone());
         let leader = Gauge::default();
         reg.add("leader", "1 while this replica holds the leader Lease", leader.clone());
+        let panics = Counter::default();
+        reg.add("panics", "Panics caught in tasks, each also logged", panics.clone());
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
         reg.add("build_info", "Always 1, labelled with tidepool's version", build_info.clone());
@@ -187,6 +191,7 @@ impl Metrics {
             api_throttle_seconds,
             api_throttled,
             leader,
+            panics,
             build_info,
         }
     }

@@ -40,15 +40,16 @@ use tokio::sync::watch;
 pub struct Dispatcher;
 
 impl Dispatcher {
-    /// Starts the scheduling loop; it runs until the runtime stops.
+    /// Starts the scheduling loop as task `dispatcher` of `tasks`.
     pub fn start(
+        tasks: &mut tidepool_federation::tasks::Tasks,
         training: kube::Client,
         config: Arc<BridgeConfig>,
         members: watch::Receiver<Members>,
         pods: tidepool_federation::TrainingPods,
         copies: tidepool_federation::writes::CopyWriter,
     ) -> Self {
-        tokio::spawn(controller::run(training, config, members, pods, copies));
+        tasks.spawn("dispatcher", controller::run(training, config, members, pods, copies));
         Self
     }
 }

@@ -17,6 +17,7 @@ pub mod health;
 pub mod kubeconfig;
 pub mod member;
 pub mod priority;
+pub mod tasks;
 pub mod throttle;
 pub mod training;
 pub mod writes;
@@ -55,8 +56,8 @@ pub struct Federation {
 }
 
 impl Federation {
-    /// Starts the `MemberCluster` controller; runs until the runtime stops.
-    pub fn start(training: kube::Client, config: Arc<BridgeConfig>) -> Self {
+    /// Starts the `MemberCluster` controller as task `federation` of `tasks`.
+    pub fn start(tasks: &mut tasks::Tasks, training: kube::Client, config: Arc<BridgeConfig>) -> Self {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
         let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
@@ -68,7 +69,7 @@ impl Federation {
             members: tx,
             trigger,
         });
-        tokio::spawn(controller::run(ctx, triggers));
+        tasks.spawn("federation", controller::run(ctx, triggers));
         Self { members: rx }
     }
 

@@ -47,14 +47,14 @@ pub struct TrainingPods {
 }
 
 impl TrainingPods {
-    /// Starts the watch; it runs as long as the process.
-    pub fn start(client: Client) -> TrainingPods {
+    /// Starts the watch, as task `training-pods` of `tasks`.
+    pub fn start(tasks: &mut crate::tasks::Tasks, client: Client) -> TrainingPods {
         let (store, mut writer) = reflector::store::<PodLite>();
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let pods = TrainingPods { store, events, awaiting: Arc::default() };
         let shared = pods.clone();
         let stream = watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff();
-        tokio::spawn(async move {
+        tasks.spawn("training-pods", async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 let event = match event {

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::copies;
 use crate::offload::OffloadPod;
+use tidepool_config::sync::Locked;
 use tidepool_federation::training::listed;
 
 use crate::pods::{Context, OffloadWatch, delete_offload};
@@ -155,7 +156,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
         }
     }
     // Pods on their way whose offload copy is not created yet use their copies too.
-    if let Ok(waiting) = ctx.waiting.lock() {
+    if let Some(waiting) = ctx.waiting.locked_or_log("pods waiting for references") {
         for (origin_ns, sources) in waiting.values() {
             let ns = translate::member_namespace(&member.namespace_prefix, origin_ns);
             if wanted(&ns) {

@@ -25,6 +25,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tidepool_config::sync::Locked;
 use tidepool_federation::MemberHandle;
 use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
@@ -181,7 +182,7 @@ impl MemberCopies {
 
     /// Starts the watches of `namespace` if not yet running.
     fn watch_namespace(&self, namespace: &str) {
-        let Ok(mut by_namespace) = self.by_namespace.lock() else { return };
+        let Some(mut by_namespace) = self.by_namespace.locked_or_log("reflected copy watches") else { return };
         if namespace.is_empty() || by_namespace.contains_key(namespace) {
             return;
         }
@@ -210,8 +211,13 @@ impl MemberCopies {
         by_namespace.insert(namespace.to_owned(), stores);
     }
 
+    fn all_stores(&self) -> Vec<MetaStores> {
+        let by_namespace = self.by_namespace.locked_or_log("reflected copy watches");
+        by_namespace.map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
     fn stores(&self, namespace: &str) -> Option<MetaStores> {
-        self.by_namespace.lock().ok()?.get(namespace).cloned()
+        self.by_namespace.locked_or_log("reflected copy watches")?.get(namespace).cloned()
     }
 
     /// Metadata of the copy `kind` `namespace/name`, if it exists.
@@ -221,8 +227,7 @@ impl MemberCopies {
 
     /// Every copy seen, in every offload namespace.
     pub(crate) fn all(&self) -> Vec<(Kind, ObjectMeta)> {
-        let stores: Vec<MetaStores> =
-            self.by_namespace.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let stores: Vec<MetaStores> = self.all_stores();
         stores.iter().flat_map(MetaStores::all).collect()
     }
 
@@ -240,8 +245,7 @@ impl MemberCopies {
         if !listed(&self.namespaces, CACHE_WAIT).await {
             return false;
         }
-        let stores: Vec<MetaStores> =
-            self.by_namespace.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let stores: Vec<MetaStores> = self.all_stores();
         for s in stores {
             if !s.ready().await {
                 return false;
@@ -351,42 +355,42 @@ impl Reflection<'_> {
         for (source, usage) in refs {
             let describe = || format!("{} {}/{} ({})", source.kind, self.origin_namespace, source.name, usage.field);
             let copy = self.copies.get(source.kind, self.member_namespace, &source.name);
-            let Some(origin) = self.sources.get(source.kind, self.origin_namespace, &source.name) else {
-                if let Some(copy) = copy {
-                    self.delete(source, &copy).await?;
+            let origin = self.sources.get(source.kind, self.origin_namespace, &source.name);
+            let written = match source_step(origin.as_ref(), copy.as_ref()) {
+                SourceStep::Current => continue,
+                SourceStep::Gone { delete } => {
+                    if let Some(copy) = copy.filter(|_| delete) {
+                        self.delete(source, &copy).await?;
+                    }
+                    Written::SourceGone
                 }
-                if usage.required {
-                    missing.push(describe());
-                } else {
-                    absent.insert(source.clone());
-                }
-                continue;
+                SourceStep::Write => self.copy(source, copy.as_ref()).await?,
             };
-            if copy.as_ref().is_some_and(|c| reflect::is_current(c, &origin)) {
-                continue;
-            }
-            match self.copy(source, copy.as_ref()).await? {
-                Written::Done => {}
-                Written::SourceGone if usage.required => missing.push(describe()),
-                Written::SourceGone => {
+            match written_outcome(&written, usage.required) {
+                Some(SourceEnd::Done) => {}
+                Some(SourceEnd::Missing) => missing.push(describe()),
+                Some(SourceEnd::Absent) => {
                     absent.insert(source.clone());
                 }
-                Written::Refused(why) => {
-                    return Ok(Outcome::Refused(format!(
-                        "{}: {} {}/{} {why}",
-                        usage.field, source.kind, self.origin_namespace, source.name
-                    )));
-                }
-                Written::Conflict => {
-                    return Ok(Outcome::Conflict(format!(
-                        "member {} already has {} {}/{} that tidepool did not copy; it is not overwritten",
-                        self.member.name, source.kind, self.member_namespace, source.name
-                    )));
-                }
-                Written::Stale => return Ok(Outcome::Retry),
+                None => return Ok(self.failed(source, usage, written)),
             }
         }
         Ok(if missing.is_empty() { Outcome::Ready(absent) } else { Outcome::Missing(missing) })
+    }
+
+    /// The outcome of a copy that could not be written: refused, someone else's, or stale.
+    fn failed(&self, source: &Source, usage: &reflect::Use, written: Written) -> Outcome {
+        match written {
+            Written::Refused(why) => Outcome::Refused(format!(
+                "{}: {} {}/{} {why}",
+                usage.field, source.kind, self.origin_namespace, source.name
+            )),
+            Written::Conflict => Outcome::Conflict(format!(
+                "member {} already has {} {}/{} that tidepool did not copy; it is not overwritten",
+                self.member.name, source.kind, self.member_namespace, source.name
+            )),
+            Written::Done | Written::SourceGone | Written::Stale => Outcome::Retry,
+        }
     }
 
     /// Reads the source and writes its copy; `current` is the copy's metadata if one exists.
@@ -488,12 +492,53 @@ impl Reflection<'_> {
     }
 }
 
+/// What became of one copy's write.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Written {
     Done,
     SourceGone,
     Refused(String),
     Conflict,
     Stale,
+}
+
+/// What one referenced source needs, from the two caches' metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceStep {
+    /// The copy is there and current: nothing to write.
+    Current,
+    /// The source does not exist in training; its copy (if any, and `delete`) goes too.
+    Gone { delete: bool },
+    /// Copy it: no copy yet, or a stale one.
+    Write,
+}
+
+fn source_step(origin: Option<&ObjectMeta>, copy: Option<&ObjectMeta>) -> SourceStep {
+    match (origin, copy) {
+        (None, copy) => SourceStep::Gone { delete: copy.is_some() },
+        (Some(origin), Some(copy)) if reflect::is_current(copy, origin) => SourceStep::Current,
+        (Some(_), _) => SourceStep::Write,
+    }
+}
+
+/// How one source ends in the pod's outcome, or `None` when the write failed the whole
+/// reflection (see [`Reflection::failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceEnd {
+    Done,
+    /// Required and not in training: the pod waits.
+    Missing,
+    /// Optional and not in training: the reference is dropped from the copy.
+    Absent,
+}
+
+fn written_outcome(written: &Written, required: bool) -> Option<SourceEnd> {
+    match written {
+        Written::Done => Some(SourceEnd::Done),
+        Written::SourceGone if required => Some(SourceEnd::Missing),
+        Written::SourceGone => Some(SourceEnd::Absent),
+        Written::Refused(_) | Written::Conflict | Written::Stale => None,
+    }
 }
 
 /// Deletes a copy exactly as it was seen: if it changed since, it is left for the next pass.
@@ -521,5 +566,41 @@ pub(crate) async fn delete_reflected(member: &MemberHandle, kind: Kind, copy: &O
             Ok(())
         }
         Err(e) => Err(Error::member(&member.name, "delete reflected copy", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidepool_config::keys;
+
+    fn meta(version: &str, made_from: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            resource_version: Some(version.into()),
+            annotations: made_from
+                .map(|v| [(keys::ANNOTATION_ORIGIN_RESOURCE_VERSION.to_owned(), v.to_owned())].into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_source_is_copied_when_its_copy_is_missing_or_stale_and_its_copy_goes_with_it() {
+        let origin = meta("5", None);
+        assert_eq!(source_step(Some(&origin), None), SourceStep::Write);
+        assert_eq!(source_step(Some(&origin), Some(&meta("9", Some("4")))), SourceStep::Write, "stale");
+        assert_eq!(source_step(Some(&origin), Some(&meta("9", None))), SourceStep::Write, "no origin version");
+        assert_eq!(source_step(Some(&origin), Some(&meta("9", Some("5")))), SourceStep::Current);
+        assert_eq!(source_step(None, Some(&meta("9", Some("5")))), SourceStep::Gone { delete: true });
+        assert_eq!(source_step(None, None), SourceStep::Gone { delete: false });
+    }
+
+    #[test]
+    fn a_gone_source_holds_the_pod_only_when_required_and_a_failed_write_ends_the_reflection() {
+        assert_eq!(written_outcome(&Written::Done, true), Some(SourceEnd::Done));
+        assert_eq!(written_outcome(&Written::SourceGone, true), Some(SourceEnd::Missing));
+        assert_eq!(written_outcome(&Written::SourceGone, false), Some(SourceEnd::Absent));
+        for failed in [Written::Refused("too big".into()), Written::Conflict, Written::Stale] {
+            assert_eq!(written_outcome(&failed, false), None, "{failed:?}");
+        }
     }
 }

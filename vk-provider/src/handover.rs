@@ -15,14 +15,17 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::{Api, ResourceExt};
 use tidepool_config::pod::PodLite;
+use tidepool_config::sync::{Locked, Poisoned};
 use tidepool_config::{keys, names};
 use tidepool_federation::MemberHandle;
 use tidepool_federation::writes::{CopyWrites, FreeCopy};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 /// How long a hand-over holds at most: the dispatcher's status write arrives well within it,
 /// and one that never does (the write failed) is judged again after it.
 pub const HANDOVER_HOLD: Duration = Duration::from_secs(10);
+/// The name of the hand-overs' lock, in errors.
+const LOCK: &str = "reclaim hand-overs";
 
 /// Training pods whose copy was freed for a reclaim, by UID, with when. An entry goes when the
 /// pod ends or is deleted, or after [`HANDOVER_HOLD`]. Cheap to clone.
@@ -30,38 +33,43 @@ pub const HANDOVER_HOLD: Duration = Duration::from_secs(10);
 pub(crate) struct Handovers(Arc<Mutex<HashMap<String, tokio::time::Instant>>>);
 
 impl Handovers {
-    fn begin(&self, uid: &str) {
-        if let Ok(mut h) = self.0.lock() {
-            h.insert(uid.to_owned(), tokio::time::Instant::now());
-        }
+    fn begin(&self, uid: &str) -> Result<(), Poisoned> {
+        self.0.locked(LOCK)?.insert(uid.to_owned(), tokio::time::Instant::now());
+        Ok(())
     }
 
     /// How much longer the dispatcher owns the ending of `pod`, if it does. A pod that has
     /// ended is nobody's hand-over any more.
-    pub(crate) fn held(&self, pod: &PodLite) -> Option<Duration> {
-        let uid = pod.metadata.uid.as_deref()?;
-        let mut h = self.0.lock().ok()?;
-        let since = *h.get(uid)?;
+    pub(crate) fn held(&self, pod: &PodLite) -> Result<Option<Duration>, Poisoned> {
+        let Some(uid) = pod.metadata.uid.as_deref() else { return Ok(None) };
+        let mut h = self.0.locked(LOCK)?;
+        let Some(since) = h.get(uid).copied() else { return Ok(None) };
         let left = HANDOVER_HOLD.checked_sub(since.elapsed()).filter(|_| !pod.is_terminal());
         if left.is_none() {
             h.remove(uid);
         }
-        left
+        Ok(left)
     }
 
     /// `pod` is gone from training.
-    pub(crate) fn end(&self, pod: &PodLite) {
-        if let (Some(uid), Ok(mut h)) = (pod.metadata.uid.as_deref(), self.0.lock()) {
-            h.remove(uid);
+    pub(crate) fn end(&self, pod: &PodLite) -> Result<(), Poisoned> {
+        if let Some(uid) = pod.metadata.uid.as_deref() {
+            self.0.locked(LOCK)?.remove(uid);
         }
+        Ok(())
     }
 }
 
 /// Carries out the dispatcher's requests until it drops its end: each at once, concurrently.
 pub(crate) async fn run(mut writes: CopyWrites, handovers: Handovers) {
     while let Some(request) = writes.0.recv().await {
-        if let Some(uid) = request.pod.metadata.uid.as_deref() {
-            handovers.begin(uid);
+        if let Some(uid) = request.pod.metadata.uid.as_deref()
+            && let Err(e) = handovers.begin(uid)
+        {
+            // Without the hand-over the pod sync would call the reclaim a loss: stop (the
+            // pod sync stops with this task, and the process with it).
+            error!(error = %e, "cannot record a reclaim's hand-over");
+            return;
         }
         tokio::spawn(free(request));
     }
@@ -125,21 +133,21 @@ mod tests {
     async fn a_hand_over_holds_until_the_pod_ends_or_its_time_is_up() {
         let h = Handovers::default();
         let running = pod("u1", "Running");
-        assert_eq!(h.held(&running), None, "nothing was freed yet");
-        h.begin("u1");
-        assert_eq!(h.held(&running), Some(HANDOVER_HOLD));
+        assert_eq!(h.held(&running).unwrap(), None, "nothing was freed yet");
+        h.begin("u1").unwrap();
+        assert_eq!(h.held(&running).unwrap(), Some(HANDOVER_HOLD));
         tokio::time::advance(Duration::from_secs(4)).await;
-        assert_eq!(h.held(&running), Some(HANDOVER_HOLD - Duration::from_secs(4)));
-        assert_eq!(h.held(&pod("u2", "Running")), None, "another pod's hand-over");
-        assert_eq!(h.held(&pod("u1", "Failed")), None, "the status has arrived");
-        assert_eq!(h.held(&running), None, "an ended hand-over is forgotten");
+        assert_eq!(h.held(&running).unwrap(), Some(HANDOVER_HOLD - Duration::from_secs(4)));
+        assert_eq!(h.held(&pod("u2", "Running")).unwrap(), None, "another pod's hand-over");
+        assert_eq!(h.held(&pod("u1", "Failed")).unwrap(), None, "the status has arrived");
+        assert_eq!(h.held(&running).unwrap(), None, "an ended hand-over is forgotten");
 
-        h.begin("u1");
+        h.begin("u1").unwrap();
         tokio::time::advance(HANDOVER_HOLD + Duration::from_millis(1)).await;
-        assert_eq!(h.held(&running), None, "the dispatcher's write never came: judged again");
+        assert_eq!(h.held(&running).unwrap(), None, "the dispatcher's write never came: judged again");
 
-        h.begin("u1");
-        h.end(&running);
-        assert_eq!(h.held(&running), None, "the pod is gone from training");
+        h.begin("u1").unwrap();
+        h.end(&running).unwrap();
+        assert_eq!(h.held(&running).unwrap(), None, "the pod is gone from training");
     }
 }

@@ -54,9 +54,8 @@ pub enum Error {
     MissingUid,
     #[error(transparent)]
     Translate(#[from] translate::TranslateError),
-    /// A task panicked while holding this lock: what it guards may be half-written.
-    #[error("lock {0} poisoned by a panic")]
-    Poisoned(&'static str),
+    #[error(transparent)]
+    Poisoned(#[from] tidepool_config::sync::Poisoned),
 }
 
 impl Error {
@@ -115,16 +114,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct VirtualKubelet;
 
 impl VirtualKubelet {
-    /// Starts the node and pod controllers; they run until the runtime stops.
+    /// Starts the node and pod controllers as tasks `virtual-nodes` and `pod-sync` of
+    /// `tasks`. The pod sync stops once `stop` is cancelled and its reconciles in flight
+    /// have finished.
     pub fn start(
+        tasks: &mut tidepool_federation::tasks::Tasks,
+        stop: tokio_util::sync::CancellationToken,
         training: kube::Client,
         config: Arc<BridgeConfig>,
         members: watch::Receiver<Members>,
         pods: tidepool_federation::TrainingPods,
         copy_writes: tidepool_federation::writes::CopyWrites,
     ) -> Self {
-        tokio::spawn(node::run(training.clone(), config.clone(), members.clone()));
-        tokio::spawn(pods::run(training, config, members, pods, copy_writes));
+        tasks.spawn("virtual-nodes", node::run(training.clone(), config.clone(), members.clone()));
+        tasks.spawn("pod-sync", pods::run(training, config, members, pods, copy_writes, stop));
         Self
     }
 }

@@ -27,14 +27,16 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_config::metrics::metrics;
 use tidepool_config::pod::{PodLite, SyncedStatus};
+use tidepool_config::sync::{Locked, Poisoned};
 use tidepool_config::{BridgeConfig, MemberName, keys};
+use tidepool_federation::tasks::Tasks;
 use tidepool_federation::training::listed;
 use tidepool_federation::writes::CopyWrites;
 use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, instrument, warn};
+use tracing::{Instrument, error, info, info_span, instrument, warn};
 
 use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
 use crate::handover::{self, Handovers};
@@ -65,6 +67,9 @@ const WRITES_IN_FLIGHT: usize = 32;
 /// 256, the status syncs of copies already running queued behind a burst's creations and
 /// the burst benchmark's throughput fell from 0.90 to 0.59 of the direct path.
 const RECONCILES_IN_FLIGHT: u16 = 1024;
+/// Names of the pod sync's locks, in errors.
+const WAITING: &str = "pods waiting for references";
+const NAMESPACES: &str = "offload namespaces";
 /// `reportingController` of the pod sync's Events.
 const EVENT_REPORTER: &str = "tidepool";
 /// Events published at once: they are notes for people, behind the pods' own writes.
@@ -119,6 +124,7 @@ pub async fn run(
     members: watch::Receiver<Members>,
     training_pods: TrainingPods,
     copy_writes: CopyWrites,
+    stop: CancellationToken,
 ) {
     let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
     let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
@@ -162,22 +168,31 @@ pub async fn run(
         training_writes: Semaphore::new(WRITES_IN_FLIGHT),
         event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
     });
-    tokio::spawn(handover::run(copy_writes, ctx.handovers.clone()));
-    tokio::spawn(supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
-    tokio::spawn(forward_deletions(ctx.clone(), gone_rx));
-    tokio::spawn(report_queue_depth(trigger_tx.clone()));
-    tokio::spawn(
+    // Its helpers run beside the controller; one ending stops the pod sync (and the
+    // process), none dies unseen.
+    let mut helpers = Tasks::default();
+    helpers.spawn("reclaim-deletes", handover::run(copy_writes, ctx.handovers.clone()));
+    helpers.spawn("offload-watches", supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
+    helpers.spawn("forward-deletions", forward_deletions(ctx.clone(), gone_rx));
+    helpers.spawn("queue-depth", report_queue_depth(trigger_tx.clone()));
+    helpers.spawn(
+        "training-sources",
         follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
     );
     // A member (re)connecting re-checks every pod: its pods may have waited for it.
     let member_changes = WatchStream::new(members).map(|_| ());
     let resync = ReceiverStream::new(resync_rx);
-    controller
+    let sync = controller
         .reconcile_on(ReceiverStream::new(trigger_rx))
         .reconcile_all_on(futures::stream::select(member_changes, resync))
+        // At shutdown: no new reconcile, those in flight finish their writes.
+        .graceful_shutdown_on(stop.cancelled_owned())
         .run(timed_reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    tokio::select! {
+        () = sync => info!("pod sync stopped"),
+        ended = helpers.first_end() => error!(%ended, "pod sync helper stopped; stopping the pod sync"),
+    }
 }
 
 /// Pod sync work queued by watches of members and sources, as a gauge, once a second.
@@ -218,7 +233,9 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
     let mut members = ctx.members.clone();
     loop {
         let current = members.borrow_and_update().clone();
-        if let Ok(mut watches) = ctx.offload.lock() {
+        // Without the watches no pod syncs: stop (the pod sync stops with this task).
+        {
+            let Some(mut watches) = ctx.offload.locked_or_log("offload watches") else { return };
             watches.retain(|name, w| current.get(name).is_some_and(|m| Arc::ptr_eq(m, &w.member)));
             for (name, member) in &current {
                 if !watches.contains_key(name) {
@@ -343,10 +360,13 @@ async fn follow_health(ctx: Arc<Context>, member: Arc<MemberHandle>, trigger: mp
 /// offload copy if there is one (after a normal deletion there is none left).
 async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Arc<PodLite>>) {
     while let Some(pod) = gone.recv().await {
-        ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
-        ctx.handovers.end(&pod);
+        let forgot = ctx.stop_waiting(&ObjectRef::from_obj(&*pod)).and_then(|()| ctx.handovers.end(&pod));
+        if let Err(e) = forgot {
+            error!(error = %e, "cannot forget a deleted pod");
+            return;
+        }
         let Some(node) = pod.node_name() else { continue };
-        let Some((watch, _)) = ctx.route(node) else { continue };
+        let Ok(Some((watch, _))) = ctx.route(node) else { continue };
         let (Some(namespace), Some(uid)) = (pod.metadata.namespace.as_deref(), pod.metadata.uid.clone()) else {
             continue;
         };
@@ -412,9 +432,9 @@ impl Context {
     }
 
     /// The member session and pool behind a virtual node, with that session's offload cache.
-    fn route(&self, node: &str) -> Option<(OffloadWatch, PoolHandle)> {
-        let watches = self.offload.lock().ok()?;
-        watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone())))
+    fn route(&self, node: &str) -> Result<Option<(OffloadWatch, PoolHandle)>, Poisoned> {
+        let watches = self.offload.locked("offload watches")?;
+        Ok(watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone()))))
     }
 
     /// Training pods in `namespace` (or any) whose offload copy in `member` (or any member)
@@ -428,7 +448,7 @@ impl Context {
     ) -> Vec<ObjectRef<PodLite>> {
         let watches: Vec<OffloadWatch> = self
             .offload
-            .lock()
+            .locked_or_log("offload watches")
             .map(|w| w.values().filter(|w| member.is_none_or(|m| w.member.name == m.name)).cloned().collect())
             .unwrap_or_default();
         let mut found: HashSet<ObjectRef<PodLite>> = HashSet::new();
@@ -448,7 +468,7 @@ impl Context {
             }
         }
         if member.is_none()
-            && let Ok(waiting) = self.waiting.lock()
+            && let Some(waiting) = self.waiting.locked_or_log("pods waiting for references")
         {
             let held = waiting.iter().filter(|(pod, (ns, sources))| {
                 namespace.is_none_or(|n| n == ns)
@@ -467,16 +487,17 @@ impl Context {
     }
 
     /// Remembers what `pod`, on its way to a member, references.
-    fn wait_for(&self, pod: &PodLite, references: &References) {
-        if let (Ok(mut waiting), Some(ns)) = (self.waiting.lock(), pod.metadata.namespace.clone()) {
+    fn wait_for(&self, pod: &PodLite, references: &References) -> Result<(), Poisoned> {
+        if let Some(ns) = pod.metadata.namespace.clone() {
+            let mut waiting = self.waiting.locked(WAITING)?;
             waiting.insert(ObjectRef::from_obj(pod), (ns, references.keys().cloned().collect()));
         }
+        Ok(())
     }
 
-    fn stop_waiting(&self, pod: &ObjectRef<PodLite>) {
-        if let Ok(mut waiting) = self.waiting.lock() {
-            waiting.remove(pod);
-        }
+    fn stop_waiting(&self, pod: &ObjectRef<PodLite>) -> Result<(), Poisoned> {
+        self.waiting.locked(WAITING)?.remove(pod);
+        Ok(())
     }
 
     /// The whole training pod `pod` is the cache's view of: kept by the shared watch until
@@ -484,7 +505,7 @@ impl Context {
     /// the same name now).
     /// How much longer the dispatcher owns the ending of `pod`, whose copy it deleted
     /// itself (see [`handover`]).
-    fn handed_over(&self, pod: &PodLite) -> Option<Duration> {
+    fn handed_over(&self, pod: &PodLite) -> Result<Option<Duration>, Poisoned> {
         self.handovers.held(pod)
     }
 
@@ -504,7 +525,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     let Some(node) = pod.node_name() else {
         return Ok(Action::await_change());
     };
-    let Some((watch, pool)) = ctx.route(node) else {
+    let Some((watch, pool)) = ctx.route(node)? else {
         // Not a virtual node of ours, or its member is not connected right now: a member
         // (re)connecting triggers every pod again.
         return Ok(Action::await_change());
@@ -516,12 +537,17 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
     let health = watch.member.health.borrow().clone();
     let listed = health.is_answering() && listed(&watch.store, Duration::from_secs(10)).await;
     let existing = watch.store.get(&ObjectRef::new(&pod.name_any()).within(&member_ns));
-    let facts =
-        Facts { pod: &pod, health: &health, listed, existing: existing.as_deref(), handed_over: ctx.handed_over(&pod) };
+    let facts = Facts {
+        pod: &pod,
+        health: &health,
+        listed,
+        existing: existing.as_deref(),
+        handed_over: ctx.handed_over(&pod)?,
+    };
     let step = step::next_step(&facts);
     let copy = existing.as_deref().filter(|o| o.is_copy_of(&pod));
     if copy.is_some() {
-        ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+        ctx.stop_waiting(&ObjectRef::from_obj(&*pod))?;
     }
     let sync = PodSync { ctx: &ctx, watch: &watch, pod: &pod, namespace, member_ns };
     match (step, copy) {
@@ -551,7 +577,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             Ok(Action::requeue(step::CONFLICT))
         }
         (Step::Forget, _) => {
-            ctx.stop_waiting(&ObjectRef::from_obj(&*pod));
+            ctx.stop_waiting(&ObjectRef::from_obj(&*pod))?;
             Ok(Action::await_change())
         }
         (Step::Offload, _) => sync.offload(&pool).await,
@@ -667,7 +693,7 @@ impl PodSync<'_> {
         let references = reflect::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
         if !references.is_empty() {
             // Until its copy shows what it references, the pod itself says so.
-            ctx.wait_for(self.pod, &references);
+            ctx.wait_for(self.pod, &references)?;
         }
         let outcome = ctx.reflection(self.watch, &self.namespace, &self.member_ns).run(&references).await?;
         let (event, msg, after) = match outcome {
@@ -723,10 +749,7 @@ impl PodSync<'_> {
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // The namespace went away under us; create it again next time.
-                ctx.namespaces
-                    .lock()
-                    .map_err(|_| Error::Poisoned("namespaces"))?
-                    .remove(&(member.name.clone(), member_ns.clone()));
+                ctx.namespaces.locked(NAMESPACES)?.remove(&(member.name.clone(), member_ns.clone()));
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(e) => return Err(Error::member(&member.name, "create offload pod", e)),
@@ -834,7 +857,7 @@ pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, gra
 async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Result<(), Error> {
     let member = &watch.member;
     let key = (member.name.clone(), ns.to_owned());
-    if ctx.namespaces.lock().is_ok_and(|k| k.contains(&key)) {
+    if ctx.namespaces.locked(NAMESPACES)?.contains(&key) {
         return Ok(());
     }
     let namespace = Namespace {
@@ -873,9 +896,7 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Resu
         Err(e) => return Err(Error::member(&member.name, "create offload namespace", e)),
     }
     watch.copies.enter(ns).await;
-    if let Ok(mut known) = ctx.namespaces.lock() {
-        known.insert(key);
-    }
+    ctx.namespaces.locked(NAMESPACES)?.insert(key);
     Ok(())
 }
 
