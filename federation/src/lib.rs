@@ -11,6 +11,7 @@
 
 pub mod api_metrics;
 pub mod capacity;
+mod context;
 mod controller;
 pub mod drain;
 pub mod health;
@@ -43,6 +44,9 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// A lock whose holder panicked: what it guards may be half-updated.
+    #[error("{what}: lock poisoned by a panic")]
+    Poisoned { what: &'static str },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -59,7 +63,7 @@ impl Federation {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
         let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
-        let ctx = Arc::new(controller::Context {
+        let ctx = Arc::new(context::Context {
             recorder: kube::runtime::events::Recorder::new(training.clone(), reporter),
             training,
             config,
