@@ -863,9 +863,11 @@ mod tests {
         }
 
         /// The next published capacity, and how long (in paused time) it took from now.
+        /// Bounded: a publication that never comes fails the test.
         async fn next(&mut self) -> (PoolCapacity, Duration) {
             let since = Instant::now();
-            self.rx.changed().await.unwrap();
+            let limit = Duration::from_secs(4 * 3600);
+            tokio::time::timeout(limit, self.rx.changed()).await.expect("nothing published").unwrap();
             (self.rx.borrow_and_update().clone(), since.elapsed())
         }
 
