@@ -579,3 +579,239 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no(reason: &'static str, message: &str) -> Option<Cond> {
+        Some(Cond::new(false, reason, message))
+    }
+
+    fn yes(reason: &'static str, message: &str) -> Option<Cond> {
+        Some(Cond::new(true, reason, message))
+    }
+
+    #[test]
+    fn a_failed_connection_speaks_only_for_the_conditions_it_got_to() {
+        let server = || "https://member:6443/".to_owned();
+        let exec = KubeconfigError::ExecPlugin { user: "admin".into() };
+        let secret = || "tidepool/member-a".to_owned();
+        let valid = yes("Valid", "kubeconfig accepted");
+        let cases = [
+            (
+                "an invalid spec says nothing of credentials or reachability",
+                NotReady::InvalidSpec("spec.pools[0].name: empty".into()),
+                (None, None, no("InvalidSpec", "spec.pools[0].name: empty")),
+            ),
+            (
+                "a missing Secret makes the credentials invalid",
+                NotReady::SecretNotFound { secret: secret() },
+                (
+                    no("SecretNotFound", "Secret tidepool/member-a not found"),
+                    None,
+                    no("SecretNotFound", "Secret tidepool/member-a not found"),
+                ),
+            ),
+            (
+                "so does a Secret without the key",
+                NotReady::KubeconfigMissing { secret: secret(), key: "kubeconfig".into() },
+                (
+                    no("KubeconfigMissing", "Secret tidepool/member-a has no key \"kubeconfig\""),
+                    None,
+                    no("KubeconfigMissing", "Secret tidepool/member-a has no key \"kubeconfig\""),
+                ),
+            ),
+            (
+                "a refused kubeconfig gives the vetting's reason",
+                NotReady::Kubeconfig { secret: secret(), key: "kubeconfig".into(), source: exec },
+                (
+                    no(
+                        "KubeconfigRejected",
+                        "Secret tidepool/member-a key \"kubeconfig\": kubeconfig user \"admin\" uses an exec plugin; \
+                         only certificate, token or basic credentials are accepted",
+                    ),
+                    None,
+                    no(
+                        "KubeconfigRejected",
+                        "Secret tidepool/member-a key \"kubeconfig\": kubeconfig user \"admin\" uses an exec plugin; \
+                         only certificate, token or basic credentials are accepted",
+                    ),
+                ),
+            ),
+            (
+                "a kubeconfig no client can be built from is invalid",
+                NotReady::Client("bad proxy".into()),
+                (
+                    no("KubeconfigInvalid", "cannot build a client: bad proxy"),
+                    None,
+                    no("KubeconfigInvalid", "cannot build a client: bad proxy"),
+                ),
+            ),
+            (
+                "refused credentials: the member answered",
+                NotReady::Unauthorized { server: server(), message: "Unauthorized".into() },
+                (
+                    no("Unauthorized", "https://member:6443/ refused the credentials: Unauthorized"),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no("Unauthorized", "https://member:6443/ refused the credentials: Unauthorized"),
+                ),
+            ),
+            (
+                "an error dialing: the credentials were fine, the member is unreachable",
+                NotReady::Unreachable { server: server(), error: "connection refused".into() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "https://member:6443/: connection refused"),
+                    no("Unreachable", "https://member:6443/: connection refused"),
+                ),
+            ),
+            (
+                "no answer at all is unreachable too",
+                NotReady::NoAnswer { server: server() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "https://member:6443/: no answer within 10s"),
+                    no("Unreachable", "https://member:6443/: no answer within 10s"),
+                ),
+            ),
+            (
+                "PriorityClasses refused: reachable and valid, not ready",
+                NotReady::Bootstrap { server: server(), error: "forbidden".into() },
+                (
+                    valid.clone(),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no("BootstrapFailed", "https://member:6443/: cannot create offload PriorityClasses: forbidden"),
+                ),
+            ),
+        ];
+        for (name, why, (credentials, reachable, ready)) in cases {
+            let v = verdict(&Outcome::NotReady(why), 300);
+            assert_eq!((v.credentials, v.reachable, Some(v.ready)), (credentials, reachable, ready), "{name}");
+            assert!(!v.live, "{name}: a failed attempt is not the session's health");
+        }
+    }
+
+    #[test]
+    fn a_running_session_reports_what_its_prober_found() {
+        let unreachable = || Some("timeout".to_owned());
+        let valid = yes("Valid", "kubeconfig accepted");
+        let answers = yes("Reachable", "member API server answers");
+        let cases = [
+            (
+                "healthy: connected, with its pools counted",
+                Health::default(),
+                (valid.clone(), answers.clone(), yes("Connected", "2 pool(s) offered as virtual nodes")),
+            ),
+            (
+                "unreachable: its nodes take no new pods",
+                Health { unreachable: unreachable(), ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no("Unreachable", "member API server unreachable (timeout); its virtual nodes take no new pods"),
+                ),
+            ),
+            (
+                "unreachable past the loss timeout: lost",
+                Health { unreachable: unreachable(), lost: true, ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no(
+                        "MemberLost",
+                        "member API server unreachable for more than 300s (timeout); training pods on its \
+                         virtual nodes failed with reason MemberLost",
+                    ),
+                ),
+            ),
+            (
+                "credentials refused while running",
+                Health { refused: Some("401".into()), ..Default::default() },
+                (no("Unauthorized", "401"), answers.clone(), no("Unauthorized", "401")),
+            ),
+            (
+                "unreachable wins over refused: nothing answers to refuse",
+                Health { unreachable: unreachable(), refused: Some("401".into()), ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no("Unreachable", "member API server unreachable (timeout); its virtual nodes take no new pods"),
+                ),
+            ),
+        ];
+        for (name, health, (credentials, reachable, ready)) in cases {
+            let v = verdict(&Outcome::Running { pools: 2, health }, 300);
+            assert_eq!((v.credentials, v.reachable, Some(v.ready)), (credentials, reachable, ready), "{name}");
+            assert!(v.live, "{name}");
+        }
+        let started = verdict(&Outcome::Started { pools: 1 }, 300);
+        assert_eq!(Some(started.ready), yes("Connected", "1 pool(s) offered as virtual nodes"));
+    }
+
+    #[test]
+    fn only_a_failed_attempt_holds_the_session_and_not_ready_is_retried_sooner() {
+        let failed = verdict(&Outcome::NotReady(NotReady::Client("x".into())), 300);
+        assert!(failed.holds_session(), "a Secret that no longer works holds the running session");
+        assert_eq!(failed.requeue(), RETRY);
+        let down = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        let outage = verdict(&Outcome::Running { pools: 1, health: down }, 300);
+        assert!(!outage.holds_session(), "an outage of the session itself is not held against it");
+        assert_eq!(outage.requeue(), RETRY);
+        let ready = verdict(&Outcome::Running { pools: 1, health: Health::default() }, 300);
+        assert!(!ready.holds_session());
+        assert_eq!(ready.requeue(), RESYNC);
+    }
+
+    fn conflict(status: &str, message: &str) -> Condition {
+        Condition {
+            type_: keys::CONDITION_ONLINE_PRIORITY_CONFLICT.to_owned(),
+            status: status.to_owned(),
+            reason: String::new(),
+            message: message.to_owned(),
+            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn a_priority_conflict_is_announced_when_it_appears_changes_or_clears() {
+        let on = |m| conflict("True", m);
+        let off = || conflict("False", "online pods run above the offload priorities");
+        let warning = Some((EventType::Warning, "OnlinePriorityConflict"));
+        let cases = [
+            ("a first conflict", None, on("2 pods"), warning),
+            ("a conflict where there was none", Some(off()), on("2 pods"), warning),
+            ("the same conflict again: quiet", Some(on("2 pods")), on("2 pods"), None),
+            ("a conflict that changed", Some(on("2 pods")), on("3 pods"), warning),
+            (
+                "a conflict that cleared",
+                Some(on("2 pods")),
+                off(),
+                Some((EventType::Normal, "OnlinePriorityConflictResolved")),
+            ),
+            ("no conflict, as before: quiet", Some(off()), off(), None),
+            ("no conflict from the start: quiet", None, off(), None),
+        ];
+        for (name, old, next, want) in cases {
+            let event = conflict_event(old.as_ref(), &next);
+            let got = event.as_ref().map(|e| (e.type_, e.reason.as_str()));
+            assert_eq!(got, want, "{name}");
+            if let Some(e) = event {
+                assert_eq!(e.note.as_deref(), Some(next.message.as_str()), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_conflict_condition_names_the_pods_or_says_there_are_none() {
+        let found = PriorityConflict { count: 1, examples: vec![("online/web-0".into(), -5000)], ceiling: -1000 };
+        let c = conflict_condition(Some(&found));
+        assert_eq!((c.ok, c.reason), (true, "OnlinePodsAtOffloadPriority"));
+        assert!(c.message.contains("online/web-0 (-5000)"), "{}", c.message);
+        assert_eq!(
+            conflict_condition(None),
+            Cond::new(false, "NoConflict", "online pods run above the offload priorities")
+        );
+    }
+}
