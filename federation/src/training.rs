@@ -6,7 +6,7 @@
 //! it to create an offload copy: from its binding to a node until it runs somewhere.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tidepool_config::pod::{PodLite, trim_meta};
 use tokio::sync::broadcast;
-use tracing::warn;
+use tracing::{error, warn};
 
 /// Events buffered per subscriber. A subscriber that falls further behind is told so
 /// ([`PodEvent::Lagged`]) and resyncs from the cache.
@@ -59,17 +59,30 @@ pub const HANDOVER_HOLD: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default)]
 pub struct Handovers(Arc<Mutex<HashMap<String, tokio::time::Instant>>>);
 
+/// `m` locked, or `None` with an error logged when a holder panicked (the map may be
+/// half-updated). These maps only remember (hand-overs, whole pods awaiting offload), so the
+/// callers go on as if the entry were absent; the log says why, once per use.
+fn locked<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Option<MutexGuard<'a, T>> {
+    match m.lock() {
+        Ok(guard) => Some(guard),
+        Err(_) => {
+            error!(what, "lock poisoned by a panic; its entries are treated as absent");
+            None
+        }
+    }
+}
+
 impl Handovers {
     /// The dispatcher is about to delete the copy of pod `uid` and then end the pod itself.
     pub fn begin(&self, uid: &str) {
-        if let Ok(mut h) = self.0.lock() {
+        if let Some(mut h) = locked(&self.0, "hand-overs") {
             h.insert(uid.to_owned(), tokio::time::Instant::now());
         }
     }
 
     /// How much longer the dispatcher owns the ending of pod `uid`, if it does.
     pub fn held(&self, uid: &str) -> Option<Duration> {
-        let mut h = self.0.lock().ok()?;
+        let mut h = locked(&self.0, "hand-overs")?;
         let since = *h.get(uid)?;
         let left = HANDOVER_HOLD.checked_sub(since.elapsed());
         if left.is_none() {
@@ -79,7 +92,7 @@ impl Handovers {
     }
 
     fn end(&self, uid: &str) {
-        if let Ok(mut h) = self.0.lock() {
+        if let Some(mut h) = locked(&self.0, "hand-overs") {
             h.remove(uid);
         }
     }
@@ -151,7 +164,7 @@ impl TrainingPods {
 
     /// The whole pod, if the watch still holds it (bound to a node, never ran anywhere).
     pub fn whole(&self, uid: &str) -> Option<Pod> {
-        let json = self.awaiting.lock().ok()?.get(uid)?.clone();
+        let json = locked(&self.awaiting, "pods awaiting offload")?.get(uid)?.clone();
         serde_json::from_str(&json).ok()
     }
 
@@ -163,7 +176,7 @@ impl TrainingPods {
             watcher::Event::InitApply(p) => watcher::Event::InitApply(self.keep(p)),
             watcher::Event::Delete(p) => {
                 if let Some(uid) = p.metadata.uid.as_ref() {
-                    if let Ok(mut awaiting) = self.awaiting.lock() {
+                    if let Some(mut awaiting) = locked(&self.awaiting, "pods awaiting offload") {
                         awaiting.remove(uid);
                     }
                     self.handovers.end(uid);
@@ -184,7 +197,9 @@ impl TrainingPods {
             && pod.status.as_ref().is_none_or(|s| s.host_ip.is_none())
             && pod.metadata.deletion_timestamp.is_none()
             && !ended;
-        if let (Ok(mut awaiting), Some(uid)) = (self.awaiting.lock(), pod.metadata.uid.clone()) {
+        if let (Some(mut awaiting), Some(uid)) =
+            (locked(&self.awaiting, "pods awaiting offload"), pod.metadata.uid.clone())
+        {
             if awaiting_offload && (awaiting.len() < AWAITING_MAX || awaiting.contains_key(&uid)) {
                 trim_meta(&mut pod.metadata);
                 if let Ok(json) = serde_json::to_string(&pod) {
