@@ -6,6 +6,10 @@
 //! pool's lendable capacity. Does not own: virtual nodes or pods (vk-provider), placement
 //! (dispatcher).
 //!
+//! Inside, `controller` connects members and writes their status and hands a deleted one to
+//! `drain`; both share `context` (the running sessions, hold and stop), so `drain` never
+//! reaches back into the controller.
+//!
 //! Start at [`Federation::start`]; consumers subscribe to [`Federation::members`], a
 //! `watch` channel of connected members, each with a `watch` channel of capacity per pool.
 
