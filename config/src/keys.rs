@@ -177,3 +177,49 @@ pub const ANNOTATION_ORIGIN_SELECTOR: &str = "tidepool.io/origin-selector";
 /// Reason of the Event on a training Service whose mirror a member object of the same name
 /// (not tidepool's) prevents.
 pub const REASON_SERVICE_CONFLICT: &str = "ServiceMirrorConflict";
+
+// MemberCluster condition reasons and Event reasons, written by the federation controller
+// (the e2e tests and users' tooling read them: they never change).
+
+/// `Ready` False: the spec does not validate.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// `CredentialsValid` and `Ready` False: the referenced Secret does not exist.
+pub const REASON_SECRET_NOT_FOUND: &str = "SecretNotFound";
+/// `CredentialsValid` and `Ready` False: the Secret lacks the kubeconfig key.
+pub const REASON_KUBECONFIG_MISSING: &str = "KubeconfigMissing";
+/// `CredentialsValid` and `Ready` False: the kubeconfig does not parse, has no usable context,
+/// or no client can be built from it.
+pub const REASON_KUBECONFIG_INVALID: &str = "KubeconfigInvalid";
+/// `CredentialsValid` and `Ready` False: the kubeconfig asks for something tidepool refuses
+/// (plugins, files on tidepool's disk, unverified TLS, credentials in the server URL).
+pub const REASON_KUBECONFIG_REJECTED: &str = "KubeconfigRejected";
+/// `CredentialsValid` True.
+pub const REASON_VALID: &str = "Valid";
+/// `CredentialsValid` and `Ready` False: the member's API server refuses the credentials.
+pub const REASON_UNAUTHORIZED: &str = "Unauthorized";
+/// `Reachable` True.
+pub const REASON_REACHABLE: &str = "Reachable";
+/// `Reachable` and `Ready` False: the member's API server does not answer.
+pub const REASON_UNREACHABLE: &str = "Unreachable";
+/// `Ready` False: the offload PriorityClasses cannot be created in the member.
+pub const REASON_BOOTSTRAP_FAILED: &str = "BootstrapFailed";
+/// `Ready` True: the session runs and its pools are offered.
+pub const REASON_CONNECTED: &str = "Connected";
+/// `Ready` False while a deleted `MemberCluster` is drained (the session is held unusable).
+pub const REASON_DRAINING: &str = "Draining";
+/// `OnlinePriorityConflict` True, and False.
+pub const REASON_ONLINE_PODS_AT_OFFLOAD_PRIORITY: &str = "OnlinePodsAtOffloadPriority";
+pub const REASON_NO_CONFLICT: &str = "NoConflict";
+/// Event reasons on a `MemberCluster` when a priority conflict appears (or changes), and
+/// when it clears.
+pub const REASON_ONLINE_PRIORITY_CONFLICT: &str = "OnlinePriorityConflict";
+pub const REASON_ONLINE_PRIORITY_CONFLICT_RESOLVED: &str = "OnlinePriorityConflictResolved";
+/// `Draining` reasons, one per step of the drain (see `tidepool_federation::drain`).
+pub const REASON_FAILING_PODS: &str = "FailingPods";
+pub const REASON_WAITING_FOR_MEMBER: &str = "WaitingForMember";
+pub const REASON_DELETING_OFFLOAD_PODS: &str = "DeletingOffloadPods";
+pub const REASON_DELETING_REFLECTED_OBJECTS: &str = "DeletingReflectedObjects";
+pub const REASON_DELETING_NAMESPACES: &str = "DeletingNamespaces";
+pub const REASON_DELETING_PRIORITY_CLASSES: &str = "DeletingPriorityClasses";
+pub const REASON_DELETING_VIRTUAL_NODES: &str = "DeletingVirtualNodes";
+pub const REASON_DRAINED: &str = "Drained";

@@ -2,10 +2,12 @@
 //! status condition that says why not.
 //!
 //! One bad member never affects the others: every failure ends in that member's status and
-//! a retry, never in an error that stops the controller.
+//! a retry, never in an error that stops the controller. [`connect`] says why a member is
+//! not ready with a typed [`NotReady`]; [`verdict`] (pure) maps what it found to the
+//! member's conditions.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -13,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -21,15 +23,17 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_config::crd::MemberClusterStatus;
 use tidepool_config::metrics::{MemberLabels, metrics};
-use tidepool_config::{BridgeConfig, MemberCluster, MemberName, keys};
-use tokio::sync::{mpsc, watch};
-use tracing::{info, instrument, warn};
+use tidepool_config::{MemberCluster, MemberName, keys};
+use tokio::sync::mpsc;
+use tracing::{error, info, instrument, warn};
 
 use crate::capacity::PoolCapacity;
-use crate::kubeconfig;
+use crate::context::{Cond, Context, condition, hold, publish, stop};
+use crate::health::Health;
+use crate::kubeconfig::{self, KubeconfigError};
 use crate::member::{MemberHandle, Session, SessionOptions};
 use crate::priority::PriorityConflict;
-use crate::{Error, Members};
+use crate::{Error, MemberStats};
 
 /// How long a member's API server gets to answer the first request.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,33 +41,196 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const RESYNC: Duration = Duration::from_secs(20);
 /// How soon a member that is not ready is tried again.
 const RETRY: Duration = Duration::from_secs(10);
+/// How long a new session's watches get to list everything before its pools are offered.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(crate) struct Context {
-    pub training: Client,
-    /// Events on `MemberCluster` objects.
-    pub recorder: Recorder,
-    pub config: Arc<BridgeConfig>,
-    pub sessions: Mutex<BTreeMap<MemberName, Session>>,
-    pub members: watch::Sender<Members>,
-    /// Reconciles a member now: its session's health changed.
-    pub trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
+/// Why a member cannot be connected: one variant per `Ready` reason. Its message is the
+/// condition's message.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotReady {
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("Secret {secret} not found")]
+    SecretNotFound { secret: String },
+    #[error("Secret {secret} has no key {key:?}")]
+    KubeconfigMissing { secret: String, key: String },
+    #[error("Secret {secret} key {key:?}: {source}")]
+    Kubeconfig {
+        secret: String,
+        key: String,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error("cannot build a client: {0}")]
+    Client(String),
+    #[error("{server} refused the credentials: {message}")]
+    Unauthorized { server: String, message: String },
+    #[error("{server}: {error}")]
+    Unreachable { server: String, error: String },
+    #[error("{server}: no answer within {}s", PROBE_TIMEOUT.as_secs())]
+    NoAnswer { server: String },
+    #[error("{server}: cannot create offload PriorityClasses: {error}")]
+    Bootstrap { server: String, error: String },
+}
+
+impl NotReady {
+    /// The `Ready` condition's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidSpec(_) => keys::REASON_INVALID_SPEC,
+            Self::SecretNotFound { .. } => keys::REASON_SECRET_NOT_FOUND,
+            Self::KubeconfigMissing { .. } => keys::REASON_KUBECONFIG_MISSING,
+            Self::Kubeconfig { source, .. } => source.reason(),
+            Self::Client(_) => keys::REASON_KUBECONFIG_INVALID,
+            Self::Unauthorized { .. } => keys::REASON_UNAUTHORIZED,
+            Self::Unreachable { .. } | Self::NoAnswer { .. } => keys::REASON_UNREACHABLE,
+            Self::Bootstrap { .. } => keys::REASON_BOOTSTRAP_FAILED,
+        }
+    }
+}
+
+/// A failed [`connect`]: the training cluster's own API failed (transient, retried by the
+/// controller), or the member is not ready (written to its status).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    #[error(transparent)]
+    Training(#[from] Error),
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
+}
+
+/// What a connection attempt found, as plain data for [`verdict`].
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// A session was started now with this many pools.
+    Started {
+        pools: usize,
+    },
+    /// The running session was kept (credentials and spec unchanged): what its prober found.
+    Running {
+        pools: usize,
+        health: Health,
+    },
+    NotReady(NotReady),
 }
 
 /// Outcome of checking one member, written to its status.
-#[derive(Debug)]
-struct Verdict {
-    credentials: Option<(bool, &'static str, String)>,
-    reachable: Option<(bool, &'static str, String)>,
-    ready: (bool, &'static str, String),
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    credentials: Option<Cond>,
+    reachable: Option<Cond>,
+    ready: Cond,
     /// Describes the health of the running session (rather than a failed attempt to start
     /// one), so it must not be held against that session.
     live: bool,
 }
 
 impl Verdict {
-    fn not_ready(reason: &'static str, message: String) -> Self {
-        Self { credentials: None, reachable: None, ready: (false, reason, message), live: false }
+    /// When the member is checked again.
+    fn requeue(&self) -> Duration {
+        if self.ready.ok { RESYNC } else { RETRY }
     }
+
+    /// A failed attempt to connect marks the running session, if any, unusable ([`hold`]);
+    /// the running session's own health does not.
+    fn holds_session(&self) -> bool {
+        !self.ready.ok && !self.live
+    }
+}
+
+/// The member's conditions, given what [`connect`] found. Pure.
+pub(crate) fn verdict(outcome: &Outcome, loss_timeout_seconds: u64) -> Verdict {
+    match outcome {
+        Outcome::Started { pools } => ready_verdict(*pools),
+        Outcome::Running { pools, health } => live_verdict(health, *pools, loss_timeout_seconds),
+        Outcome::NotReady(why) => not_ready_verdict(why),
+    }
+}
+
+/// How far the attempt got decides which conditions it can speak for: nothing is known of
+/// the member's reachability before it is dialed, nor of the credentials before the Secret
+/// is read.
+fn not_ready_verdict(why: &NotReady) -> Verdict {
+    let ready = Cond::new(false, why.reason(), why.to_string());
+    let valid = || Some(Cond::new(true, keys::REASON_VALID, "kubeconfig accepted"));
+    let answered = |server: &str| Some(Cond::new(true, keys::REASON_REACHABLE, format!("{server} answered")));
+    let (credentials, reachable) = match why {
+        NotReady::InvalidSpec(_) => (None, None),
+        NotReady::SecretNotFound { .. }
+        | NotReady::KubeconfigMissing { .. }
+        | NotReady::Kubeconfig { .. }
+        | NotReady::Client(_) => (Some(ready.clone()), None),
+        NotReady::Unauthorized { server, .. } => (Some(ready.clone()), answered(server)),
+        NotReady::Unreachable { .. } | NotReady::NoAnswer { .. } => (valid(), Some(ready.clone())),
+        NotReady::Bootstrap { server, .. } => (valid(), answered(server)),
+    };
+    Verdict { credentials, reachable, ready, live: false }
+}
+
+fn ready_verdict(pools: usize) -> Verdict {
+    Verdict {
+        credentials: Some(Cond::new(true, keys::REASON_VALID, "kubeconfig accepted")),
+        reachable: Some(Cond::new(true, keys::REASON_REACHABLE, "member API server answers")),
+        ready: Cond::new(true, keys::REASON_CONNECTED, format!("{pools} pool(s) offered as virtual nodes")),
+        live: true,
+    }
+}
+
+/// The verdict of a running session: what its prober last found.
+fn live_verdict(health: &Health, pools: usize, loss_timeout_seconds: u64) -> Verdict {
+    let valid = Some(Cond::new(true, keys::REASON_VALID, "kubeconfig accepted"));
+    if let Some(why) = &health.unreachable {
+        let ready = if health.lost {
+            let msg = format!(
+                "member API server unreachable for more than {loss_timeout_seconds}s ({why}); \
+                 training pods on its virtual nodes failed with reason {}",
+                keys::REASON_MEMBER_LOST
+            );
+            Cond::new(false, keys::REASON_MEMBER_LOST, msg)
+        } else {
+            let msg = format!("member API server unreachable ({why}); its virtual nodes take no new pods");
+            Cond::new(false, keys::REASON_UNREACHABLE, msg)
+        };
+        let reachable = Some(Cond::new(false, keys::REASON_UNREACHABLE, why.clone()));
+        return Verdict { credentials: valid, reachable, ready, live: true };
+    }
+    if let Some(why) = &health.refused {
+        return Verdict {
+            credentials: Some(Cond::new(false, keys::REASON_UNAUTHORIZED, why.clone())),
+            reachable: Some(Cond::new(true, keys::REASON_REACHABLE, "member API server answers")),
+            ready: Cond::new(false, keys::REASON_UNAUTHORIZED, why.clone()),
+            live: true,
+        };
+    }
+    ready_verdict(pools)
+}
+
+/// The `OnlinePriorityConflict` condition of a running session. Pure.
+fn conflict_condition(conflict: Option<&PriorityConflict>) -> Cond {
+    match conflict {
+        Some(c) => Cond::new(true, keys::REASON_ONLINE_PODS_AT_OFFLOAD_PRIORITY, c.message()),
+        None => Cond::new(false, keys::REASON_NO_CONFLICT, "online pods run above the offload priorities"),
+    }
+}
+
+/// The Event to publish when the `OnlinePriorityConflict` condition goes from `old` to
+/// `next`: a warning when a conflict appears or its message changes, a normal Event when it
+/// clears, nothing otherwise. Pure.
+fn conflict_event(old: Option<&Condition>, next: &Condition) -> Option<Event> {
+    let was = old.is_some_and(|c| c.status == "True");
+    let (type_, reason) = match (was, next.status == "True") {
+        (_, true) if old.is_some_and(|c| c.message == next.message) => return None,
+        (_, true) => (EventType::Warning, keys::REASON_ONLINE_PRIORITY_CONFLICT),
+        (true, false) => (EventType::Normal, keys::REASON_ONLINE_PRIORITY_CONFLICT_RESOLVED),
+        (false, false) => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(next.message.clone()),
+        action: "CheckPriorities".to_owned(),
+        secondary: None,
+    })
 }
 
 pub(crate) async fn run(ctx: Arc<Context>, triggers: mpsc::Receiver<ObjectRef<MemberCluster>>) {
@@ -99,237 +266,159 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
         return crate::drain::reconcile(&mc, &ctx).await;
     }
     let name = MemberName::new(mc.name_any());
-    let verdict = connect(&mc, &name, &ctx).await?;
-    let requeue = if verdict.ready.0 { RESYNC } else { RETRY };
+    let outcome = match connect(&mc, &name, &ctx).await {
+        Ok(outcome) => outcome,
+        Err(ConnectError::NotReady(why)) => Outcome::NotReady(why),
+        Err(ConnectError::Training(e)) => return Err(e),
+    };
+    let verdict = verdict(&outcome, ctx.config.member_loss_timeout_seconds);
     let ready = MemberLabels { member: name.as_str().to_owned() };
-    metrics().member_ready.get_or_create(&ready).set(i64::from(verdict.ready.0));
-    if !verdict.ready.0 && !verdict.live {
-        hold(&ctx, &name, &verdict.ready);
+    metrics().member_ready.get_or_create(&ready).set(i64::from(verdict.ready.ok));
+    if verdict.holds_session() {
+        hold(&ctx, &name, &verdict.ready)?;
     }
-    let conflict =
-        ctx.sessions.lock().ok().and_then(|s| s.get(&name).map(|s| s.handle.priority_conflict.borrow().clone()));
+    let conflict = ctx.sessions()?.get(&name).map(|s| s.handle.priority_conflict.borrow().clone());
+    let requeue = verdict.requeue();
     write_conditions(&mc, &ctx, verdict, conflict).await?;
     metrics().observe_sync("membercluster", started.elapsed());
     Ok(Action::requeue(requeue))
 }
 
-/// Steps 1–7: spec, Secret, kubeconfig, reachability, finalizer, bootstrap, session. Errors of the training cluster's own
-/// API are returned (transient, retried); everything about the member becomes a verdict.
-async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result<Verdict, Error> {
+/// Steps 1–7: spec, Secret, kubeconfig, reachability, finalizer, bootstrap, session. Errors
+/// of the training cluster's own API are [`ConnectError::Training`]; everything about the
+/// member is [`NotReady`].
+async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result<Outcome, ConnectError> {
     // 1. The spec must be valid before anything is read or dialed.
     let errors = mc.spec.validate(name.as_str());
     if !errors.is_empty() {
-        return Ok(Verdict::not_ready("InvalidSpec", tidepool_config::describe(&errors)));
+        return Err(NotReady::InvalidSpec(tidepool_config::describe(&errors)).into());
     }
 
     // 2. The Secret with the kubeconfig.
-    let r = &mc.spec.kubeconfig_secret_ref;
-    let ns = r.namespace.as_deref().unwrap_or(&ctx.config.namespace);
-    let secret = match Api::<Secret>::namespaced(ctx.training.clone(), ns).get_opt(&r.name).await {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            let msg = format!("Secret {ns}/{} not found", r.name);
-            return Ok(Verdict {
-                credentials: Some((false, "SecretNotFound", msg.clone())),
-                reachable: None,
-                ready: (false, "SecretNotFound", msg),
-                live: false,
-            });
-        }
-        Err(source) => {
-            return Err(Error::Training { what: "read kubeconfig Secret", source: Box::new(source) });
-        }
-    };
-    let key = mc.spec.secret_key();
-    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(key)) else {
-        let msg = format!("Secret {ns}/{} has no key {key:?}", r.name);
-        return Ok(Verdict {
-            credentials: Some((false, "KubeconfigMissing", msg.clone())),
-            reachable: None,
-            ready: (false, "KubeconfigMissing", msg),
-            live: false,
-        });
-    };
+    let kubeconfig = read_kubeconfig(mc, ctx).await?;
 
     // 3. Unchanged credentials and spec with a live session: nothing to do.
-    let fingerprint = fingerprint(&bytes.0, mc);
-    if let Some(handle) = current(ctx, name, &fingerprint) {
-        return Ok(live_verdict(&handle, ctx.config.member_loss_timeout_seconds));
+    let fingerprint = fingerprint(&kubeconfig.bytes, mc);
+    if let Some(handle) = current(ctx, name, &fingerprint)? {
+        let health = handle.health.borrow().clone();
+        return Ok(Outcome::Running { pools: handle.pools.len(), health });
     }
 
     // 4. Vet the kubeconfig and dial the member.
-    let config = match kubeconfig::client_config(&bytes.0).await {
-        Ok(c) => c,
-        Err(e) => {
-            let msg = format!("Secret {ns}/{} key {key:?}: {e}", r.name);
-            return Ok(Verdict {
-                credentials: Some((false, e.reason(), msg.clone())),
-                reachable: None,
-                ready: (false, e.reason(), msg),
-                live: false,
-            });
-        }
-    };
-    let server = config.cluster_url.to_string();
-    let stats = Arc::new(crate::MemberStats::default());
-    let limits = mc.spec.rate_limits.clone().unwrap_or_default();
-    let client = match crate::throttle::client(config, name.as_str(), &limits, stats.clone()) {
-        Ok(c) => c,
-        Err(e) => {
-            let msg = format!("cannot build a client: {e}");
-            return Ok(Verdict {
-                credentials: Some((false, "KubeconfigInvalid", msg.clone())),
-                reachable: None,
-                ready: (false, "KubeconfigInvalid", msg),
-                live: false,
-            });
-        }
-    };
-    let credentials_ok = Some((true, "Valid", "kubeconfig accepted".to_owned()));
-    match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
-        Ok(Ok(version)) => info!(%server, version = %version.git_version, "member reachable"),
-        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
-            let msg = format!("{server} refused the credentials: {}", status.message);
-            return Ok(Verdict {
-                credentials: Some((false, "Unauthorized", msg.clone())),
-                reachable: Some((true, "Reachable", format!("{server} answered"))),
-                ready: (false, "Unauthorized", msg),
-                live: false,
-            });
-        }
-        Ok(Err(e)) => {
-            let msg = format!("{server}: {e}");
-            return Ok(Verdict {
-                credentials: credentials_ok,
-                reachable: Some((false, "Unreachable", msg.clone())),
-                ready: (false, "Unreachable", msg),
-                live: false,
-            });
-        }
-        Err(_) => {
-            let msg = format!("{server}: no answer within {}s", PROBE_TIMEOUT.as_secs());
-            return Ok(Verdict {
-                credentials: credentials_ok,
-                reachable: Some((false, "Unreachable", msg.clone())),
-                ready: (false, "Unreachable", msg),
-                live: false,
-            });
-        }
-    }
+    let dialed = dial(mc, name, &kubeconfig).await?;
 
     // 5. Before the first write to the member: from now on it is drained when deleted. A
     // member never reached has nothing of ours to undo, so its deletion is not held.
     crate::drain::ensure_finalizer(mc, ctx).await?;
 
     // 6. Member-side objects offload pods rely on.
-    if let Err(e) = crate::member::bootstrap(&client).await {
-        let msg = format!("{server}: cannot create offload PriorityClasses: {e}");
-        return Ok(Verdict {
-            credentials: credentials_ok,
-            reachable: Some((true, "Reachable", format!("{server} answered"))),
-            ready: (false, "BootstrapFailed", msg),
-            live: false,
-        });
+    if let Err(e) = crate::member::bootstrap(&dialed.client).await {
+        return Err(NotReady::Bootstrap { server: dialed.server, error: e.to_string() }.into());
     }
 
     // 7. Start (or replace) the session and publish it.
-    let prefix = mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix);
-    let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
-    let loss_timeout = Duration::from_secs(ctx.config.member_loss_timeout_seconds);
+    let handle = start_session(mc, name, ctx, dialed, fingerprint).await?;
+    Ok(Outcome::Started { pools: handle.pools.len() })
+}
+
+/// The kubeconfig a `MemberCluster` points at.
+struct SecretKubeconfig {
+    /// `namespace/name` of the Secret.
+    secret: String,
+    key: String,
+    bytes: Vec<u8>,
+}
+
+/// Step 2: reads the Secret and the kubeconfig key in it.
+async fn read_kubeconfig(mc: &MemberCluster, ctx: &Context) -> Result<SecretKubeconfig, ConnectError> {
+    let r = &mc.spec.kubeconfig_secret_ref;
+    let ns = r.namespace.as_deref().unwrap_or(&ctx.config.namespace);
+    let secret_name = format!("{ns}/{}", r.name);
+    let secret = match Api::<Secret>::namespaced(ctx.training.clone(), ns).get_opt(&r.name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Err(NotReady::SecretNotFound { secret: secret_name }.into()),
+        Err(source) => {
+            return Err(Error::Training { what: "read kubeconfig Secret", source: Box::new(source) }.into());
+        }
+    };
+    let key = mc.spec.secret_key();
+    let Some(bytes) = secret.data.and_then(|mut d| d.remove(key)) else {
+        return Err(NotReady::KubeconfigMissing { secret: secret_name, key: key.to_owned() }.into());
+    };
+    Ok(SecretKubeconfig { secret: secret_name, key: key.to_owned(), bytes: bytes.0 })
+}
+
+/// A member that answered with the vetted credentials.
+struct Dialed {
+    client: Client,
+    /// The API server's URL, for messages.
+    server: String,
+    stats: Arc<MemberStats>,
+}
+
+/// Step 4: vets the kubeconfig, builds the member's client and asks for its version.
+async fn dial(mc: &MemberCluster, name: &MemberName, kubeconfig: &SecretKubeconfig) -> Result<Dialed, NotReady> {
+    let config = kubeconfig::client_config(&kubeconfig.bytes).await.map_err(|source| NotReady::Kubeconfig {
+        secret: kubeconfig.secret.clone(),
+        key: kubeconfig.key.clone(),
+        source,
+    })?;
+    let server = config.cluster_url.to_string();
+    let stats = Arc::new(MemberStats::default());
+    let limits = mc.spec.rate_limits.clone().unwrap_or_default();
+    let client = crate::throttle::client(config, name.as_str(), &limits, stats.clone())
+        .map_err(|e| NotReady::Client(e.to_string()))?;
+    match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(version)) => info!(%server, version = %version.git_version, "member reachable"),
+        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
+            return Err(NotReady::Unauthorized { server, message: status.message.clone() });
+        }
+        Ok(Err(e)) => return Err(NotReady::Unreachable { server, error: e.to_string() }),
+        Err(_) => return Err(NotReady::NoAnswer { server }),
+    }
+    Ok(Dialed { client, server, stats })
+}
+
+/// Step 7: starts the member's session, waits for its first capacity and publishes it.
+async fn start_session(
+    mc: &MemberCluster,
+    name: &MemberName,
+    ctx: &Context,
+    dialed: Dialed,
+    fingerprint: String,
+) -> Result<Arc<MemberHandle>, Error> {
     let options = SessionOptions {
-        namespace_prefix: prefix,
+        namespace_prefix: mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix),
         copy_labels: mc.spec.copy_labels.clone(),
         copy_annotations: mc.spec.copy_annotations.clone(),
         max_termination_grace: mc.spec.max_termination_grace_seconds,
         paused: mc.spec.paused,
-        loss_timeout,
-        stats,
+        loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
+        stats: dialed.stats,
     };
-    let session = Session::start(name.clone(), client, &mc.spec.effective_pools(), fingerprint, policy, options);
-    if !session.wait_synced(Duration::from_secs(30)).await {
+    let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
+    let pools = mc.spec.effective_pools();
+    let session = Session::start(name.clone(), dialed.client, &pools, fingerprint, policy, options);
+    if !session.wait_synced(SYNC_TIMEOUT).await {
         warn!("member watches not synced after 30 s; offering its pools anyway");
     }
     let handle = session.handle.clone();
     tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     tokio::spawn(follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
-    if let Ok(mut sessions) = ctx.sessions.lock() {
-        sessions.insert(name.clone(), session);
-    }
-    publish(ctx);
-    Ok(ready_verdict(&handle))
-}
-
-fn ready_verdict(handle: &MemberHandle) -> Verdict {
-    Verdict {
-        credentials: Some((true, "Valid", "kubeconfig accepted".to_owned())),
-        reachable: Some((true, "Reachable", "member API server answers".to_owned())),
-        ready: (true, "Connected", format!("{} pool(s) offered as virtual nodes", handle.pools.len())),
-        live: true,
-    }
-}
-
-/// The verdict of a running session: what its prober last found.
-fn live_verdict(handle: &MemberHandle, loss_timeout_seconds: u64) -> Verdict {
-    let health = handle.health.borrow().clone();
-    let valid = Some((true, "Valid", "kubeconfig accepted".to_owned()));
-    if let Some(why) = health.unreachable {
-        let (reason, message) = if health.lost {
-            let msg = format!(
-                "member API server unreachable for more than {loss_timeout_seconds}s ({why}); \
-                 training pods on its virtual nodes failed with reason {}",
-                keys::REASON_MEMBER_LOST
-            );
-            (keys::REASON_MEMBER_LOST, msg)
-        } else {
-            let msg = format!("member API server unreachable ({why}); its virtual nodes take no new pods");
-            ("Unreachable", msg)
-        };
-        return Verdict {
-            credentials: valid,
-            reachable: Some((false, "Unreachable", why)),
-            ready: (false, reason, message),
-            live: true,
-        };
-    }
-    if let Some(why) = health.refused {
-        return Verdict {
-            credentials: Some((false, "Unauthorized", why.clone())),
-            reachable: Some((true, "Reachable", "member API server answers".to_owned())),
-            ready: (false, "Unauthorized", why),
-            live: true,
-        };
-    }
-    ready_verdict(handle)
+    ctx.sessions()?.insert(name.clone(), session);
+    publish(ctx)?;
+    Ok(handle)
 }
 
 /// The running session whose credentials and spec are `fingerprint`, if any. Finding it
 /// means the Secret and spec are usable again, so a hold put on the session is lifted.
-fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Option<Arc<MemberHandle>> {
-    let sessions = ctx.sessions.lock().ok()?;
-    let session = sessions.get(name).filter(|s| s.fingerprint == fingerprint)?;
-    session.health.send_if_modified(|h| h.unusable.take().is_some());
-    Some(session.handle.clone())
-}
-
-/// A member whose Secret or spec no longer yields a working connection keeps its running
-/// session (and so its virtual nodes and offload pods), marked unusable: its nodes turn
-/// NotReady and tainted and nothing new is placed, instead of a node deleted and re-created
-/// on every flap of a Secret. Only a deleted or deselected `MemberCluster` ends a session
-/// (see [`sweep`]).
-pub(crate) fn hold(ctx: &Context, name: &MemberName, ready: &(bool, &'static str, String)) {
-    let Ok(sessions) = ctx.sessions.lock() else {
-        return;
+fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Result<Option<Arc<MemberHandle>>, Error> {
+    let sessions = ctx.sessions()?;
+    let Some(session) = sessions.get(name).filter(|s| s.fingerprint == fingerprint) else {
+        return Ok(None);
     };
-    if let Some(session) = sessions.get(name) {
-        let unusable = Some((ready.1.to_owned(), ready.2.clone()));
-        if session.health.send_if_modified(|h| {
-            let changed = h.unusable != unusable;
-            h.unusable = unusable.clone();
-            changed
-        }) {
-            warn!(reason = ready.1, "member session kept, but unusable until its Secret or spec is fixed");
-        }
-    }
+    session.health.send_if_modified(|h| h.unusable.take().is_some());
+    Ok(Some(session.handle.clone()))
 }
 
 /// Reconciles the member whenever its session's health or priority conflict changes, so its
@@ -360,36 +449,25 @@ fn fingerprint(kubeconfig: &[u8], mc: &MemberCluster) -> String {
     format!("{:x}", h.finalize())
 }
 
-pub(crate) fn stop(ctx: &Context, name: &MemberName) {
-    let removed = ctx.sessions.lock().ok().and_then(|mut s| s.remove(name));
-    if removed.is_some() {
-        info!(member = %name, "member session stopped");
-        publish(ctx);
-    }
-}
-
-fn publish(ctx: &Context) {
-    let Ok(sessions) = ctx.sessions.lock() else {
-        return;
-    };
-    let members: Members = sessions.iter().map(|(k, s)| (k.clone(), s.handle.clone())).collect();
-    ctx.members.send_replace(members);
-}
-
 /// Stops sessions whose `MemberCluster` is gone (deleted, or no longer selected); a
 /// deselected one loses the drain finalizer, undrained (see [`crate::drain`]).
 async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tick.tick().await;
-        let live: std::collections::BTreeSet<String> = store.state().iter().map(|m| m.name_any()).collect();
-        let gone: Vec<MemberName> = match ctx.sessions.lock() {
+        let live: BTreeSet<String> = store.state().iter().map(|m| m.name_any()).collect();
+        let gone: Vec<MemberName> = match ctx.sessions() {
             Ok(s) => s.keys().filter(|k| !live.contains(k.as_str())).cloned().collect(),
-            Err(_) => continue,
+            Err(e) => {
+                error!(error = %e, "cannot sweep member sessions");
+                continue;
+            }
         };
         for name in gone {
             metrics().forget_member(name.as_str());
-            stop(&ctx, &name);
+            if let Err(e) = stop(&ctx, &name) {
+                error!(member = %name, error = %e, "cannot stop the session of a removed member");
+            }
             crate::drain::release(&ctx, &name).await;
         }
     }
@@ -404,8 +482,8 @@ async fn write_conditions(
     v: Verdict,
     conflict: Option<Option<PriorityConflict>>,
 ) -> Result<(), Error> {
-    if !v.ready.0 {
-        warn!(reason = v.ready.1, message = %crate::kubeconfig::scrub_urls(&v.ready.2), "member not ready");
+    if !v.ready.ok {
+        warn!(reason = v.ready.reason, message = %kubeconfig::scrub_urls(&v.ready.message), "member not ready");
     }
     let old = mc.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = mc.metadata.generation;
@@ -415,18 +493,16 @@ async fn write_conditions(
         (keys::CONDITION_CREDENTIALS_VALID, v.credentials),
         (keys::CONDITION_REACHABLE, v.reachable),
     ] {
-        if let Some((ok, reason, message)) = value {
-            conditions.push(condition(old, type_, ok, reason, message, generation));
+        if let Some(value) = value {
+            conditions.push(condition(old, type_, value, generation));
         }
     }
     if let Some(conflict) = conflict {
-        let (found, reason, message) = match &conflict {
-            Some(c) => (true, "OnlinePodsAtOffloadPriority", c.message()),
-            None => (false, "NoConflict", "online pods run above the offload priorities".to_owned()),
-        };
         let type_ = keys::CONDITION_ONLINE_PRIORITY_CONFLICT;
-        let next = condition(old, type_, found, reason, message, generation);
-        announce_conflict(mc, ctx, old.iter().find(|c| c.type_ == type_), &next).await;
+        let next = condition(old, type_, conflict_condition(conflict.as_ref()), generation);
+        if let Some(event) = conflict_event(old.iter().find(|c| c.type_ == type_), &next) {
+            announce(mc, ctx, &event).await;
+        }
         conditions.push(next);
     }
     if old == conditions.as_slice() {
@@ -440,58 +516,13 @@ async fn write_conditions(
     Ok(())
 }
 
-/// An Event on the `MemberCluster` when a priority conflict appears, changes or clears.
-async fn announce_conflict(mc: &MemberCluster, ctx: &Context, old: Option<&Condition>, next: &Condition) {
-    let was = old.is_some_and(|c| c.status == "True");
-    let event = match (was, next.status == "True") {
-        (_, true) if old.is_some_and(|c| c.message == next.message) => return,
-        (_, true) => {
-            warn!(message = %next.message, "online pods at or below the offload priorities");
-            Event {
-                type_: EventType::Warning,
-                reason: keys::CONDITION_ONLINE_PRIORITY_CONFLICT.to_owned(),
-                note: Some(next.message.clone()),
-                action: "CheckPriorities".to_owned(),
-                secondary: None,
-            }
-        }
-        (true, false) => Event {
-            type_: EventType::Normal,
-            reason: "OnlinePriorityConflictResolved".to_owned(),
-            note: Some(next.message.clone()),
-            action: "CheckPriorities".to_owned(),
-            secondary: None,
-        },
-        (false, false) => return,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &mc.object_ref(&())).await {
-        warn!(error = %e, "cannot publish event");
+/// Publishes `event` on the `MemberCluster`.
+async fn announce(mc: &MemberCluster, ctx: &Context, event: &Event) {
+    if event.type_ == EventType::Warning {
+        warn!(message = event.note.as_deref().unwrap_or_default(), "online pods at or below the offload priorities");
     }
-}
-
-/// A condition that keeps its transition time while its status does not change.
-pub(crate) fn condition(
-    old: &[Condition],
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let since = old
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(jiff::Timestamp::now()));
-    Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        // Errors of the member's client can quote its server or proxy URL.
-        message: crate::kubeconfig::scrub_urls(&message),
-        last_transition_time: since,
-        observed_generation: generation,
+    if let Err(e) = ctx.recorder.publish(event, &mc.object_ref(&())).await {
+        warn!(error = %e, "cannot publish event");
     }
 }
 
@@ -546,5 +577,241 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
         cpu_surplus: Some(tidepool_config::resources::format_milli(total.get("cpu"))),
         gpu_surplus: Some(tidepool_config::resources::format_milli(total.get("nvidia.com/gpu"))),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no(reason: &'static str, message: &str) -> Option<Cond> {
+        Some(Cond::new(false, reason, message))
+    }
+
+    fn yes(reason: &'static str, message: &str) -> Option<Cond> {
+        Some(Cond::new(true, reason, message))
+    }
+
+    #[test]
+    fn a_failed_connection_speaks_only_for_the_conditions_it_got_to() {
+        let server = || "https://member:6443/".to_owned();
+        let exec = KubeconfigError::ExecPlugin { user: "admin".into() };
+        let secret = || "tidepool/member-a".to_owned();
+        let valid = yes("Valid", "kubeconfig accepted");
+        let cases = [
+            (
+                "an invalid spec says nothing of credentials or reachability",
+                NotReady::InvalidSpec("spec.pools[0].name: empty".into()),
+                (None, None, no("InvalidSpec", "spec.pools[0].name: empty")),
+            ),
+            (
+                "a missing Secret makes the credentials invalid",
+                NotReady::SecretNotFound { secret: secret() },
+                (
+                    no("SecretNotFound", "Secret tidepool/member-a not found"),
+                    None,
+                    no("SecretNotFound", "Secret tidepool/member-a not found"),
+                ),
+            ),
+            (
+                "so does a Secret without the key",
+                NotReady::KubeconfigMissing { secret: secret(), key: "kubeconfig".into() },
+                (
+                    no("KubeconfigMissing", "Secret tidepool/member-a has no key \"kubeconfig\""),
+                    None,
+                    no("KubeconfigMissing", "Secret tidepool/member-a has no key \"kubeconfig\""),
+                ),
+            ),
+            (
+                "a refused kubeconfig gives the vetting's reason",
+                NotReady::Kubeconfig { secret: secret(), key: "kubeconfig".into(), source: exec },
+                (
+                    no(
+                        "KubeconfigRejected",
+                        "Secret tidepool/member-a key \"kubeconfig\": kubeconfig user \"admin\" uses an exec plugin; \
+                         only certificate, token or basic credentials are accepted",
+                    ),
+                    None,
+                    no(
+                        "KubeconfigRejected",
+                        "Secret tidepool/member-a key \"kubeconfig\": kubeconfig user \"admin\" uses an exec plugin; \
+                         only certificate, token or basic credentials are accepted",
+                    ),
+                ),
+            ),
+            (
+                "a kubeconfig no client can be built from is invalid",
+                NotReady::Client("bad proxy".into()),
+                (
+                    no("KubeconfigInvalid", "cannot build a client: bad proxy"),
+                    None,
+                    no("KubeconfigInvalid", "cannot build a client: bad proxy"),
+                ),
+            ),
+            (
+                "refused credentials: the member answered",
+                NotReady::Unauthorized { server: server(), message: "Unauthorized".into() },
+                (
+                    no("Unauthorized", "https://member:6443/ refused the credentials: Unauthorized"),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no("Unauthorized", "https://member:6443/ refused the credentials: Unauthorized"),
+                ),
+            ),
+            (
+                "an error dialing: the credentials were fine, the member is unreachable",
+                NotReady::Unreachable { server: server(), error: "connection refused".into() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "https://member:6443/: connection refused"),
+                    no("Unreachable", "https://member:6443/: connection refused"),
+                ),
+            ),
+            (
+                "no answer at all is unreachable too",
+                NotReady::NoAnswer { server: server() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "https://member:6443/: no answer within 10s"),
+                    no("Unreachable", "https://member:6443/: no answer within 10s"),
+                ),
+            ),
+            (
+                "PriorityClasses refused: reachable and valid, not ready",
+                NotReady::Bootstrap { server: server(), error: "forbidden".into() },
+                (
+                    valid.clone(),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no("BootstrapFailed", "https://member:6443/: cannot create offload PriorityClasses: forbidden"),
+                ),
+            ),
+        ];
+        for (name, why, (credentials, reachable, ready)) in cases {
+            let v = verdict(&Outcome::NotReady(why), 300);
+            assert_eq!((v.credentials, v.reachable, Some(v.ready)), (credentials, reachable, ready), "{name}");
+            assert!(!v.live, "{name}: a failed attempt is not the session's health");
+        }
+    }
+
+    #[test]
+    fn a_running_session_reports_what_its_prober_found() {
+        let unreachable = || Some("timeout".to_owned());
+        let valid = yes("Valid", "kubeconfig accepted");
+        let answers = yes("Reachable", "member API server answers");
+        let cases = [
+            (
+                "healthy: connected, with its pools counted",
+                Health::default(),
+                (valid.clone(), answers.clone(), yes("Connected", "2 pool(s) offered as virtual nodes")),
+            ),
+            (
+                "unreachable: its nodes take no new pods",
+                Health { unreachable: unreachable(), ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no("Unreachable", "member API server unreachable (timeout); its virtual nodes take no new pods"),
+                ),
+            ),
+            (
+                "unreachable past the loss timeout: lost",
+                Health { unreachable: unreachable(), lost: true, ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no(
+                        "MemberLost",
+                        "member API server unreachable for more than 300s (timeout); training pods on its \
+                         virtual nodes failed with reason MemberLost",
+                    ),
+                ),
+            ),
+            (
+                "credentials refused while running",
+                Health { refused: Some("401".into()), ..Default::default() },
+                (no("Unauthorized", "401"), answers.clone(), no("Unauthorized", "401")),
+            ),
+            (
+                "unreachable wins over refused: nothing answers to refuse",
+                Health { unreachable: unreachable(), refused: Some("401".into()), ..Default::default() },
+                (
+                    valid.clone(),
+                    no("Unreachable", "timeout"),
+                    no("Unreachable", "member API server unreachable (timeout); its virtual nodes take no new pods"),
+                ),
+            ),
+        ];
+        for (name, health, (credentials, reachable, ready)) in cases {
+            let v = verdict(&Outcome::Running { pools: 2, health }, 300);
+            assert_eq!((v.credentials, v.reachable, Some(v.ready)), (credentials, reachable, ready), "{name}");
+            assert!(v.live, "{name}");
+        }
+        let started = verdict(&Outcome::Started { pools: 1 }, 300);
+        assert_eq!(Some(started.ready), yes("Connected", "1 pool(s) offered as virtual nodes"));
+    }
+
+    #[test]
+    fn only_a_failed_attempt_holds_the_session_and_not_ready_is_retried_sooner() {
+        let failed = verdict(&Outcome::NotReady(NotReady::Client("x".into())), 300);
+        assert!(failed.holds_session(), "a Secret that no longer works holds the running session");
+        assert_eq!(failed.requeue(), RETRY);
+        let down = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        let outage = verdict(&Outcome::Running { pools: 1, health: down }, 300);
+        assert!(!outage.holds_session(), "an outage of the session itself is not held against it");
+        assert_eq!(outage.requeue(), RETRY);
+        let ready = verdict(&Outcome::Running { pools: 1, health: Health::default() }, 300);
+        assert!(!ready.holds_session());
+        assert_eq!(ready.requeue(), RESYNC);
+    }
+
+    fn conflict(status: &str, message: &str) -> Condition {
+        Condition {
+            type_: keys::CONDITION_ONLINE_PRIORITY_CONFLICT.to_owned(),
+            status: status.to_owned(),
+            reason: String::new(),
+            message: message.to_owned(),
+            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn a_priority_conflict_is_announced_when_it_appears_changes_or_clears() {
+        let on = |m| conflict("True", m);
+        let off = || conflict("False", "online pods run above the offload priorities");
+        let warning = Some((EventType::Warning, "OnlinePriorityConflict"));
+        let cases = [
+            ("a first conflict", None, on("2 pods"), warning),
+            ("a conflict where there was none", Some(off()), on("2 pods"), warning),
+            ("the same conflict again: quiet", Some(on("2 pods")), on("2 pods"), None),
+            ("a conflict that changed", Some(on("2 pods")), on("3 pods"), warning),
+            (
+                "a conflict that cleared",
+                Some(on("2 pods")),
+                off(),
+                Some((EventType::Normal, "OnlinePriorityConflictResolved")),
+            ),
+            ("no conflict, as before: quiet", Some(off()), off(), None),
+            ("no conflict from the start: quiet", None, off(), None),
+        ];
+        for (name, old, next, want) in cases {
+            let event = conflict_event(old.as_ref(), &next);
+            let got = event.as_ref().map(|e| (e.type_, e.reason.as_str()));
+            assert_eq!(got, want, "{name}");
+            if let Some(e) = event {
+                assert_eq!(e.note.as_deref(), Some(next.message.as_str()), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_conflict_condition_names_the_pods_or_says_there_are_none() {
+        let found = PriorityConflict { count: 1, examples: vec![("online/web-0".into(), -5000)], ceiling: -1000 };
+        let c = conflict_condition(Some(&found));
+        assert_eq!((c.ok, c.reason), (true, "OnlinePodsAtOffloadPriority"));
+        assert!(c.message.contains("online/web-0 (-5000)"), "{}", c.message);
+        assert_eq!(
+            conflict_condition(None),
+            Cond::new(false, "NoConflict", "online pods run above the offload priorities")
+        );
     }
 }

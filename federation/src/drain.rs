@@ -33,7 +33,7 @@ use tidepool_config::{MemberCluster, MemberName, PoolName, VirtualNodeName, keys
 use tracing::{info, warn};
 
 use crate::Error;
-use crate::controller::{self, Context};
+use crate::context::{self, Cond, Context};
 
 /// How long after the deletion a drain may take before it is given up.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -91,14 +91,14 @@ impl Step {
     /// The `Draining` condition's reason while this step runs.
     pub fn reason(self) -> &'static str {
         match self {
-            Step::FailPods => "FailingPods",
-            Step::WaitForMember => "WaitingForMember",
-            Step::DeleteCopies => "DeletingOffloadPods",
-            Step::DeleteReflected => "DeletingReflectedObjects",
-            Step::DeleteNamespaces | Step::WaitForNamespaces => "DeletingNamespaces",
-            Step::DeletePriorityClasses => "DeletingPriorityClasses",
-            Step::DeleteNodes => "DeletingVirtualNodes",
-            Step::RemoveFinalizer => "Drained",
+            Step::FailPods => keys::REASON_FAILING_PODS,
+            Step::WaitForMember => keys::REASON_WAITING_FOR_MEMBER,
+            Step::DeleteCopies => keys::REASON_DELETING_OFFLOAD_PODS,
+            Step::DeleteReflected => keys::REASON_DELETING_REFLECTED_OBJECTS,
+            Step::DeleteNamespaces | Step::WaitForNamespaces => keys::REASON_DELETING_NAMESPACES,
+            Step::DeletePriorityClasses => keys::REASON_DELETING_PRIORITY_CLASSES,
+            Step::DeleteNodes => keys::REASON_DELETING_VIRTUAL_NODES,
+            Step::RemoveFinalizer => keys::REASON_DRAINED,
             Step::Abandon => keys::REASON_DRAIN_ABANDONED,
         }
     }
@@ -188,7 +188,8 @@ pub(crate) async fn reconcile(mc: &MemberCluster, ctx: &Context) -> Result<Actio
     let step = next_step(&observed.view, DRAIN_TIMEOUT);
     let message = describe(&observed.view);
     info!(step = ?step, %message, "draining member");
-    controller::hold(ctx, &name, &(false, "Draining", format!("MemberCluster deleted; draining: {message}")));
+    let draining = Cond::new(false, keys::REASON_DRAINING, format!("MemberCluster deleted; draining: {message}"));
+    context::hold(ctx, &name, &draining)?;
     if !matches!(step, Step::RemoveFinalizer | Step::Abandon) {
         write_draining(mc, ctx, step, &message).await?;
     }
@@ -215,12 +216,12 @@ async fn execute(
         }
         (Step::DeleteNodes, _) => delete_nodes(ctx, name, &nodes).await,
         (Step::RemoveFinalizer, _) => {
-            controller::stop(ctx, name);
+            context::stop(ctx, name)?;
             info!("member drained; finalizer removed");
             remove_finalizer(mc, ctx).await
         }
         (Step::Abandon, _) => {
-            controller::stop(ctx, name);
+            context::stop(ctx, name)?;
             let note = format!("drain not finished {}s after deletion; left: {message}", DRAIN_TIMEOUT.as_secs());
             warn!(%note, "drain abandoned");
             publish(ctx, mc, EventType::Warning, keys::REASON_DRAIN_ABANDONED, note).await;
@@ -260,7 +261,7 @@ async fn observe(mc: &MemberCluster, name: &MemberName, ctx: &Context, elapsed: 
             .map_err(|source| Error::Training { what: "list training pods", source: Box::new(source) })?;
         pods.extend(list.items.into_iter().filter(unfinished));
     }
-    let member = match member_client(mc, name, ctx).await {
+    let member = match member_client(mc, name, ctx).await? {
         Some(client) => match member_objects(&client, &ctx.config.cluster_name, name).await {
             Ok((left, objects)) => Some((client, left, objects)),
             Err(e) => {
@@ -286,10 +287,15 @@ fn unfinished(pod: &Pod) -> bool {
 
 /// The member's client: the running session's, else one dialed from the Secret (a
 /// restarted tidepool, or a member whose session is already stopped).
-async fn member_client(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Option<Client> {
-    if let Some(client) = ctx.sessions.lock().ok().and_then(|s| s.get(name).map(|s| s.handle.client.clone())) {
-        return Some(client);
+async fn member_client(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result<Option<Client>, Error> {
+    if let Some(client) = ctx.sessions()?.get(name).map(|s| s.handle.client.clone()) {
+        return Ok(Some(client));
     }
+    Ok(dial(mc, name, ctx).await)
+}
+
+/// A client dialed from the member's Secret, if it yields one.
+async fn dial(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Option<Client> {
     let r = &mc.spec.kubeconfig_secret_ref;
     let ns = r.namespace.as_deref().unwrap_or(&ctx.config.namespace);
     let secret = Api::<Secret>::namespaced(ctx.training.clone(), ns).get_opt(&r.name).await.ok()??;
@@ -451,7 +457,7 @@ fn member_delete(result: Result<(), kube::Error>, what: &str) {
 
 /// Step 6: the session stops first, so nothing registers the nodes again.
 async fn delete_nodes(ctx: &Context, name: &MemberName, nodes: &[String]) -> Result<(), Error> {
-    controller::stop(ctx, name);
+    context::stop(ctx, name)?;
     let api = Api::<Node>::all(ctx.training.clone());
     for node in nodes {
         match api.delete(node, &DeleteParams::default()).await {
@@ -510,7 +516,7 @@ pub(crate) async fn release(ctx: &Context, name: &MemberName) {
 /// The `Draining` condition, with the other conditions kept.
 async fn write_draining(mc: &MemberCluster, ctx: &Context, step: Step, message: &str) -> Result<(), Error> {
     let old = mc.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let next = controller::condition(&old, keys::CONDITION_DRAINING, true, step.reason(), message.to_owned(), None);
+    let next = context::condition(&old, keys::CONDITION_DRAINING, Cond::new(true, step.reason(), message), None);
     if old.iter().any(|c| c.type_ == next.type_ && c.reason == next.reason && c.message == next.message) {
         return Ok(());
     }

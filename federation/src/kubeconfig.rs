@@ -5,6 +5,7 @@
 //! contain the kubeconfig's content.
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tidepool_config::keys;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KubeconfigError {
@@ -32,12 +33,12 @@ impl KubeconfigError {
     /// Stable reason for a status condition.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Syntax { .. } | Self::Context(_) => "KubeconfigInvalid",
+            Self::Syntax { .. } | Self::Context(_) => keys::REASON_KUBECONFIG_INVALID,
             Self::ExecPlugin { .. }
             | Self::AuthProvider { .. }
             | Self::FileReference { .. }
             | Self::InsecureTls { .. }
-            | Self::CredentialsInUrl { .. } => "KubeconfigRejected",
+            | Self::CredentialsInUrl { .. } => keys::REASON_KUBECONFIG_REJECTED,
         }
     }
 }

@@ -6,11 +6,16 @@
 //! pool's lendable capacity. Does not own: virtual nodes or pods (vk-provider), placement
 //! (dispatcher).
 //!
+//! Inside, `controller` connects members and writes their status and hands a deleted one to
+//! `drain`; both share `context` (the running sessions, hold and stop), so `drain` never
+//! reaches back into the controller.
+//!
 //! Start at [`Federation::start`]; consumers subscribe to [`Federation::members`], a
 //! `watch` channel of connected members, each with a `watch` channel of capacity per pool.
 
 pub mod api_metrics;
 pub mod capacity;
+mod context;
 mod controller;
 pub mod drain;
 pub mod health;
@@ -45,6 +50,9 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// A lock whose holder panicked: what it guards may be half-updated.
+    #[error("{what}: lock poisoned by a panic")]
+    Poisoned { what: &'static str },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -61,7 +69,7 @@ impl Federation {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
         let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
-        let ctx = Arc::new(controller::Context {
+        let ctx = Arc::new(context::Context {
             recorder: kube::runtime::events::Recorder::new(training.clone(), reporter),
             training,
             config,

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -17,8 +17,9 @@ use kube::{Api, Client, ResourceExt};
 use tidepool_config::crd::{PoolSpec, PoolToleration};
 use tidepool_config::{MemberName, PoolName, VirtualNodeName};
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -249,8 +250,261 @@ fn coalesce_after(cost: Duration, short: bool) -> Duration {
     cost.saturating_mul(10).clamp(least, COALESCE_MAX)
 }
 
+/// The trimmed views of one member's watches, and how the watches wake the capacity
+/// publisher.
+#[derive(Clone)]
+struct Caches {
+    nodes: Arc<Mutex<ViewCache<String, NodeView>>>,
+    pods: Arc<Mutex<ViewCache<PodCapacityKey, PodView>>>,
+    /// HPAs and the pod templates of their targets, for the HPA headroom (watched only when
+    /// the policy keeps any).
+    hpas: Arc<Mutex<ViewCache<WorkloadKey, HpaRef>>>,
+    templates: Arc<Mutex<ViewCache<WorkloadKey, Template>>>,
+    wakeups: Wakeups,
+}
+
+/// Set by the watches, taken by the capacity publisher.
+#[derive(Clone, Default)]
+struct Wakeups {
+    /// Any event of any watch.
+    changed: Arc<Notify>,
+    /// Set with `changed` by a change of online demand (see [`coalesce_after`]).
+    demand: Arc<AtomicBool>,
+}
+
+/// A pool's selector and tolerations: which member nodes it spans.
+type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>);
+
+/// Every object of kind `K` in the member, watched with backoff.
+fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff()
+}
+
+/// `what` locked; a poisoned lock (its holder panicked, the view may be half-updated) is an
+/// error rather than a view silently skipped.
+fn locked<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>, crate::Error> {
+    m.lock().map_err(|_| crate::Error::Poisoned { what })
+}
+
+impl Caches {
+    /// Starts the member's watches, each keeping one cache.
+    fn watch(client: &Client, name: &MemberName, hpa_headroom: bool, cancelled: &CancellationToken) -> Caches {
+        let caches = Caches {
+            nodes: Arc::default(),
+            pods: Arc::default(),
+            hpas: Arc::default(),
+            templates: Arc::default(),
+            wakeups: Wakeups::default(),
+        };
+        let wake = &caches.wakeups;
+        let node_view = |n: &Node| Some((n.name_any(), NodeView::from_node(n)));
+        let span = info_span!("member_nodes", member = %name);
+        spawn_cache(watch_all::<Node>(client), &caches.nodes, node_view, |_| false, wake, cancelled, span);
+        let pod_view = |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p)));
+        let span = info_span!("member_pods", member = %name);
+        let pods = watch_all::<Pod>(client);
+        spawn_cache(pods, &caches.pods, pod_view, PodView::pending_online, wake, cancelled, span);
+        if !hpa_headroom {
+            return caches;
+        }
+        let span = info_span!("member_hpas", member = %name);
+        let hpas = watch_all::<HorizontalPodAutoscaler>(client);
+        spawn_cache(hpas, &caches.hpas, hpa_view, |_| true, wake, cancelled, span);
+        let deployment = |d: &Deployment| {
+            let spec = d.spec.as_ref();
+            template_view("Deployment", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
+        };
+        let span = info_span!("member_deployments", member = %name);
+        let deployments = watch_all::<Deployment>(client);
+        spawn_cache(deployments, &caches.templates, deployment, |_| true, wake, cancelled, span);
+        let set = |d: &StatefulSet| {
+            let spec = d.spec.as_ref();
+            template_view("StatefulSet", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
+        };
+        let span = info_span!("member_statefulsets", member = %name);
+        let sets = watch_all::<StatefulSet>(client);
+        spawn_cache(sets, &caches.templates, set, |_| true, wake, cancelled, span);
+        caches
+    }
+
+    /// Every pool's capacity from the views, or `None` while the node or pod watch has not
+    /// listed everything yet; updates the priority conflict on the way. Computed under the
+    /// caches' locks, from the views in place: a large member's pods are not copied for it.
+    fn compute(
+        &self,
+        pools: &[PoolNodes],
+        policy: &CapacityPolicy,
+        conflict: &watch::Sender<Option<PriorityConflict>>,
+    ) -> Result<Option<Vec<PoolCapacity>>, crate::Error> {
+        let hpa_views = join_hpas(&*locked(&self.hpas, "HPA view")?, &*locked(&self.templates, "workload view")?);
+        let nodes = locked(&self.nodes, "node view")?;
+        let pods = locked(&self.pods, "pod view")?;
+        if !(nodes.synced && pods.synced) {
+            return Ok(None);
+        }
+        let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, pods.iter());
+        let demand = OnlineDemand { policy, hpas: &hpa_views, to_come: &to_come, now: jiff::Timestamp::now() };
+        let found = priority_conflict(pods.iter(), offload_ceiling());
+        conflict.send_if_modified(|cur| {
+            let changed = *cur != found;
+            *cur = found;
+            changed
+        });
+        let capacity = |(selector, tolerations): &PoolNodes| {
+            let nodes = nodes.values().filter(|node| node.tolerated_by(tolerations));
+            pool_capacity_under(nodes, pods.values(), selector, &demand)
+        };
+        Ok(Some(pools.iter().map(capacity).collect()))
+    }
+}
+
+/// What becomes of a pool's newly computed capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publication {
+    /// Equal to the published one: nothing to send, nothing waiting.
+    Unchanged,
+    /// A small change (see [`worth_publishing`]) the pool published recently: it waits, at
+    /// most until [`PUBLISH_MAX_INTERVAL`] after the last publication.
+    Defer,
+    Publish,
+}
+
+/// Whether `next` goes out now, given the published `current` and how long ago the pool last
+/// published. Pure.
+fn publication(current: &PoolCapacity, next: &PoolCapacity, since_published: Duration) -> Publication {
+    if current == next {
+        Publication::Unchanged
+    } else if since_published < PUBLISH_MAX_INTERVAL && !worth_publishing(current, next) {
+        Publication::Defer
+    } else {
+        Publication::Publish
+    }
+}
+
+/// The capacity publisher's memory between two computations: when each pool last published
+/// and whether a small change waits, and when the last computation started, what it cost and
+/// whether it found a pool short (see [`coalesce_after`]).
+#[derive(Debug)]
+struct Publisher {
+    computed: bool,
+    published: Vec<Instant>,
+    deferred: Vec<bool>,
+    last_started: Instant,
+    last_cost: Duration,
+    last_short: bool,
+}
+
+impl Publisher {
+    fn new(pools: usize, now: Instant) -> Self {
+        Self {
+            computed: false,
+            published: vec![now; pools],
+            deferred: vec![false; pools],
+            last_started: now,
+            last_cost: Duration::ZERO,
+            last_short: false,
+        }
+    }
+
+    /// How long to wait for a change before computing anyway: `clock` (windows open and
+    /// close with it), sooner while a small change waits.
+    fn wake(&self, clock: Duration) -> Duration {
+        if self.deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock }
+    }
+
+    /// When the next computation may start; `demand_moved`: online demand changed since the
+    /// last one (see [`coalesce_after`]). A pool found short counts as moving demand.
+    fn next_start(&self, demand_moved: bool) -> Instant {
+        self.last_started + coalesce_after(self.last_cost, demand_moved)
+    }
+
+    /// Sends each pool's `next` capacity that is due, at `now`. The first computation always
+    /// goes out (consumers wait for it), whatever it is.
+    fn publish(&mut self, senders: &[watch::Sender<PoolCapacity>], nexts: Vec<PoolCapacity>, now: Instant) {
+        let first = !self.computed;
+        self.computed = true;
+        for (i, (tx, next)) in senders.iter().zip(nexts).enumerate() {
+            if first {
+                tx.send_replace(next);
+                continue;
+            }
+            let since = now.duration_since(self.published[i]);
+            let sent = tx.send_if_modified(|cur| match publication(cur, &next, since) {
+                Publication::Unchanged => {
+                    self.deferred[i] = false;
+                    false
+                }
+                Publication::Defer => {
+                    self.deferred[i] = true;
+                    false
+                }
+                Publication::Publish => {
+                    debug!(capacity = %next.capacity, used = %next.used, nodes = next.nodes, "pool capacity changed");
+                    *cur = next;
+                    true
+                }
+            });
+            if sent {
+                self.published[i] = now;
+                self.deferred[i] = false;
+            }
+        }
+    }
+
+    /// Records the computation that started at `started` and took `cost`.
+    fn computed(&mut self, started: Instant, cost: Duration, short: bool) {
+        (self.last_started, self.last_cost, self.last_short) = (started, cost, short);
+    }
+}
+
+/// One pool as the capacity publisher serves it.
+struct PoolOut {
+    name: String,
+    tx: watch::Sender<PoolCapacity>,
+}
+
+/// Computes every pool's capacity when the watches change and publishes what is due (see
+/// [`Publisher`], [`coalesce_after`]), until `stop`. `compute` answers `None` while the
+/// watches are not synced.
+async fn run_publisher<F>(
+    member: &MemberName,
+    mut compute: F,
+    pools: &[PoolOut],
+    wakeups: &Wakeups,
+    clock: Duration,
+    stop: &CancellationToken,
+) -> Result<(), crate::Error>
+where
+    F: FnMut() -> Result<Option<Vec<PoolCapacity>>, crate::Error>,
+{
+    let senders: Vec<_> = pools.iter().map(|p| p.tx.clone()).collect();
+    let mut state = Publisher::new(pools.len(), Instant::now());
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = wakeups.changed.notified() => {}
+            () = tokio::time::sleep(state.wake(clock)) => {}
+        }
+        let urgent = state.last_short || wakeups.demand.swap(false, Ordering::Relaxed);
+        tokio::time::sleep_until(state.next_start(urgent)).await;
+        let started = Instant::now();
+        let Some(nexts) = compute()? else { continue };
+        let short = nexts.iter().any(|n| !n.deficit().is_empty());
+        for (pool, next) in pools.iter().zip(&nexts) {
+            metrics().set_pool(member.as_str(), &pool.name, &next.capacity, &next.used, &next.deficit());
+        }
+        state.publish(&senders, nexts, Instant::now());
+        metrics().observe_sync("capacity", started.elapsed());
+        state.computed(started, started.elapsed(), short);
+    }
+}
+
 impl Session {
-    /// Starts the member's watches. The caller has already checked that it answers.
+    /// Starts the member's watches and its capacity publisher. The caller has already
+    /// checked that it answers.
     pub fn start(
         name: MemberName,
         client: Client,
@@ -259,228 +513,62 @@ impl Session {
         policy: CapacityPolicy,
         options: SessionOptions,
     ) -> Session {
-        let SessionOptions {
-            namespace_prefix,
-            copy_labels,
-            copy_annotations,
-            max_termination_grace,
-            paused,
-            loss_timeout,
-            stats,
-        } = options;
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         tokio::spawn(
-            crate::health::run(client.clone(), health_tx.clone(), loss_timeout, cancelled.clone())
+            crate::health::run(client.clone(), health_tx.clone(), options.loss_timeout, cancelled.clone())
                 .instrument(info_span!("member_health", member = %name)),
         );
-        let changed = Arc::new(Notify::new());
-        // Set with `changed` by a change of online demand (see [`coalesce_after`]).
-        let demand = Arc::new(AtomicBool::new(false));
-        let nodes = Arc::new(std::sync::Mutex::new(ViewCache::<String, NodeView>::default()));
-        let pods = Arc::new(std::sync::Mutex::new(ViewCache::<PodCapacityKey, PodView>::default()));
-
-        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff();
-        spawn_cache(
-            node_events,
-            nodes.clone(),
-            |n: &Node| Some((n.name_any(), NodeView::from_node(n))),
-            |_| false,
-            (changed.clone(), demand.clone()),
-            cancelled.clone(),
-            info_span!("member_nodes", member = %name),
-        );
-        let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).default_backoff();
-        spawn_cache(
-            pod_events,
-            pods.clone(),
-            |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p))),
-            PodView::pending_online,
-            (changed.clone(), demand.clone()),
-            cancelled.clone(),
-            info_span!("member_pods", member = %name),
-        );
-
-        // HPAs and the pod templates of their targets, for the HPA headroom.
-        let hpas = Arc::new(std::sync::Mutex::new(ViewCache::<WorkloadKey, HpaRef>::default()));
-        let templates = Arc::new(std::sync::Mutex::new(ViewCache::<WorkloadKey, Template>::default()));
-        if policy.hpa_percent > 0 {
-            let hpa_events = watcher(Api::<HorizontalPodAutoscaler>::all(client.clone()), watcher::Config::default())
-                .default_backoff();
-            spawn_cache(
-                hpa_events,
-                hpas.clone(),
-                hpa_view,
-                |_| true,
-                (changed.clone(), demand.clone()),
-                cancelled.clone(),
-                info_span!("member_hpas", member = %name),
-            );
-            let deployments =
-                watcher(Api::<Deployment>::all(client.clone()), watcher::Config::default()).default_backoff();
-            spawn_cache(
-                deployments,
-                templates.clone(),
-                |d: &Deployment| {
-                    let spec = d.spec.as_ref();
-                    template_view("Deployment", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
-                },
-                |_| true,
-                (changed.clone(), demand.clone()),
-                cancelled.clone(),
-                info_span!("member_deployments", member = %name),
-            );
-            let sets = watcher(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).default_backoff();
-            spawn_cache(
-                sets,
-                templates.clone(),
-                |d: &StatefulSet| {
-                    let spec = d.spec.as_ref();
-                    template_view("StatefulSet", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
-                },
-                |_| true,
-                (changed.clone(), demand.clone()),
-                cancelled.clone(),
-                info_span!("member_statefulsets", member = %name),
-            );
-        }
-
-        let mut senders = Vec::new();
-        let mut handles = Vec::new();
-        for pool in pools {
-            let (tx, rx) = watch::channel(PoolCapacity::default());
-            let pool_name = PoolName::new(pool.name.clone());
-            handles.push(PoolHandle {
-                node: VirtualNodeName::for_pool(&name, &pool_name),
-                name: pool_name,
-                node_selector: pool.node_selector.clone(),
-                tolerations: pool.tolerations.clone(),
-                runtime_class_names: pool.runtime_class_names.clone(),
-                capacity: rx,
-            });
-            senders.push((pool.name.clone(), (pool.node_selector.clone(), pool.tolerations.clone()), tx));
-        }
-
+        let caches = Caches::watch(&client, &name, policy.hpa_percent > 0, &cancelled);
+        let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
+        let spans: Vec<PoolNodes> = pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone())).collect();
         let (conflict_tx, conflict_rx) = watch::channel(None);
-        let stop = cancelled.clone();
-        let member = name.clone();
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
+        let (member, stop) = (name.clone(), cancelled.clone());
         tokio::spawn(
             async move {
-                let mut computed = false;
-                // When each pool last published, and whether a small change is waiting.
-                let mut published = vec![tokio::time::Instant::now(); senders.len()];
-                let mut deferred = vec![false; senders.len()];
-                // When the last computation started, what it cost, and whether it found a pool
-                // short (see [`coalesce_after`]).
-                let mut last = (tokio::time::Instant::now(), Duration::ZERO, false);
-                loop {
-                    let wake = if deferred.iter().any(|d| *d) { PUBLISH_MAX_INTERVAL.min(clock) } else { clock };
-                    tokio::select! {
-                        () = stop.cancelled() => {
-                            for (pool, _, _) in &senders {
-                                metrics().forget_pool(member.as_str(), pool);
-                            }
-                            return;
-                        }
-                        () = changed.notified() => {}
-                        () = tokio::time::sleep(wake) => {}
-                    }
-                    let (last_started, last_cost, last_short) = last;
-                    let urgent = last_short || demand.swap(false, Ordering::Relaxed);
-                    tokio::time::sleep_until(last_started + coalesce_after(last_cost, urgent)).await;
-                    let started = std::time::Instant::now();
-                    let hpa_views = match (hpas.lock(), templates.lock()) {
-                        (Ok(h), Ok(t)) => join_hpas(&h, &t),
-                        _ => Vec::new(),
-                    };
-                    // Computed under the caches' locks, from the views in place: a large
-                    // member's pods are not copied for it.
-                    let nexts: Vec<PoolCapacity> = match (nodes.lock(), pods.lock()) {
-                        (Ok(n), Ok(p)) if n.synced && p.synced => {
-                            let to_come = match templates.lock() {
-                                Ok(t) => replicas_to_come(&t, p.iter()),
-                                Err(_) => Vec::new(),
-                            };
-                            let demand = OnlineDemand {
-                                policy: &policy,
-                                hpas: &hpa_views,
-                                to_come: &to_come,
-                                now: jiff::Timestamp::now(),
-                            };
-                            let conflict = priority_conflict(p.iter(), offload_ceiling());
-                            conflict_tx.send_if_modified(|cur| {
-                                let changed = *cur != conflict;
-                                *cur = conflict;
-                                changed
-                            });
-                            senders
-                                .iter()
-                                .map(|(_, (selector, tolerations), _)| {
-                                    let nodes = n.values().filter(|node| node.tolerated_by(tolerations));
-                                    pool_capacity_under(nodes, p.values(), selector, &demand)
-                                })
-                                .collect()
-                        }
-                        _ => continue,
-                    };
-                    let short = nexts.iter().any(|n| !n.deficit().is_empty());
-                    let first = !computed;
-                    computed = true;
-                    for (i, ((pool, _, tx), next)) in senders.iter().zip(nexts).enumerate() {
-                        metrics().set_pool(member.as_str(), pool, &next.capacity, &next.used, &next.deficit());
-                        if first {
-                            // Always announce the first result: consumers wait for it.
-                            tx.send_replace(next);
-                            continue;
-                        }
-                        let now = tokio::time::Instant::now();
-                        let overdue = now.duration_since(published[i]) >= PUBLISH_MAX_INTERVAL;
-                        let sent = tx.send_if_modified(|cur| {
-                            if *cur == next {
-                                deferred[i] = false;
-                                return false;
-                            }
-                            if !overdue && !worth_publishing(cur, &next) {
-                                deferred[i] = true;
-                                return false;
-                            }
-                            debug!(capacity = %next.capacity, used = %next.used, nodes = next.nodes, "pool capacity changed");
-                            *cur = next;
-                            true
-                        });
-                        if sent {
-                            published[i] = now;
-                            deferred[i] = false;
-                        }
-                    }
-                    metrics().observe_sync("capacity", started.elapsed());
-                    last = (tokio::time::Instant::from_std(started), started.elapsed(), short);
+                let compute = || caches.compute(&spans, &policy, &conflict_tx);
+                if let Err(e) = run_publisher(&member, compute, &outs, &caches.wakeups, clock, &stop).await {
+                    error!(error = %e, "capacity publisher stopped: the pools keep their last capacity");
+                }
+                for pool in &outs {
+                    metrics().forget_pool(member.as_str(), &pool.name);
                 }
             }
             .instrument(info_span!("capacity", member = %name)),
         );
-
-        Session {
-            handle: Arc::new(MemberHandle {
-                name,
-                client,
-                namespace_prefix,
-                copy_labels,
-                copy_annotations,
-                max_termination_grace,
-                pools: handles,
-                cancelled,
-                paused,
-                health,
-                stats,
-                priority_conflict: conflict_rx,
-            }),
-            fingerprint,
-            health: health_tx,
-        }
+        let handle = MemberHandle {
+            name,
+            client,
+            namespace_prefix: options.namespace_prefix,
+            copy_labels: options.copy_labels,
+            copy_annotations: options.copy_annotations,
+            max_termination_grace: options.max_termination_grace,
+            pools: handles,
+            cancelled,
+            paused: options.paused,
+            health,
+            stats: options.stats,
+            priority_conflict: conflict_rx,
+        };
+        Session { handle: Arc::new(handle), fingerprint, health: health_tx }
     }
+}
+
+/// A pool's handle for consumers, and the sending side of its capacity.
+fn pool_channel(member: &MemberName, pool: &PoolSpec) -> (PoolHandle, PoolOut) {
+    let (tx, rx) = watch::channel(PoolCapacity::default());
+    let pool_name = PoolName::new(pool.name.clone());
+    let handle = PoolHandle {
+        node: VirtualNodeName::for_pool(member, &pool_name),
+        name: pool_name,
+        node_selector: pool.node_selector.clone(),
+        tolerations: pool.tolerations.clone(),
+        runtime_class_names: pool.runtime_class_names.clone(),
+        capacity: rx,
+    };
+    (handle, PoolOut { name: pool.name.clone(), tx })
 }
 
 impl Session {
@@ -576,13 +664,27 @@ impl<K: Eq + Hash, V> ViewCache<K, V> {
     }
 }
 
+/// The view of one watch event; `None` for an object the view leaves out.
+fn view_event<T, K, V>(event: watcher::Event<T>, view: fn(&T) -> Option<(K, V)>) -> Option<watcher::Event<(K, V)>> {
+    match event {
+        watcher::Event::Apply(o) => view(&o).map(watcher::Event::Apply),
+        watcher::Event::Delete(o) => view(&o).map(watcher::Event::Delete),
+        watcher::Event::InitApply(o) => view(&o).map(watcher::Event::InitApply),
+        watcher::Event::Init => Some(watcher::Event::Init),
+        watcher::Event::InitDone => Some(watcher::Event::InitDone),
+    }
+}
+
+/// Keeps `cache` in step with `events` until `cancelled`, waking the capacity publisher on
+/// every event (and flagging `online_demand` changes). A poisoned cache ends the watch, with
+/// an error logged: the publisher meets the same lock and stops too.
 fn spawn_cache<T, K, V, S>(
     events: S,
-    cache: Arc<std::sync::Mutex<ViewCache<K, V>>>,
+    cache: &Arc<Mutex<ViewCache<K, V>>>,
     view: fn(&T) -> Option<(K, V)>,
     online_demand: fn(&V) -> bool,
-    (changed, demand): (Arc<Notify>, Arc<AtomicBool>),
-    cancelled: CancellationToken,
+    wakeups: &Wakeups,
+    cancelled: &CancellationToken,
     span: tracing::Span,
 ) where
     S: Stream<Item = Result<watcher::Event<T>, watcher::Error>> + Send + 'static,
@@ -590,33 +692,33 @@ fn spawn_cache<T, K, V, S>(
     K: Eq + Hash + Send + 'static,
     V: Send + 'static,
 {
+    let (cache, wakeups) = (cache.clone(), wakeups.clone());
+    let mut events = Box::pin(events.take_until(cancelled.clone().cancelled_owned()));
     tokio::spawn(
         async move {
-            let mut events = std::pin::pin!(events.take_until(cancelled.cancelled_owned()));
             while let Some(event) = events.next().await {
-                match event {
-                    Ok(event) => {
-                        let mapped = match event {
-                            watcher::Event::Apply(o) => view(&o).map(watcher::Event::Apply),
-                            watcher::Event::Delete(o) => view(&o).map(watcher::Event::Delete),
-                            watcher::Event::InitApply(o) => view(&o).map(watcher::Event::InitApply),
-                            watcher::Event::Init => Some(watcher::Event::Init),
-                            watcher::Event::InitDone => Some(watcher::Event::InitDone),
-                        };
-                        if let Some(e) = mapped {
-                            if let watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) = &e
-                                && online_demand(v)
-                            {
-                                demand.store(true, Ordering::Relaxed);
-                            }
-                            if let Ok(mut c) = cache.lock() {
-                                c.apply(e);
-                            }
-                        }
-                        changed.notify_one();
+                let event = match event {
+                    Ok(event) => event,
+                    Err(e) => {
+                        warn!(error = %e, "member watch failed; retrying with backoff");
+                        continue;
                     }
-                    Err(e) => warn!(error = %e, "member watch failed; retrying with backoff"),
+                };
+                if let Some(e) = view_event(event, view) {
+                    if let watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) = &e
+                        && online_demand(v)
+                    {
+                        wakeups.demand.store(true, Ordering::Relaxed);
+                    }
+                    match locked(&cache, "member view") {
+                        Ok(mut c) => c.apply(e),
+                        Err(e) => {
+                            error!(error = %e, "member watch stopped");
+                            return;
+                        }
+                    }
                 }
+                wakeups.changed.notify_one();
             }
         }
         .instrument(span),
@@ -683,6 +785,181 @@ mod tests {
         assert_eq!((to_come[0].replicas, &to_come[0].per_replica), (3, &gpu("2")));
         // No workloads known: nothing to come, and the pods are not even counted.
         assert!(replicas_to_come(&ViewCache::default(), pods.iter().map(|(k, v)| (k, v))).is_empty());
+    }
+
+    fn pool(cpu: &str, gpus: &str, used_gpus: &str) -> PoolCapacity {
+        PoolCapacity {
+            capacity: Resources::from_pairs([("cpu", cpu), ("nvidia.com/gpu", gpus)]).unwrap(),
+            used: Resources::from_pairs([("nvidia.com/gpu", used_gpus)]).unwrap(),
+            nodes: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pool_publishes_what_matters_at_once_and_lets_drift_wait() {
+        let published = pool("100", "8", "2");
+        let recent = Duration::from_millis(100);
+        let cases = [
+            ("the same capacity is not sent again", published.clone(), recent, Publication::Unchanged),
+            ("a GPU freed goes out at once", pool("100", "8", "1"), recent, Publication::Publish),
+            ("a cpu drift under 1% waits", pool("100.5", "8", "2"), recent, Publication::Defer),
+            ("a cpu change over 1% goes out at once", pool("102", "8", "2"), recent, Publication::Publish),
+            (
+                "a drift goes out once the pool has been quiet long enough",
+                pool("100.5", "8", "2"),
+                PUBLISH_MAX_INTERVAL,
+                Publication::Publish,
+            ),
+            ("a new deficit goes out at once", pool("100", "8", "9"), recent, Publication::Publish),
+        ];
+        for (name, next, since, want) in cases {
+            assert_eq!(publication(&published, &next, since), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_waiting_drift_wakes_the_publisher_sooner() {
+        let mut state = Publisher::new(2, Instant::now());
+        let clock = Duration::from_secs(3600);
+        assert_eq!(state.wake(clock), clock);
+        state.deferred[1] = true;
+        assert_eq!(state.wake(clock), PUBLISH_MAX_INTERVAL);
+        // Windows tick faster than a drift waits.
+        assert_eq!(state.wake(Duration::from_secs(1)), Duration::from_secs(1));
+    }
+
+    /// A capacity publisher of one pool whose watches are a value the test sets.
+    struct Bench {
+        input: Arc<Mutex<Option<Vec<PoolCapacity>>>>,
+        wakeups: Wakeups,
+        rx: watch::Receiver<PoolCapacity>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<Result<(), crate::Error>>,
+    }
+
+    impl Bench {
+        fn start() -> Bench {
+            let (tx, rx) = watch::channel(PoolCapacity::default());
+            let input: Arc<Mutex<Option<Vec<PoolCapacity>>>> = Arc::default();
+            let (wakeups, stop) = (Wakeups::default(), CancellationToken::new());
+            let (i, w, s) = (input.clone(), wakeups.clone(), stop.clone());
+            let task = tokio::spawn(async move {
+                let pools = [PoolOut { name: "gpu".into(), tx }];
+                let member = MemberName::new("bench".to_owned());
+                run_publisher(&member, || Ok(i.lock().unwrap().clone()), &pools, &w, Duration::from_secs(3600), &s)
+                    .await
+            });
+            Bench { input, wakeups, rx, stop, task }
+        }
+
+        /// The watches now show `capacity`; `demand`: an online demand change among them.
+        fn set(&self, capacity: PoolCapacity, demand: bool) {
+            *self.input.lock().unwrap() = Some(vec![capacity]);
+            if demand {
+                self.wakeups.demand.store(true, Ordering::Relaxed);
+            }
+            self.wakeups.changed.notify_one();
+        }
+
+        /// The next published capacity, and how long (in paused time) it took from now.
+        /// Bounded: a publication that never comes fails the test.
+        async fn next(&mut self) -> (PoolCapacity, Duration) {
+            let since = Instant::now();
+            let limit = Duration::from_secs(4 * 3600);
+            tokio::time::timeout(limit, self.rx.changed()).await.expect("nothing published").unwrap();
+            (self.rx.borrow_and_update().clone(), since.elapsed())
+        }
+
+        /// Publishes `capacity` as the first result, then lets the publisher rest.
+        async fn settled(&mut self, capacity: PoolCapacity) {
+            self.set(capacity.clone(), false);
+            assert_eq!(self.next().await.0, capacity);
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+
+        async fn stop(self) {
+            self.stop.cancel();
+            self.task.await.unwrap().unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_goes_out_before_the_watches_are_synced_then_the_first_result_does() {
+        let mut bench = Bench::start();
+        bench.wakeups.changed.notify_one();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!bench.rx.has_changed().unwrap(), "not synced: nothing published");
+        // The first result goes out even though it equals the channel's initial value.
+        bench.set(PoolCapacity::default(), false);
+        assert_eq!(bench.next().await, (PoolCapacity::default(), Duration::ZERO));
+        bench.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_after_a_quiet_spell_goes_out_at_once() {
+        let mut bench = Bench::start();
+        bench.settled(pool("100", "8", "2")).await;
+        bench.set(pool("100", "8", "3"), false);
+        assert_eq!(bench.next().await, (pool("100", "8", "3"), Duration::ZERO));
+        // The same capacity again: nothing is sent.
+        bench.set(pool("100", "8", "3"), false);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!bench.rx.has_changed().unwrap());
+        bench.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_is_coalesced_into_one_computation_after_the_spacing() {
+        let mut bench = Bench::start();
+        bench.settled(pool("100", "8", "2")).await;
+        bench.set(pool("100", "8", "3"), false);
+        assert_eq!(bench.next().await.1, Duration::ZERO);
+        // Two more changes right after: one computation, COALESCE after the last, sees the
+        // later of them.
+        bench.set(pool("100", "8", "4"), false);
+        bench.set(pool("100", "8", "5"), false);
+        assert_eq!(bench.next().await, (pool("100", "8", "5"), COALESCE));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!bench.rx.has_changed().unwrap(), "the burst cost one publication");
+        bench.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_drift_waits_for_the_publication_interval() {
+        let mut bench = Bench::start();
+        bench.settled(pool("100", "8", "2")).await;
+        bench.set(pool("100", "8", "3"), false);
+        assert_eq!(bench.next().await.1, Duration::ZERO);
+        // Computed after the spacing, deferred as a drift, published when the wake-up for
+        // waiting drifts comes.
+        bench.set(pool("100.5", "8", "3"), false);
+        assert_eq!(bench.next().await, (pool("100.5", "8", "3"), COALESCE + PUBLISH_MAX_INTERVAL));
+        bench.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn moving_online_demand_shortens_the_spacing() {
+        let mut bench = Bench::start();
+        bench.settled(pool("100", "8", "2")).await;
+        bench.set(pool("100", "8", "3"), false);
+        assert_eq!(bench.next().await.1, Duration::ZERO);
+        bench.set(pool("100", "6", "3"), true);
+        assert_eq!(bench.next().await, (pool("100", "6", "3"), COALESCE_SHORT));
+        bench.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_pool_goes_out_at_once_and_keeps_the_spacing_short() {
+        let mut bench = Bench::start();
+        bench.settled(pool("100", "8", "2")).await;
+        // Online demand took GPUs offload pods use: the deficit goes out at once.
+        bench.set(pool("100", "1", "2"), false);
+        assert_eq!(bench.next().await, (pool("100", "1", "2"), Duration::ZERO));
+        // While short, the next change follows after the short spacing, demand flag or not.
+        bench.set(pool("100", "0", "2"), false);
+        assert_eq!(bench.next().await, (pool("100", "0", "2"), COALESCE_SHORT));
+        bench.stop().await;
     }
 
     #[test]

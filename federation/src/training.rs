@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tidepool_config::pod::{PodLite, trim_meta};
+use tidepool_config::sync::Locked;
 use tokio::sync::broadcast;
 use tracing::warn;
 
@@ -25,6 +26,9 @@ const EVENT_BUFFER: usize = 8192;
 /// tens of creates a second). Past this, the pod sync reads the pod from the API instead,
 /// one GET when its turn comes, rather than holding thousands in memory meanwhile.
 const AWAITING_MAX: usize = 1024;
+/// The awaiting map's lock, in errors. It only remembers: poisoned, the pods are read from
+/// the API instead.
+const AWAITING: &str = "pods awaiting offload";
 
 /// A change of one training pod, as the cache has it after the change.
 #[derive(Clone, Debug)]
@@ -107,7 +111,7 @@ impl TrainingPods {
 
     /// The whole pod, if the watch still holds it (bound to a node, never ran anywhere).
     pub fn whole(&self, uid: &str) -> Option<Pod> {
-        let json = self.awaiting.lock().ok()?.get(uid)?.clone();
+        let json = self.awaiting.locked_or_log(AWAITING)?.get(uid)?.clone();
         serde_json::from_str(&json).ok()
     }
 
@@ -118,7 +122,7 @@ impl TrainingPods {
             watcher::Event::Apply(p) => watcher::Event::Apply(self.keep(p)),
             watcher::Event::InitApply(p) => watcher::Event::InitApply(self.keep(p)),
             watcher::Event::Delete(p) => {
-                if let (Some(uid), Ok(mut awaiting)) = (p.metadata.uid.as_ref(), self.awaiting.lock()) {
+                if let (Some(uid), Some(mut awaiting)) = (p.metadata.uid.as_ref(), self.awaiting.locked_or_log(AWAITING)) {
                     awaiting.remove(uid);
                 }
                 watcher::Event::Delete(p.into())
@@ -134,7 +138,9 @@ impl TrainingPods {
             && pod.status.as_ref().is_none_or(|s| s.host_ip.is_none())
             && pod.metadata.deletion_timestamp.is_none()
             && !ended;
-        if let (Ok(mut awaiting), Some(uid)) = (self.awaiting.lock(), pod.metadata.uid.clone()) {
+        if let (Some(mut awaiting), Some(uid)) =
+            (self.awaiting.locked_or_log(AWAITING), pod.metadata.uid.clone())
+        {
             if awaiting_offload && (awaiting.len() < AWAITING_MAX || awaiting.contains_key(&uid)) {
                 trim_meta(&mut pod.metadata);
                 if let Ok(json) = serde_json::to_string(&pod) {

@@ -1,0 +1,106 @@
+//! What the `MemberCluster` controller and the drain share: the [`Context`] with the running
+//! sessions, the session bookkeeping both act on ([`hold`], [`stop`]), and the condition
+//! builder. A module of its own so that neither of the two imports the other's internals.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use tidepool_config::{BridgeConfig, MemberCluster, MemberName};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use crate::member::Session;
+use crate::{Error, Members};
+
+pub(crate) struct Context {
+    pub training: Client,
+    /// Events on `MemberCluster` objects.
+    pub recorder: Recorder,
+    pub config: Arc<BridgeConfig>,
+    pub sessions: Mutex<BTreeMap<MemberName, Session>>,
+    pub members: watch::Sender<Members>,
+    /// Reconciles a member now: its session's health changed.
+    pub trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
+}
+
+impl Context {
+    /// The running sessions. A poisoned lock (a panic while it was held) is an error: the
+    /// map may be half-updated, and carrying on would hide that.
+    pub fn sessions(&self) -> Result<MutexGuard<'_, BTreeMap<MemberName, Session>>, Error> {
+        self.sessions.lock().map_err(|_| Error::Poisoned { what: "member sessions" })
+    }
+}
+
+/// The value of one status condition: whether it holds, its reason and its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cond {
+    pub ok: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Cond {
+    pub fn new(ok: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { ok, reason, message: message.into() }
+    }
+}
+
+/// A member whose Secret or spec no longer yields a working connection keeps its running
+/// session (and so its virtual nodes and offload pods), marked unusable: its nodes turn
+/// NotReady and tainted and nothing new is placed, instead of a node deleted and re-created
+/// on every flap of a Secret. Only a deleted or deselected `MemberCluster` ends a session
+/// (see `controller::sweep`).
+pub(crate) fn hold(ctx: &Context, name: &MemberName, ready: &Cond) -> Result<(), Error> {
+    let sessions = ctx.sessions()?;
+    if let Some(session) = sessions.get(name) {
+        let unusable = Some((ready.reason.to_owned(), ready.message.clone()));
+        if session.health.send_if_modified(|h| {
+            let changed = h.unusable != unusable;
+            h.unusable = unusable.clone();
+            changed
+        }) {
+            warn!(reason = ready.reason, "member session kept, but unusable until its Secret or spec is fixed");
+        }
+    }
+    Ok(())
+}
+
+/// Ends the member's session (its watches stop) and publishes the members without it.
+pub(crate) fn stop(ctx: &Context, name: &MemberName) -> Result<(), Error> {
+    let removed = ctx.sessions()?.remove(name);
+    if removed.is_some() {
+        info!(member = %name, "member session stopped");
+        publish(ctx)?;
+    }
+    Ok(())
+}
+
+/// Tells the consumers the connected members as they are now.
+pub(crate) fn publish(ctx: &Context) -> Result<(), Error> {
+    let members: Members = ctx.sessions()?.iter().map(|(k, s)| (k.clone(), s.handle.clone())).collect();
+    ctx.members.send_replace(members);
+    Ok(())
+}
+
+/// A condition that keeps its transition time while its status does not change.
+pub(crate) fn condition(old: &[Condition], type_: &str, value: Cond, generation: Option<i64>) -> Condition {
+    let status = if value.ok { "True" } else { "False" };
+    let since = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(jiff::Timestamp::now()));
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: value.reason.to_owned(),
+        // Errors of the member's client can quote its server or proxy URL.
+        message: crate::kubeconfig::scrub_urls(&value.message),
+        last_transition_time: since,
+        observed_generation: generation,
+    }
+}
