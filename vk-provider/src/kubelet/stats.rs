@@ -133,7 +133,10 @@ fn nodes_asked(ctx: &Context, node: Option<&str>) -> Result<Vec<(String, Arc<Mem
         Some(name) => {
             let found: Vec<_> = all.filter(|(n, _)| n == name).collect();
             if found.is_empty() {
-                return Err(text(StatusCode::NOT_FOUND, &format!("node {name} is not one of tidepool's virtual nodes")));
+                return Err(text(
+                    StatusCode::NOT_FOUND,
+                    &format!("node {name} is not one of tidepool's virtual nodes"),
+                ));
             }
             Ok(found)
         }
@@ -215,7 +218,9 @@ fn unavailable_reason(error: &kube::Error) -> String {
             "tidepool may not read metrics.k8s.io pods in the member's offload namespaces (the member role lacks it?): {}",
             s.message
         ),
-        kube::Error::Api(s) if s.code == 503 => format!("the member's metrics.k8s.io API is unavailable: {}", s.message),
+        kube::Error::Api(s) if s.code == 503 => {
+            format!("the member's metrics.k8s.io API is unavailable: {}", s.message)
+        }
         other => format!("reading the member's metrics.k8s.io API failed: {other}"),
     }
 }
@@ -226,7 +231,9 @@ async fn note_availability(ctx: &Context, member: &MemberHandle, nodes: &[&str],
     let changed = {
         let mut unavailable = ctx.usage.unavailable.lock().unwrap_or_else(PoisonError::into_inner);
         match error {
-            Some(reason) if unavailable.get(&name) != Some(reason) => unavailable.insert(name.clone(), reason.clone()).is_none(),
+            Some(reason) if unavailable.get(&name) != Some(reason) => {
+                unavailable.insert(name.clone(), reason.clone()).is_none()
+            }
             Some(_) => false,
             None => unavailable.remove(&name).is_some(),
         }
@@ -277,7 +284,8 @@ async fn node_event(training: &Client, node: &str, type_: &str, reason: &str, no
         reporting_instance: Some(node.into()),
         ..Default::default()
     };
-    if let Err(error) = Api::<Event>::namespaced(training.clone(), "default").create(&PostParams::default(), &event).await
+    if let Err(error) =
+        Api::<Event>::namespaced(training.clone(), "default").create(&PostParams::default(), &event).await
     {
         warn!(%error, %node, reason, "cannot publish node event");
     }

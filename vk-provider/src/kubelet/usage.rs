@@ -260,28 +260,62 @@ pub(crate) fn assemble(node: &str, pods: &[TrainingPod], samples: &[Sample], cou
 /// not be read (its pods are missing).
 pub(crate) fn render_resource(nodes: &[NodeUsage], with_node: bool, scrape_error: bool) -> String {
     let mut out = String::new();
-    let containers = || {
-        nodes.iter().flat_map(|n| n.pods.iter()).flat_map(|p| p.containers.iter().map(move |c| (p, c)))
-    };
+    let containers = || nodes.iter().flat_map(|n| n.pods.iter()).flat_map(|p| p.containers.iter().map(move |c| (p, c)));
     let labels = |p: &PodUsage, c: &ContainerUsage| {
         format!("container=\"{}\",namespace=\"{}\",pod=\"{}\"", escape(&c.name), escape(&p.namespace), escape(&p.name))
     };
-    header(&mut out, "container_cpu_usage_seconds_total", "Cumulative cpu time consumed by the container in core-seconds", "counter");
+    header(
+        &mut out,
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed by the container in core-seconds",
+        "counter",
+    );
     for (p, c) in containers() {
-        let _ = writeln!(out, "container_cpu_usage_seconds_total{{{}}} {} {}", labels(p, c), seconds(c.cpu_ns), c.at.as_millisecond());
+        let _ = writeln!(
+            out,
+            "container_cpu_usage_seconds_total{{{}}} {} {}",
+            labels(p, c),
+            seconds(c.cpu_ns),
+            c.at.as_millisecond()
+        );
     }
     header(&mut out, "container_memory_working_set_bytes", "Current working set of the container in bytes", "gauge");
     for (p, c) in containers() {
-        let _ = writeln!(out, "container_memory_working_set_bytes{{{}}} {} {}", labels(p, c), c.memory_bytes, c.at.as_millisecond());
+        let _ = writeln!(
+            out,
+            "container_memory_working_set_bytes{{{}}} {} {}",
+            labels(p, c),
+            c.memory_bytes,
+            c.at.as_millisecond()
+        );
     }
-    header(&mut out, "container_start_time_seconds", "Start time of the container since unix epoch in seconds", "gauge");
+    header(
+        &mut out,
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds",
+        "gauge",
+    );
     for (p, c) in containers() {
         if let Some(started) = c.started {
-            let _ = writeln!(out, "container_start_time_seconds{{{}}} {} {}", labels(p, c), started.as_second(), c.at.as_millisecond());
+            let _ = writeln!(
+                out,
+                "container_start_time_seconds{{{}}} {} {}",
+                labels(p, c),
+                started.as_second(),
+                c.at.as_millisecond()
+            );
         }
     }
-    if with_node && let [node] = nodes && let Some(at) = node.at {
-        header(&mut out, "node_cpu_usage_seconds_total", "Cumulative cpu time consumed by the node in core-seconds", "counter");
+    if with_node
+        && let [node] = nodes
+        && let Some(at) = node.at
+    {
+        header(
+            &mut out,
+            "node_cpu_usage_seconds_total",
+            "Cumulative cpu time consumed by the node in core-seconds",
+            "counter",
+        );
         let _ = writeln!(out, "node_cpu_usage_seconds_total {} {}", seconds(node.cpu_ns), at.as_millisecond());
         header(&mut out, "node_memory_working_set_bytes", "Current working set of the node in bytes", "gauge");
         let _ = writeln!(out, "node_memory_working_set_bytes {} {}", node.memory_bytes, at.as_millisecond());
@@ -326,9 +360,7 @@ fn escape(value: &str) -> String {
 /// the fields `kubectl top`-era consumers read (cpu `usageNanoCores` and
 /// `usageCoreNanoSeconds`, memory `workingSetBytes`).
 pub(crate) fn render_summary(node: &NodeUsage, now: Timestamp) -> serde_json::Value {
-    let cpu = |at: Timestamp, nano_cores: u64, cpu_ns: u64| {
-        serde_json::json!({"time": at.to_string(), "usageNanoCores": nano_cores, "usageCoreNanoSeconds": cpu_ns})
-    };
+    let cpu = |at: Timestamp, nano_cores: u64, cpu_ns: u64| serde_json::json!({"time": at.to_string(), "usageNanoCores": nano_cores, "usageCoreNanoSeconds": cpu_ns});
     let memory = |at: Timestamp, bytes: u64| serde_json::json!({"time": at.to_string(), "workingSetBytes": bytes});
     let pods: Vec<serde_json::Value> = node
         .pods
@@ -437,7 +469,12 @@ mod tests {
     }
 
     fn usage(milli_cores: u64, at: &str) -> Usage {
-        Usage { nano_cores: milli_cores * 1_000_000, memory_bytes: 1 << 20, at: ts(at), window: Duration::from_secs(15) }
+        Usage {
+            nano_cores: milli_cores * 1_000_000,
+            memory_bytes: 1 << 20,
+            at: ts(at),
+            window: Duration::from_secs(15),
+        }
     }
 
     #[test]
