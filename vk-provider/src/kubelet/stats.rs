@@ -30,6 +30,7 @@ use kube::{Api, Client, ResourceExt};
 use tidepool_federation::MemberHandle;
 use tracing::{info, warn};
 
+use super::target::Refusal;
 use super::usage::{self, Counters, NodeUsage, PodMetrics, TrainingPod};
 use super::{Body, Context, full, text};
 use crate::translate;
@@ -54,7 +55,7 @@ pub(super) async fn serve_resource(ctx: &Context, node: Option<&str>) -> Respons
             let body = usage::render_resource(&report.nodes, report.single, report.scrape_error);
             typed(full(StatusCode::OK, Bytes::from(body)), "text/plain; version=0.0.4")
         }
-        Err(refused) => refused,
+        Err(Refusal(status, message)) => text(status, &message),
     }
 }
 
@@ -66,7 +67,7 @@ pub(super) async fn serve_summary(ctx: &Context, node: Option<&str>) -> Response
             let body = usage::render_summary(&node, jiff::Timestamp::now());
             typed(full(StatusCode::OK, Bytes::from(body.to_string())), "application/json")
         }
-        Err(refused) => refused,
+        Err(Refusal(status, message)) => text(status, &message),
     }
 }
 
@@ -98,7 +99,7 @@ struct Report {
     scrape_error: bool,
 }
 
-async fn collect(ctx: &Context, node: Option<&str>) -> Result<Report, Response<Body>> {
+async fn collect(ctx: &Context, node: Option<&str>) -> Result<Report, Refusal> {
     let nodes = nodes_asked(ctx, node)?;
     let names: BTreeSet<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
     let pods = training_pods(&ctx.training, &names, node).await?;
@@ -125,7 +126,7 @@ async fn collect(ctx: &Context, node: Option<&str>) -> Result<Report, Response<B
 
 /// The virtual nodes asked about, each with its member: the one named (404 if it is none of
 /// tidepool's), or all of them.
-fn nodes_asked(ctx: &Context, node: Option<&str>) -> Result<Vec<(String, Arc<MemberHandle>)>, Response<Body>> {
+fn nodes_asked(ctx: &Context, node: Option<&str>) -> Result<Vec<(String, Arc<MemberHandle>)>, Refusal> {
     let members = ctx.members.borrow();
     let all = members.values().flat_map(|m| m.pools.iter().map(move |p| (p.node.to_string(), m.clone())));
     match node {
@@ -133,9 +134,9 @@ fn nodes_asked(ctx: &Context, node: Option<&str>) -> Result<Vec<(String, Arc<Mem
         Some(name) => {
             let found: Vec<_> = all.filter(|(n, _)| n == name).collect();
             if found.is_empty() {
-                return Err(text(
+                return Err(Refusal(
                     StatusCode::NOT_FOUND,
-                    &format!("node {name} is not one of tidepool's virtual nodes"),
+                    format!("node {name} is not one of tidepool's virtual nodes"),
                 ));
             }
             Ok(found)
@@ -148,15 +149,13 @@ async fn training_pods(
     training: &Client,
     nodes: &BTreeSet<&str>,
     named: Option<&str>,
-) -> Result<Vec<TrainingPod>, Response<Body>> {
+) -> Result<Vec<TrainingPod>, Refusal> {
     let params = match named {
         Some(node) => ListParams::default().fields(&format!("spec.nodeName={node}")),
         None => ListParams::default(),
     };
-    let list = Api::<Pod>::all(training.clone())
-        .list(&params)
-        .await
-        .map_err(|e| text(StatusCode::BAD_GATEWAY, &format!("listing training pods: {e}")))?;
+    let list =
+        Api::<Pod>::all(training.clone()).list(&params).await.map_err(|e| Refusal::api("listing training pods", &e))?;
     Ok(list.items.into_iter().filter_map(|p| training_pod(p, nodes)).collect())
 }
 
