@@ -42,9 +42,13 @@ async fn start(cluster: &str, member: &str) -> (Env, Client, Tidepool) {
     let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
     put_kubeconfig_secret(&training, NS, cluster, &kubeconfig).await;
     apply_real_pool(&env, &training, member, cluster).await;
-    let tidepool = Tidepool::start_config(&env, TEST, NS, "", &kubelet_config(&env));
+    // A virtual node an earlier run left keeps what that run wrote: this run registers its own.
     let nodes = Api::<Node>::all(training.clone());
     let node = node_of(member);
+    if nodes.get_opt(&node).await.unwrap().is_some() {
+        let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    }
+    let tidepool = Tidepool::start_config(&env, TEST, NS, "", &kubelet_config(&env));
     wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
         let (nodes, node) = (nodes.clone(), node.clone());
         async move {
