@@ -258,6 +258,7 @@ impl Drop for MetricsApiRemoved {
             .arg(&self.kubeconfig)
             .args(["apply", "-f", "-"])
             .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
             .spawn();
         if let Ok(mut child) = child {
             if let Some(mut stdin) = child.stdin.take() {

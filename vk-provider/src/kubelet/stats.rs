@@ -111,6 +111,10 @@ async fn collect(ctx: &Context, node: Option<&str>) -> Result<Report, Refusal> {
         let member_nodes: Vec<&str> =
             nodes.iter().filter(|(_, m)| m.name == member.name).map(|(n, _)| n.as_str()).collect();
         let theirs: Vec<&TrainingPod> = pods.iter().filter(|p| member_nodes.contains(&p.node.as_str())).collect();
+        // Nothing to ask about: nothing learnt about the member's metrics API either.
+        if theirs.is_empty() {
+            continue;
+        }
         let result = member_metrics(member, &theirs).await;
         note_availability(ctx, member, &member_nodes, result.as_ref().err()).await;
         match result {
