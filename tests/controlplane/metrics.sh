@@ -25,7 +25,7 @@ resolve_metrics_bin() {
     METRICS_BIN=$CP_METRICS_BIN
   else
     log "CP_METRICS_BIN not set: running tests/metrics/build.sh (a cold build takes minutes)"
-    METRICS_BIN=$("$here/../metrics/build.sh" | tail -n 1) || fail "tests/metrics/build.sh failed"
+    METRICS_BIN=$(bash "$here/../metrics/build.sh" | tail -n 1) || fail "tests/metrics/build.sh failed"
   fi
   [[ -x $METRICS_BIN/metrics-server ]] || fail "$METRICS_BIN/metrics-server is missing or not executable"
 }
