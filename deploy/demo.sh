@@ -36,6 +36,9 @@ export CP_BIN
 say "building the real nodes' containerd, CNI plugins and CoreDNS (cached after the first run)"
 CP_NODE_BIN=$(bash tests/nodes/build.sh | tail -n 1)
 export CP_NODE_BIN
+say "building metrics-server (cached after the first run)"
+CP_METRICS_BIN=$(bash tests/metrics/build.sh | tail -n 1)
+export CP_METRICS_BIN
 say "building tidepool"
 cargo build --locked --bin tidepool
 CP_IMAGES=$(bash tests/images/build.sh | tail -n 1)

@@ -2,7 +2,8 @@
 # Runs every tidepool test: unit and property tests of the crates, then the end-to-end tests
 # against real local clusters (one training and two member control planes, built from source
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
-# real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, images
+# real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
+# metrics-server from tests/metrics/build.sh, images
 # from tests/images/build.sh, tidepool's own image from its release binary). The clusters are
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
@@ -26,6 +27,10 @@ export TIDEPOOL_HELM
 echo "== building the real nodes' containerd, CNI plugins and CoreDNS (cached after the first run)" >&2
 CP_NODE_BIN=$(bash tests/nodes/build.sh | tail -n 1)
 export CP_NODE_BIN
+
+echo "== building metrics-server, run in each local cluster (cached after the first run)" >&2
+CP_METRICS_BIN=$(bash tests/metrics/build.sh | tail -n 1)
+export CP_METRICS_BIN
 
 echo "== building tidepool and its tests" >&2
 cargo build --workspace --all-targets --locked

@@ -8,6 +8,10 @@ pub const GROUP: &str = "tidepool.io";
 pub const LABEL_MEMBER: &str = "tidepool.io/member";
 /// Label on a virtual node: the pool inside the member.
 pub const LABEL_POOL: &str = "tidepool.io/pool";
+/// Annotation on a virtual node (metrics-server's): the kubelet API path its resource
+/// metrics are scraped from. Every virtual node shares one kubelet API, so the path names
+/// the node.
+pub const ANNOTATION_RESOURCE_METRICS_PATH: &str = "metrics.k8s.io/resource-metrics-path";
 /// Label every virtual-kubelet implementation puts on its nodes.
 pub const LABEL_NODE_TYPE: &str = "type";
 pub const NODE_TYPE_VIRTUAL: &str = "virtual-kubelet";

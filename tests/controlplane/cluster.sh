@@ -18,6 +18,7 @@
 #   CP_REAL_NODES   1 (default): a real node per cluster (needs root); 0: kwok nodes only
 #   CP_NODE_BIN     containerd, ctr, shim, runc, coredns, cni/ (default: tests/nodes/build.sh)
 #   CP_IMAGES       pause.tar, workload.tar [, tidepool.tar] (default: tests/images/build.sh)
+#   CP_METRICS_BIN  metrics-server (default: tests/metrics/build.sh); with real nodes only
 #
 # Ports (127.0.0.1 only, plus CP_PORT_OFFSET):
 #   etcd 2379 (client) 2380 (peer); kube-apiserver training 6443, member-a 6444,
@@ -26,6 +27,8 @@
 #   here: the tests run it), kwok's for member-a 127.0.0.3:11251, for member-b 127.0.0.4:11252.
 #   Runs side by side need offsets at least 3 apart and not 100 or 200 apart (e.g. 0, 10,
 #   20, ...): the controller-manager and scheduler ports of the clusters are 100 apart.
+#   With real nodes, metrics-server per cluster on the real node's IP, port 18250/18251/18252
+#   (metrics.sh beside this file).
 #   `up` checks that every port is free first.
 #
 # STATE_DIR after `up`:
@@ -46,6 +49,8 @@ set -Eeuo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=realnode.sh
 source "$here/realnode.sh"
+# shellcheck source=metrics.sh
+source "$here/metrics.sh"
 CLUSTERS=(training member-a member-b)
 MEMBERS=(member-a member-b)
 
@@ -235,6 +240,7 @@ check_ports() {
       want[$(real_port healthz "$c")]="$c real kubelet healthz"
       want[$(real_port dns-health "$c")]="$c CoreDNS health"
       want[$(real_port dns-ready "$c")]="$c CoreDNS ready"
+      want[$(metrics_port "$c")]="$c metrics-server"
     fi
   done
   if ((REAL)); then want[$(real_port s3 training)]="checkpoint store"; fi
@@ -291,6 +297,8 @@ subjectAltName=IP:127.0.0.1,IP:$(real_bridge_ip training),IP:10.96.0.1,DNS:local
     sign admin "/O=system:masters/CN=admin" "$cli"
     # What the apiservers present to kubelets, i.e. to tidepool's kubelet API.
     sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$cli"
+    # What the apiservers' aggregators present to extension API servers (metrics-server).
+    sign front-proxy-client "/CN=front-proxy-client" "$cli"
     # tidepool's kubelet API: the apiserver dials the node's InternalIP (127.0.0.2) and
     # checks it against the SAN (--kubelet-certificate-authority); the subject is what a
     # node-name-validating apiserver would expect.
@@ -415,6 +423,11 @@ start_apiserver() {
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="$PKI/ca.crt" \
+    --requestheader-client-ca-file="$PKI/ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     --allow-privileged=true --profiling=false --v=1
 }
 
@@ -610,6 +623,7 @@ write_env() {
     printf 'export %s=%q\n' CP_REAL_NODES "$REAL"
     if ((REAL)); then
       printf 'export %s=%q\n' CP_NODE_BIN "$NODE_BIN" CP_IMAGES "$IMAGES" CTR "$NODE_BIN/ctr" \
+        CP_METRICS_BIN "$METRICS_BIN" \
         APISERVER_RELAY_HOST "$(real_bridge_ip training)" \
         WORKLOAD_IMAGE tidepool.invalid/workload:1 REAL_NODE_TAINT "$REAL_TAINT_KEY" \
         CHECKPOINT_STORE "http://$(real_bridge_ip training):$(real_port s3 training)"
@@ -642,7 +656,7 @@ cmd_up() {
 
   prepare_state_dir
   resolve_bin
-  if ((REAL)); then resolve_node_bin; fi
+  if ((REAL)); then resolve_node_bin; resolve_metrics_bin; fi
   log "binaries: $BIN"
   check_ports
 
@@ -673,6 +687,9 @@ cmd_up() {
     real_apiserver_relays
     real_checkpoint_store
     log "real nodes up ($(secs $(($(now_ms) - t))) s)"
+    t=$(now_ms)
+    metrics_servers_up
+    log "metrics-servers up ($(secs $(($(now_ms) - t))) s)"
   fi
 
   write_env

@@ -542,6 +542,18 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     // Its own offload namespace is readable to it, and holds the copies.
     let copies = Api::<Secret>::namespaced(lp_member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
     assert!(copies.items.iter().any(|s| s.metadata.name.as_deref() == Some("lp-secret")), "Secret not reflected");
+    // The usage of its copies, for the kubelet API's /metrics/resource (`kubectl top`, HPAs).
+    let pod_metrics = kube::api::ApiResource {
+        group: "metrics.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metrics.k8s.io/v1beta1".into(),
+        kind: "PodMetrics".into(),
+        plural: "pods".into(),
+    };
+    Api::<kube::api::DynamicObject>::namespaced_with(lp_member.clone(), &offload_ns, &pod_metrics)
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("the member role cannot list PodMetrics in {offload_ns}: {e}"));
     let bindings =
         Api::<RoleBinding>::namespaced(member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
     assert!(

@@ -483,3 +483,18 @@ pub async fn wait_reason(client: &Client, name: &str, status: &str, reason: &str
     })
     .await
 }
+
+/// `curl` against tidepool's kubelet API with a client certificate: the HTTP status and body.
+#[allow(dead_code)] // tests/bench shares this harness
+pub fn kubelet_call(env: &Env, (cert, key): &(String, String), method: &str, path: &str) -> (u16, String) {
+    let url = format!("https://{}:{}{path}", env.var("TIDEPOOL_KUBELET_ADDRESS"), env.var("TIDEPOOL_KUBELET_PORT"));
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"])
+        .args(["--cacert", &format!("{}/ca.crt", env.var("CP_PKI")), "--cert", cert, "--key", key])
+        .arg(url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}

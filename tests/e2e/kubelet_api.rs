@@ -261,20 +261,6 @@ fn client_certificate(env: &Env, dir: &std::path::Path, user: &str, group: &str)
     (crt.display().to_string(), key.display().to_string())
 }
 
-/// `curl` against tidepool's kubelet API with a client certificate: the HTTP status and body.
-fn kubelet_call(env: &Env, (cert, key): &(String, String), method: &str, path: &str) -> (u16, String) {
-    let url = format!("https://{}:{}{path}", env.var("TIDEPOOL_KUBELET_ADDRESS"), env.var("TIDEPOOL_KUBELET_PORT"));
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"])
-        .args(["--cacert", &format!("{}/ca.crt", env.var("CP_PKI")), "--cert", cert, "--key", key])
-        .arg(url)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
 #[tokio::test]
 async fn a_node_certificate_from_the_client_ca_is_refused_and_the_api_servers_kubelet_client_is_served() {
     let s = Setup::start().await;

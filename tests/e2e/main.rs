@@ -17,6 +17,7 @@ mod kubelet_api;
 mod member_disruption;
 mod member_status;
 mod membership;
+mod metrics;
 mod node_status;
 mod operations;
 mod plugin;

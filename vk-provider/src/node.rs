@@ -155,6 +155,13 @@ pub fn node_status(
     }
 }
 
+/// Annotations of a virtual node: where metrics-server reads its pods' usage on the
+/// kubelet API all virtual nodes share ([`crate::kubelet`]).
+pub fn node_annotations(pool: &PoolHandle) -> BTreeMap<String, String> {
+    let path = crate::kubelet::resource_metrics_path(pool.node.as_str());
+    BTreeMap::from([(keys::ANNOTATION_RESOURCE_METRICS_PATH.to_owned(), path)])
+}
+
 /// The whole Node object for creation (status is accepted on create for Nodes).
 pub fn virtual_node(
     config: &BridgeConfig,
@@ -168,6 +175,7 @@ pub fn virtual_node(
         metadata: ObjectMeta {
             name: Some(pool.node.to_string()),
             labels: Some(node_labels(member, pool, capacity)),
+            annotations: Some(node_annotations(pool)),
             ..Default::default()
         },
         spec: Some(NodeSpec { taints: Some(node_taints(health, paused)), ..Default::default() }),
@@ -350,7 +358,9 @@ impl NodeTask {
                 n
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                let labels = json!({ "metadata": { "labels": node.metadata.labels } });
+                let labels = json!({ "metadata": {
+                    "labels": node.metadata.labels, "annotations": node.metadata.annotations,
+                } });
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(labels))
                     .await
                     .map_err(|e| Error::training("update node labels", e))?;

@@ -66,6 +66,9 @@ pub(super) struct Asked<'a> {
     pub subresources: &'static [&'static str],
     /// The pod the request is about, `(namespace, name)`: its node is the one asked about.
     pub pod: Option<(&'a str, &'a str)>,
+    /// The virtual node a usage path names (`/metrics/resource/<node>`,
+    /// `/stats/summary/<node>`): the one asked about.
+    pub node: Option<&'a str>,
 }
 
 /// The kubelet's request attributes for `method` on `path`: the verb from the method
@@ -110,7 +113,11 @@ pub(super) fn asked<'a>(method: &Method, path: &'a str) -> Asked<'a> {
         }
         _ => None,
     };
-    Asked { verb, subresources, pod }
+    let node = match segments.as_slice() {
+        ["metrics", "resource", node] | ["stats", "summary", node] if !node.is_empty() => Some(*node),
+        _ => None,
+    };
+    Asked { verb, subresources, pod, node }
 }
 
 /// What one decision is cached under: everything the review was asked. Groups are a set to
@@ -187,7 +194,7 @@ pub(super) async fn authorize(
     identity: &Identity,
     asked: &Asked<'_>,
 ) -> Result<(), (StatusCode, String)> {
-    let node = node_asked(ctx, asked.pod).await;
+    let node = node_asked(ctx, asked.pod, asked.node).await;
     let mut last = "proxy";
     for &subresource in asked.subresources {
         last = subresource;
@@ -222,12 +229,16 @@ pub(super) async fn authorize(
     Err((StatusCode::FORBIDDEN, forbidden_message(identity, &asked.verb, last)))
 }
 
-/// The node a request is about: the pod's virtual node, or, for a request naming no pod or
-/// a pod that is on none of them (or not found: the handler says so once authorized), the
-/// first of tidepool's virtual nodes. With none, no name: only rules for every node grant it.
-async fn node_asked(ctx: &Context, pod: Option<(&str, &str)>) -> String {
+/// The node a request is about: the virtual node it names, the pod's virtual node, or, for
+/// a request naming neither or one that is none of them (or not found: the handler says so
+/// once authorized), the first of tidepool's virtual nodes. With none, no name: only rules
+/// for every node grant it.
+async fn node_asked(ctx: &Context, pod: Option<(&str, &str)>, named: Option<&str>) -> String {
     let nodes: BTreeSet<String> =
         ctx.members.borrow().values().flat_map(|m| m.pools.iter().map(|p| p.node.to_string())).collect();
+    if let Some(node) = named.filter(|n| nodes.contains(*n)) {
+        return node.to_owned();
+    }
     if let Some((namespace, name)) = pod
         && let Ok(Some(pod)) = Api::<Pod>::namespaced(ctx.training.clone(), namespace).get_opt(name).await
         && let Some(node) = pod.spec.and_then(|s| s.node_name).filter(|n| nodes.contains(n))
@@ -293,6 +304,7 @@ mod tests {
             ("configz is configz, then proxy", Method::GET, "/configz", ("get", &["configz", "proxy"], None)),
             ("node logs are log", Method::GET, "/logs/kubelet.log", ("get", &["log"], None)),
             ("stats", Method::GET, "/stats/summary", ("get", &["stats"], None)),
+            ("resource metrics are metrics", Method::GET, "/metrics/resource", ("get", &["metrics"], None)),
             ("metrics", Method::GET, "/metrics/cadvisor", ("get", &["metrics"], None)),
             ("spec", Method::GET, "/spec/", ("get", &["spec"], None)),
             (
@@ -311,8 +323,22 @@ mod tests {
             ("an empty pod name names none", Method::GET, "/containerLogs/ns//c", ("get", &["proxy"], None)),
         ];
         for (case, method, path, (verb, subresources, pod)) in cases {
-            let expected = Asked { verb: verb.to_string(), subresources, pod: *pod };
+            let expected = Asked { verb: verb.to_string(), subresources, pod: *pod, node: None };
             assert_eq!(asked(method, path), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn usage_paths_name_the_node_they_are_about() {
+        fn node(path: &str) -> Option<&str> {
+            asked(&Method::GET, path).node
+        }
+        assert_eq!(node("/metrics/resource/tidepool-a"), Some("tidepool-a"));
+        assert_eq!(node("/stats/summary/tidepool-a"), Some("tidepool-a"));
+        assert_eq!(asked(&Method::GET, "/metrics/resource/tidepool-a").subresources, &["metrics"]);
+        assert_eq!(asked(&Method::GET, "/stats/summary/tidepool-a").subresources, &["stats"]);
+        for none in ["/metrics/resource", "/stats/summary", "/metrics/resource/", "/metrics/cadvisor/x", "/pods/x"] {
+            assert_eq!(node(none), None, "{none}");
         }
     }
 

@@ -7,7 +7,9 @@
 //! through the member's own API server — logs streamed back as they come ([`logs`]),
 //! exec/attach bridged from the SPDY streams the API server opens here ([`exec`], framing in
 //! [`spdy`]) to a WebSocket session on the member, and port-forward the same way
-//! ([`portforward`]).
+//! ([`portforward`]). Resource usage of the offloaded pods (`/metrics/resource`, which
+//! metrics-server scrapes, and `/stats/summary`) comes from the members' metrics APIs
+//! ([`stats`], pure parts in [`usage`]).
 //!
 //! Only callers with a client certificate from the API server's client CA get past the TLS
 //! handshake ([`tls`]). Certificate and CA come from the bridge config's files, or, with
@@ -25,8 +27,12 @@ mod exec;
 mod logs;
 mod portforward;
 pub mod spdy;
+mod stats;
 mod target;
 mod tls;
+mod usage;
+
+pub(crate) use stats::resource_metrics_path;
 
 pub use bootstrap::CertError;
 
@@ -77,6 +83,8 @@ pub(crate) struct Context {
     pub(crate) members: watch::Receiver<Members>,
     /// Recent authorization decisions ([`authz`]).
     pub(crate) decisions: authz::Decisions,
+    /// CPU counters and member metrics availability of the usage endpoints ([`stats`]).
+    pub(crate) usage: stats::State,
 }
 
 /// Serves the kubelet API in the background until the runtime stops. `None` when the
@@ -94,7 +102,7 @@ pub async fn start(
 ) -> Result<Option<SocketAddr>, ServeError> {
     let addr = SocketAddr::new(config.node_address, config.port);
     let decisions = authz::Decisions::new(authz::CACHE_CAPACITY);
-    let ctx = Arc::new(Context { training: training.clone(), members, decisions });
+    let ctx = Arc::new(Context { training: training.clone(), members, decisions, usage: stats::State::default() });
     match (config.serving_mode(), &config.tls_cert_file, &config.tls_key_file, &config.client_ca_file) {
         (KubeletServing::Off, ..) => {
             warn!("kubelet.serving is off: no kubelet API, so logs and exec of offloaded pods fail");
@@ -210,6 +218,10 @@ async fn handle(
     let response = match (req.method(), segments.as_slice()) {
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok"),
         (&Method::GET, ["pods"]) => pods(&ctx).await,
+        (&Method::GET, ["metrics", "resource"]) => stats::serve_resource(&ctx, None).await,
+        (&Method::GET, ["metrics", "resource", node]) => stats::serve_resource(&ctx, Some(node)).await,
+        (&Method::GET, ["stats", "summary"]) => stats::serve_summary(&ctx, None).await,
+        (&Method::GET, ["stats", "summary", node]) => stats::serve_summary(&ctx, Some(node)).await,
         (&Method::GET, ["containerLogs", ns, pod, container]) => logs::serve(&ctx, ns, pod, container, &query).await,
         // Kubelets also accept the pod UID before the container name.
         (_, [kind @ ("exec" | "attach"), ns, pod, container] | [kind @ ("exec" | "attach"), ns, pod, _, container]) => {
