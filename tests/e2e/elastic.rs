@@ -53,8 +53,9 @@ impl Setup {
         let env = Env::load();
         assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
         let training = env.client("training").await;
-        prepare(&env, &training, TEST, NS).await;
+        // An earlier run's Jobs first, or they would make new pods as fast as they are cleared.
         delete_jobs(&training).await;
+        prepare(&env, &training, TEST, NS).await;
         let used = if both { &MEMBERS[..] } else { &MEMBERS[..1] };
         let mut members = Vec::new();
         for (name, cluster, _) in used {
@@ -284,7 +285,8 @@ async fn await_reclaimed(s: &Setup, uids: &BTreeSet<String>, what: &str) -> Vec<
 async fn delete_jobs(training: &Client) {
     let jobs = Api::<Job>::namespaced(training.clone(), NS);
     let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    jobs.delete_collection(&dp, &ListParams::default()).await.unwrap();
+    // (No namespace yet on a first run: nothing to delete.)
+    let _ = jobs.delete_collection(&dp, &ListParams::default()).await;
     wait_for(Duration::from_secs(60), "the Jobs gone", || {
         let jobs = jobs.clone();
         async move { jobs.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
@@ -481,8 +483,8 @@ async fn a_deeper_deficit_takes_the_whole_job_which_resumes_on_the_other_member_
 async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trainer_only_shrinks_it() {
     let s = Setup::start(false).await;
     let node = MEMBERS[0].2;
-    // The PS also save every 10 pushes: a killed one has no time to save on its way out.
-    s.submit(2, json!([{"name": "TP_CHECKPOINT_EVERY", "value": "10"}])).await;
+    // The PS also save every 50 pushes: a killed one has no time to save on its way out.
+    s.submit(2, json!([{"name": "TP_CHECKPOINT_EVERY", "value": "50"}])).await;
     let first = s.await_running(4, node, "the job's 4 pods running on member-a").await;
     let role = |p: &Pod| label(p, keys::LABEL_ROLE).to_owned();
     let elastic = first.iter().find(|p| role(p) == keys::ROLE_ELASTIC).unwrap().clone();
@@ -494,13 +496,15 @@ async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trai
     //    same member as an elastic pod of the gang.
     s.kill_process(0, &elastic.name_any()).await;
     let others: BTreeSet<String> = uids(&first).into_iter().filter(|u| Some(u) != elastic.metadata.uid.as_ref()).collect();
+    let all_first = uids(&first);
     let regrown = wait_for(WAIT, "the dead trainer replaced", || {
-        let others = others.clone();
+        let all_first = all_first.clone();
         let s = &s;
         async move {
             let pods = s.live("").await;
             let running = pods.iter().all(|p| phase(p) == "Running" && node_of(p) == node);
-            let new: Vec<&Pod> = pods.iter().filter(|p| p.metadata.uid.as_ref().is_some_and(|u| !others.contains(u))).collect();
+            let new: Vec<&Pod> =
+                pods.iter().filter(|p| p.metadata.uid.as_ref().is_some_and(|u| !all_first.contains(u))).collect();
             (running && pods.len() == 4 && new.len() == 1).then(|| new[0].clone())
         }
     })

@@ -289,7 +289,7 @@ fn connect(cfg: &Config, stop: &Stop) -> Result<Option<Vec<Link>>, String> {
             .ps
             .iter()
             .map(|addr| {
-                let conn = TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+                let conn = dial(addr)?;
                 conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
                 let writer = conn.try_clone().map_err(|e| e.to_string())?;
                 Ok(Link { reader: BufReader::new(conn), writer })
@@ -308,6 +308,25 @@ fn connect(cfg: &Config, stop: &Stop) -> Result<Option<Vec<Link>>, String> {
     }
     Err(format!("the parameter servers did not answer: {last}"))
 }
+
+/// Connects to `addr` within [`DIAL_TIMEOUT`]: a PS that died leaves its address behind for
+/// a while (in DNS, in the neighbour table), and a plain connect to it waits minutes for an
+/// answer, during which the trainer would not look at its notice.
+fn dial(addr: &str) -> Result<TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let targets = addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))?;
+    let mut last = format!("{addr}: no address");
+    for target in targets {
+        match TcpStream::connect_timeout(&target, DIAL_TIMEOUT) {
+            Ok(conn) => return Ok(conn),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// How long a trainer waits for one PS to answer a connect.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One SGD step: pull every shard, compute the gradient on the next batch, push each PS its
 /// slice. Returns the global step (PS 0's count) and the batch loss before the update.
