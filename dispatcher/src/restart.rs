@@ -42,7 +42,8 @@ pub struct Decision {
 /// dispatcher placed on the node it is on (tenants write their pods' labels).
 pub fn is_core(p: &PodLite) -> bool {
     let node = p.node_name();
-    node.is_some() && p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == node
+    node.is_some()
+        && p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == node
         && p.labels().get(keys::LABEL_ROLE).map(String::as_str) == Some(keys::ROLE_CORE)
 }
 
@@ -202,10 +203,12 @@ mod tests {
     }
 
     fn noticed(mut p: PodLite, reason: &str) -> PodLite {
-        p.status.tidepool_conditions = vec![serde_json::from_value(json!({
-            "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": reason,
-        }))
-        .unwrap()];
+        p.status.tidepool_conditions = vec![
+            serde_json::from_value(json!({
+                "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": reason,
+            }))
+            .unwrap(),
+        ];
         p
     }
 

@@ -27,8 +27,10 @@ use crate::training::steps;
 const TEST: &str = "elastic";
 const NS: &str = "e2e-elastic";
 /// The MemberClusters of member-a and member-b, and their real pools' virtual nodes.
-const MEMBERS: [(&str, &str, &str); 2] =
-    [("e2e-elastic-a", "member-a", "tidepool-e2e-elastic-a-real"), ("e2e-elastic-b", "member-b", "tidepool-e2e-elastic-b-real")];
+const MEMBERS: [(&str, &str, &str); 2] = [
+    ("e2e-elastic-a", "member-a", "tidepool-e2e-elastic-a-real"),
+    ("e2e-elastic-b", "member-b", "tidepool-e2e-elastic-b-real"),
+];
 /// Each pod's CPU request: the job is 5 × 50m at most.
 const POD_CPU_MILLI: u32 = 50;
 /// Bounded waits for the steps of a scenario (a reclaim, a placement, a resume).
@@ -68,10 +70,9 @@ impl Setup {
         let tidepool = Tidepool::start_config(&env, TEST, NS, dispatcher, &kubelet_config(&env));
         let id = run_id();
         let s = Setup { env, training, members, _tidepool: tidepool, svc: format!("ctr-{id}"), id };
-        for i in 0..used.len() {
+        for (i, (_, _, node)) in used.iter().enumerate() {
             s.lend(i, None).await;
             let nodes = Api::<Node>::all(s.training.clone());
-            let node = MEMBERS[i].2;
             wait_for(Duration::from_secs(90), &format!("virtual node {node} Ready"), || {
                 let nodes = nodes.clone();
                 async move {
@@ -102,7 +103,10 @@ impl Setup {
             None => json!(null),
         };
         let patch = Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}}));
-        Api::<MemberCluster>::all(self.training.clone()).patch(MEMBERS[i].0, &PatchParams::default(), &patch).await.unwrap();
+        Api::<MemberCluster>::all(self.training.clone())
+            .patch(MEMBERS[i].0, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
     }
 
     /// The job: headless Service `svc` over the PS, the PS Job (whose pods exist before any
@@ -118,7 +122,8 @@ impl Setup {
         Api::<Service>::namespaced(self.training.clone(), NS).create(&PostParams::default(), &service).await.unwrap();
         let jobs = Api::<Job>::namespaced(self.training.clone(), NS);
         jobs.create(&PostParams::default(), &self.job("ps", 2, ps_env)).await.unwrap();
-        wait_for(WAIT, "the PS Job's two pods", || async move { (self.live("ps").await.len() == 2).then_some(()) }).await;
+        wait_for(WAIT, "the PS Job's two pods", || async move { (self.live("ps").await.len() == 2).then_some(()) })
+            .await;
         jobs.create(&PostParams::default(), &self.job("trainer", trainers, json!([]))).await.unwrap();
     }
 
@@ -165,7 +170,8 @@ impl Setup {
         if !role.is_empty() {
             selector.push_str(&format!(",role={role}"));
         }
-        let list = self.pods().list(&ListParams::default().labels(&selector)).await.map(|l| l.items).unwrap_or_default();
+        let list =
+            self.pods().list(&ListParams::default().labels(&selector)).await.map(|l| l.items).unwrap_or_default();
         let mut live: Vec<Pod> = list
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -201,7 +207,8 @@ impl Setup {
     /// Kills the process of `pod`'s container in member `i` with SIGKILL through the real
     /// node's containerd: the process dies, the pod object is left to the kubelet and tidepool.
     async fn kill_process(&self, i: usize, pod: &str) {
-        let copies = Api::<Pod>::namespaced(self.members[i].clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
+        let copies =
+            Api::<Pod>::namespaced(self.members[i].clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
         let copy = copies.get(pod).await.unwrap();
         let id = copy.status.and_then(|s| s.container_statuses).and_then(|c| c.into_iter().next()?.container_id);
         let id = id.unwrap_or_else(|| panic!("the copy of {pod} has no container id"));
@@ -257,7 +264,13 @@ fn condition_reason(p: &Pod, type_: &str) -> Option<String> {
 fn acked(p: &Pod) -> Option<(u64, jiff::Timestamp)> {
     let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
     let t = statuses.iter().find_map(|c| c.state.as_ref()?.terminated.clone())?;
-    let step = t.message?.strip_prefix(keys::TERMINATION_ACK_PREFIX)?.split_whitespace().find_map(|w| w.strip_prefix("step="))?.parse().ok()?;
+    let step = t
+        .message?
+        .strip_prefix(keys::TERMINATION_ACK_PREFIX)?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("step="))?
+        .parse()
+        .ok()?;
     Some((step, t.finished_at?.0))
 }
 
@@ -274,7 +287,8 @@ async fn await_reclaimed(s: &Setup, uids: &BTreeSet<String>, what: &str) -> Vec<
             .into_iter()
             .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
             .filter(|p| {
-                phase(p) == "Failed" && p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(keys::REASON_RECLAIMED)
+                phase(p) == "Failed"
+                    && p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(keys::REASON_RECLAIMED)
             })
             .collect();
         (gone.len() == uids.len()).then_some(gone)
@@ -333,10 +347,18 @@ async fn online_demand_takes_the_elastic_trainers_with_a_checkpoint_and_gives_th
     let node = MEMBERS[0].2;
     s.submit(3, json!([])).await;
     let pods = s.await_running(5, node, "the job's 5 pods running on member-a").await;
-    let (core, elastic): (Vec<Pod>, Vec<Pod>) = pods.into_iter().partition(|p| label(p, keys::LABEL_ROLE) == keys::ROLE_CORE);
-    assert_eq!(core.len(), 3, "the PS and one trainer are the core: {:?}", core.iter().map(ResourceExt::name_any).collect::<Vec<_>>());
+    let (core, elastic): (Vec<Pod>, Vec<Pod>) =
+        pods.into_iter().partition(|p| label(p, keys::LABEL_ROLE) == keys::ROLE_CORE);
+    assert_eq!(
+        core.len(),
+        3,
+        "the PS and one trainer are the core: {:?}",
+        core.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
     assert!(core.iter().filter(|p| label(p, "role") == "ps").count() == 2, "both PS are core");
-    assert!(elastic.iter().all(|p| label(p, keys::LABEL_ROLE) == keys::ROLE_ELASTIC && label(p, keys::LABEL_BAND) == "low"));
+    assert!(
+        elastic.iter().all(|p| label(p, keys::LABEL_ROLE) == keys::ROLE_ELASTIC && label(p, keys::LABEL_BAND) == "low")
+    );
     let trainer = core.iter().find(|p| label(p, "role") == "trainer").unwrap().name_any();
     let before = s.await_steps(&trainer, 3).await;
     let start_loss = before[0].1;
@@ -372,7 +394,11 @@ async fn online_demand_takes_the_elastic_trainers_with_a_checkpoint_and_gives_th
     assert!(running_core.iter().all(|p| condition_time(p, keys::CONDITION_RECLAIM_REQUESTED).is_none()));
     let at_reclaim = steps(&s.log(&trainer).await).len();
     let during = s.await_steps(&trainer, at_reclaim + 2).await;
-    println!("core trainer goes on: step {} loss {} with the elastic trainers gone", during.last().unwrap().0, during.last().unwrap().1);
+    println!(
+        "core trainer goes on: step {} loss {} with the elastic trainers gone",
+        during.last().unwrap().0,
+        during.last().unwrap().1
+    );
     // The Job made new trainers for them; they wait for room on the gang's member.
     let setup = &s;
     wait_for(WAIT, "the replacement trainers waiting unplaced", || async move {
@@ -402,7 +428,12 @@ async fn online_demand_takes_the_elastic_trainers_with_a_checkpoint_and_gives_th
             regrown.as_secs_f64()
         );
     }
-    println!("core trainer loss {start_loss} at step {} -> {} at step {}", before[0].0, during.last().unwrap().1, during.last().unwrap().0);
+    println!(
+        "core trainer loss {start_loss} at step {} -> {} at step {}",
+        before[0].0,
+        during.last().unwrap().1,
+        during.last().unwrap().0
+    );
     s.finish().await;
 }
 
@@ -434,7 +465,10 @@ async fn a_deeper_deficit_takes_the_whole_job_which_resumes_on_the_other_member_
     // The elastic trainer first, the core (PS included) after it.
     let (elastic, core) = (noticed(keys::ROLE_ELASTIC), noticed(keys::ROLE_CORE));
     assert!(elastic.len() == 1 && core.len() == 3, "{elastic:?} {core:?}");
-    assert!(core.iter().all(|c| *c >= elastic[0]), "the core was noticed before the elastic trainer: {elastic:?} {core:?}");
+    assert!(
+        core.iter().all(|c| *c >= elastic[0]),
+        "the core was noticed before the elastic trainer: {elastic:?} {core:?}"
+    );
     let mut acked_steps = Vec::new();
     for p in &gone {
         let (step, at) = acked(p).unwrap_or_else(|| panic!("{}: no ack", p.name_any()));
@@ -448,6 +482,15 @@ async fn a_deeper_deficit_takes_the_whole_job_which_resumes_on_the_other_member_
         );
         acked_steps.push(step);
     }
+    // The PS leave after the trainers: their checkpoints hold every step the trainers saved.
+    let ended = |role: &str| {
+        gone.iter().filter(|p| label(p, "role") == role).filter_map(|p| Some(acked(p)?.1)).collect::<Vec<_>>()
+    };
+    let (ps_ended, trainers_ended) = (ended("ps"), ended("trainer"));
+    assert!(
+        ps_ended.iter().all(|ps| trainers_ended.iter().all(|t| ps >= t)),
+        "a PS left before a trainer: PS {ps_ended:?}, trainers {trainers_ended:?}"
+    );
     println!("whole job gone {:.1}s after the demand", gone_after.as_secs_f64());
 
     // Placed again whole, on member-b, from its checkpoints.
@@ -488,14 +531,16 @@ async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trai
     let first = s.await_running(4, node, "the job's 4 pods running on member-a").await;
     let role = |p: &Pod| label(p, keys::LABEL_ROLE).to_owned();
     let elastic = first.iter().find(|p| role(p) == keys::ROLE_ELASTIC).unwrap().clone();
-    let trainer = first.iter().find(|p| label(p, "role") == "trainer" && role(p) == keys::ROLE_CORE).unwrap().name_any();
+    let trainer =
+        first.iter().find(|p| label(p, "role") == "trainer" && role(p) == keys::ROLE_CORE).unwrap().name_any();
     let before = s.await_steps(&trainer, 3).await;
     let start_loss = before[0].1;
 
     // 1. An elastic trainer's process dies: only it goes; the Job's new trainer joins the
     //    same member as an elastic pod of the gang.
     s.kill_process(0, &elastic.name_any()).await;
-    let others: BTreeSet<String> = uids(&first).into_iter().filter(|u| Some(u) != elastic.metadata.uid.as_ref()).collect();
+    let others: BTreeSet<String> =
+        uids(&first).into_iter().filter(|u| Some(u) != elastic.metadata.uid.as_ref()).collect();
     let all_first = uids(&first);
     let regrown = wait_for(WAIT, "the dead trainer replaced", || {
         let all_first = all_first.clone();
@@ -533,11 +578,16 @@ async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trai
     let mut acked_steps = Vec::new();
     for p in &stopped {
         assert_eq!(condition_reason(p, keys::CONDITION_RECLAIM_REQUESTED).as_deref(), Some(keys::REASON_GANG_RESTART));
-        assert!(condition_time(p, keys::CONDITION_DISRUPTION_TARGET).is_some(), "{}: no DisruptionTarget", p.name_any());
+        assert!(
+            condition_time(p, keys::CONDITION_DISRUPTION_TARGET).is_some(),
+            "{}: no DisruptionTarget",
+            p.name_any()
+        );
         let (step, _) = acked(p).unwrap_or_else(|| panic!("{}: no checkpoint ack", p.name_any()));
         acked_steps.push(step);
     }
-    let noticed: BTreeSet<_> = stopped.iter().filter_map(|p| condition_time(p, keys::CONDITION_RECLAIM_REQUESTED)).collect();
+    let noticed: BTreeSet<_> =
+        stopped.iter().filter_map(|p| condition_time(p, keys::CONDITION_RECLAIM_REQUESTED)).collect();
     assert!(
         noticed.last().unwrap().duration_since(*noticed.first().unwrap()) <= jiff::SignedDuration::from_secs(1),
         "the gang was not stopped at once: {noticed:?}"
@@ -547,16 +597,24 @@ async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trai
     let again = s.await_running(4, node, "the gang placed again whole").await;
     let back_after = killed.elapsed();
     assert!(uids(&again).is_disjoint(&uids(&running)), "pods of the old gang still run");
+    let mut ps0_resumed = 0;
     for p in again.iter().filter(|p| label(p, "role") == "ps") {
         let log = s.log(&p.name_any()).await;
-        assert!(resumed_at(&log).is_some_and(|n| n > 0), "{} did not resume: {log}", p.name_any());
-        println!("{} (index {}) resumed at step {}", p.name_any(), index(p), resumed_at(&log).unwrap());
+        let resumed =
+            resumed_at(&log).filter(|n| *n > 0).unwrap_or_else(|| panic!("{} did not resume: {log}", p.name_any()));
+        if index(p) == "0" {
+            ps0_resumed = resumed;
+        }
+        println!("{} (index {}) resumed at step {resumed}", p.name_any(), index(p));
     }
     for p in again.iter().filter(|p| label(p, "role") == "trainer") {
         let steps = s.await_steps(&p.name_any(), 1).await;
         let log = s.log(&p.name_any()).await;
         let resumed = resumed_at(&log).unwrap_or_else(|| panic!("{} did not resume: {log}", p.name_any()));
-        assert!(steps[0].0 > 0 && steps[0].1 < start_loss / 10.0, "{steps:?}: the loss jumped back (start {start_loss})");
+        // The global step is PS 0's: it goes on from that checkpoint (what the dead PS had
+        // not saved is lost, as with any crash), and the loss stays where training had it.
+        assert!(steps[0].0 > ps0_resumed, "{steps:?}: not from PS 0's checkpoint at {ps0_resumed}");
+        assert!(steps[0].1 < start_loss / 10.0, "{steps:?}: the loss jumped back (start {start_loss})");
         println!("trainer index {} resumed at step {resumed}: first step {} loss {}", index(p), steps[0].0, steps[0].1);
     }
     println!(
