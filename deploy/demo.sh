@@ -70,7 +70,7 @@ done
 k certificate approve "$csr"
 
 say "waiting for the virtual nodes"
-for node in tidepool-member-a-gpu tidepool-member-a-real tidepool-member-b-a100; do
+for node in tidepool-member-a-gpu tidepool-member-a-real tidepool-member-b-a100 tidepool-member-b-real; do
   for _ in $(seq 120); do k get node "$node" >/dev/null 2>&1 && break; sleep 0.5; done
   k wait --for condition=Ready "node/$node" --timeout=60s
 done
@@ -146,6 +146,28 @@ if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --
   k -n team-a logs trainer-0 -c trainer --tail=3 || true
 else
   echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
+  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+fi
+
+say "a deeper deficit: member-a takes its whole real node back; the job resumes on member-b"
+if k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=30s 2>/dev/null; then
+  k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"${cores}000m\"}}}}"
+  if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --timeout=120s; then
+    echo "-- reclaimed whole from member-a (parameter servers and trainer); the acks, from inside the pod:"
+    k -n team-a get pod trainer-0 -o jsonpath='{range .status.containerStatuses[*]}{.name}: {.state.terminated.message}{end}'
+    echo "-- placed again on member-b's real pool, same checkpoint store, same job:"
+    k -n team-a delete pod trainer-0 --wait=true
+    sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#; s#tidepool-member-a-real#tidepool-member-b-real#" deploy/examples/trainer-real.yaml | k apply -f -
+    k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s || true
+    k -n team-a get pod trainer-0 -o wide
+    echo "-- its copy in member-b, on member-b's real node:"
+    "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
+    sleep 3
+    echo "-- kubectl logs trainer-0 -c trainer: it goes on from the step it saved on member-a"
+    k -n team-a logs trainer-0 -c trainer --tail=3 || true
+  else
+    echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
+  fi
   k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 fi
 
