@@ -3,8 +3,9 @@
 # cluster and two member clusters on loopback (kwok GPU nodes, and one real node each:
 # containerd, kubelet, CNI, CoreDNS), runs tidepool between them with its embedded default
 # config, registers both members, sends a real trainer process across the bridge (its logs
-# and exec through the training cluster), places an elastic job whole, and reclaims by band
-# with a checkpoint notice. Everything stays up afterwards so you can look around with
+# and exec through the training cluster), places an elastic job whole, reclaims by band
+# with a checkpoint notice, and moves the real job to member-b when member-a takes its whole
+# real node back (it resumes there from its checkpoint). Everything stays up afterwards so you can look around with
 # kubectl; `bash deploy/demo.sh down` stops it all. Needs root (the real nodes).
 #
 # Environment: TIDEPOOL_DEMO_DIR (state, default $TMPDIR/tidepool-demo), CP_PORT_OFFSET (0).
@@ -179,8 +180,8 @@ cat <<MSG
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
   export KUBECONFIG=$TRAINING_KUBECONFIG
   $CP_BIN/kubectl get nodes,memberclusters
-  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job on member-a's real node
+  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job, now on member-b's real node
   $CP_BIN/kubectl -n team-a exec -it trainer-0 -c trainer -- sh
-  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in member-a first, then here
+  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in the member first, then here
 Stop everything:  bash deploy/demo.sh down
 MSG
