@@ -3,8 +3,9 @@
 # cluster and two member clusters on loopback (kwok GPU nodes, and one real node each:
 # containerd, kubelet, CNI, CoreDNS), runs tidepool between them with its embedded default
 # config, registers both members, sends a real trainer process across the bridge (its logs
-# and exec through the training cluster), places an elastic job whole, and reclaims by band
-# with a checkpoint notice. Everything stays up afterwards so you can look around with
+# and exec through the training cluster), places an elastic job whole, reclaims by band
+# with a checkpoint notice, and moves the real job to member-b when member-a takes its whole
+# real node back (it resumes there from its checkpoint). Everything stays up afterwards so you can look around with
 # kubectl; `bash deploy/demo.sh down` stops it all. Needs root (the real nodes).
 #
 # Environment: TIDEPOOL_DEMO_DIR (state, default $TMPDIR/tidepool-demo), CP_PORT_OFFSET (0).
@@ -73,7 +74,7 @@ done
 k certificate approve "$csr"
 
 say "waiting for the virtual nodes"
-for node in tidepool-member-a-gpu tidepool-member-a-real tidepool-member-b-a100; do
+for node in tidepool-member-a-gpu tidepool-member-a-real tidepool-member-b-a100 tidepool-member-b-real; do
   for _ in $(seq 120); do k get node "$node" >/dev/null 2>&1 && break; sleep 0.5; done
   k wait --for condition=Ready "node/$node" --timeout=60s
 done
@@ -152,6 +153,28 @@ else
   k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 fi
 
+say "a deeper deficit: member-a takes its whole real node back; the job resumes on member-b"
+if k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=30s 2>/dev/null; then
+  k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"${cores}000m\"}}}}"
+  if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --timeout=120s; then
+    echo "-- reclaimed whole from member-a (parameter servers and trainer); the acks, from inside the pod:"
+    k -n team-a get pod trainer-0 -o jsonpath='{range .status.containerStatuses[*]}{.name}: {.state.terminated.message}{end}'
+    echo "-- placed again on member-b's real pool, same checkpoint store, same job:"
+    k -n team-a delete pod trainer-0 --wait=true
+    sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#; s#tidepool-member-a-real#tidepool-member-b-real#" deploy/examples/trainer-real.yaml | k apply -f -
+    k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s || true
+    k -n team-a get pod trainer-0 -o wide
+    echo "-- its copy in member-b, on member-b's real node:"
+    "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
+    sleep 3
+    echo "-- kubectl logs trainer-0 -c trainer: it goes on from the step it saved on member-a"
+    k -n team-a logs trainer-0 -c trainer --tail=3 || true
+  else
+    echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
+  fi
+  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+fi
+
 say "tidepool status"
 KUBECONFIG="$TRAINING_KUBECONFIG" "$root/target/debug/tidepool" status
 
@@ -160,8 +183,8 @@ cat <<MSG
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
   export KUBECONFIG=$TRAINING_KUBECONFIG
   $CP_BIN/kubectl get nodes,memberclusters
-  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job on member-a's real node
+  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job, now on member-b's real node
   $CP_BIN/kubectl -n team-a exec -it trainer-0 -c trainer -- sh
-  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in member-a first, then here
+  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in the member first, then here
 Stop everything:  bash deploy/demo.sh down
 MSG

@@ -135,6 +135,18 @@ impl Band {
 pub const ANNOTATION_PLACEMENT: &str = "tidepool.io/placement";
 /// When the placement was recorded (RFC 3339): the gang timeout counts from here.
 pub const ANNOTATION_PLACED_AT: &str = "tidepool.io/placed-at";
+/// Label on a placed training pod: `core` (one of its gang's `minMember`, admitted with it) or
+/// `elastic` (grown beyond it). Written with the band, before the binding; trusted only on a
+/// pod whose placement names its node, as the band is. A core pod that fails restarts its
+/// gang whole; an elastic one only shrinks it.
+pub const LABEL_ROLE: &str = "tidepool.io/role";
+pub const ROLE_CORE: &str = "core";
+pub const ROLE_ELASTIC: &str = "elastic";
+/// On a failed core pod once its gang's restart is under way (RFC 3339): the pods that
+/// replace it form a new gang, which this failure must not restart again.
+pub const ANNOTATION_GANG_RESTARTED: &str = "tidepool.io/gang-restarted";
+/// Reason of the reclaim notice that stops a gang whose core pod failed, and of its Event.
+pub const REASON_GANG_RESTART: &str = "GangRestart";
 /// Annotations naming the gang of a bare pod or a Job's pods, and its minimum size.
 pub const ANNOTATION_GANG: &str = "tidepool.io/gang";
 pub const ANNOTATION_MIN_MEMBER: &str = "tidepool.io/min-member";

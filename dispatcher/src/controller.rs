@@ -194,6 +194,9 @@ async fn round(ctx: &Context) {
             roll_back(ctx, g, &msg).await;
         }
     }
+    // A gang whose core pod failed is stopped whole; its new pods wait until it has stopped.
+    let restarting = crate::restart::run(ctx, &all).await;
+    gangs.retain(|key, _| !restarting.contains(key));
     gangs.retain(|_, g| g.pods.iter().any(|p| p.node_name().is_none()));
     metrics().gangs_waiting.set(i64::try_from(gangs.len()).unwrap_or(i64::MAX));
     if gangs.is_empty() {
@@ -370,7 +373,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             let req = requests(p);
             assume(&mut pools[idx], &req);
             let band = gang::band_for(p.spec.priority, true, &ctx.ranges);
-            bind(ctx, p, node, band).await;
+            bind(ctx, p, node, band, keys::ROLE_CORE).await;
         }
         let mut admitted = Vec::new();
         for p in elastic {
@@ -382,7 +385,7 @@ async fn admit(ctx: &Context, key: &GangKey, g: &GangState, min: usize, pools: &
             }
             admitted.push(req);
             let band = gang::band_for(p.spec.priority, false, &ctx.ranges);
-            bind(ctx, p, node, band).await;
+            bind(ctx, p, node, band, keys::ROLE_ELASTIC).await;
         }
         for r in &admitted {
             assume(&mut pools[idx], r);
@@ -478,18 +481,18 @@ async fn record_placement(ctx: &Context, pod: &PodLite, node: &str, band: Band) 
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({ "metadata": {
-        "labels": { keys::LABEL_BAND: band.as_str() },
+        "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: keys::ROLE_CORE },
         "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now },
     } });
     api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(())
 }
 
-async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band) {
+async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, role: &str) {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let labels = json!({ "metadata": {
-        "labels": { keys::LABEL_BAND: band.as_str() },
+        "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: role },
         "annotations": { keys::ANNOTATION_PLACEMENT: node },
     }});
     if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(labels)).await {

@@ -3,7 +3,7 @@
 //!
 //! Owns: the scheduler for `schedulerName: tidepool` ([`controller`]), gang identity and
 //! bands ([`gang`]), and the pure decisions: placement ([`plan`]), admission order
-//! ([`order`]) and reclaim victims ([`victims`]). Does not own: capacity (federation) or
+//! ([`order`]), reclaim victims ([`victims`]) and gang restarts ([`restart`]). Does not own: capacity (federation) or
 //! offload pods (vk-provider): a pod bound to a virtual node is the hand-off.
 //! Start at [`Dispatcher::start`].
 
@@ -12,6 +12,7 @@ pub mod gang;
 pub mod order;
 pub mod plan;
 mod reclaim;
+pub mod restart;
 pub mod victims;
 
 use std::sync::Arc;

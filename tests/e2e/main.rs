@@ -11,6 +11,7 @@ mod credentials;
 mod deploy;
 mod dispatcher;
 mod drain;
+mod elastic;
 mod failover;
 mod harness;
 mod kubelet_api;

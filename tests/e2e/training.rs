@@ -125,7 +125,7 @@ impl Setup {
 }
 
 /// `step=N loss=L` of each trainer log line that has them.
-fn steps(log: &str) -> Vec<(u64, f64)> {
+pub(crate) fn steps(log: &str) -> Vec<(u64, f64)> {
     log.lines()
         .filter_map(|l| {
             let field = |key: &str| l.split_whitespace().find_map(|w| w.strip_prefix(key));

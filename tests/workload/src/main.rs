@@ -42,6 +42,8 @@ struct Config {
     log_every: u64,
     /// A PS also saves every this many pushes; 0: only when told to stop.
     checkpoint_every: u64,
+    /// A PS under notice waits at most this long for its trainers to stop pushing.
+    drain: Duration,
     annotations: String,
     termination_log: String,
 }
@@ -57,7 +59,7 @@ impl Config {
     /// TP_INDEX (else JOB_COMPLETION_INDEX, else the number ending HOSTNAME), TP_PS
     /// (comma-separated host:port), TP_PS_COUNT, TP_PORT, TP_STORE (http://host:port/bucket/
     /// prefix), TP_DIM, TP_BATCH, TP_LR, TP_STEPS, TP_STEP_DELAY_MS, TP_SEED, TP_LOG_EVERY,
-    /// TP_CHECKPOINT_EVERY, TP_ANNOTATIONS, TP_TERMINATION_LOG.
+    /// TP_CHECKPOINT_EVERY, TP_DRAIN_SECONDS, TP_ANNOTATIONS, TP_TERMINATION_LOG.
     fn from_env() -> Result<Config, String> {
         let ps: Vec<String> = std::env::var("TP_PS")
             .unwrap_or_default()
@@ -84,6 +86,7 @@ impl Config {
             seed: env_or("TP_SEED", 1)?,
             log_every: env_or("TP_LOG_EVERY", 10u64)?.max(1),
             checkpoint_every: env_or("TP_CHECKPOINT_EVERY", 0)?,
+            drain: Duration::from_secs(env_or("TP_DRAIN_SECONDS", 20)?),
             annotations: env_or("TP_ANNOTATIONS", "/etc/tidepool/annotations".to_owned())?,
             termination_log: env_or("TP_TERMINATION_LOG", "/dev/termination-log".to_owned())?,
         })
@@ -201,8 +204,14 @@ fn run_ps(cfg: &Config, stop: &Stop) -> Result<(), String> {
     let mut saved = 0;
     loop {
         if let Some(why) = stop.reason() {
+            // The trainers got the notice too: the PS saves once they stopped pushing, so its
+            // checkpoint holds every step they saved (a PS that left first would resume
+            // behind its trainers). Bounded: a SIGTERM's grace is short.
+            let limit = if why == "SIGTERM" { cfg.drain.min(Duration::from_secs(5)) } else { cfg.drain };
+            let quiet = drain(&shard, DRAIN_QUIET, limit);
             let (step, weights) = snapshot(&shard);
-            say("ps", cfg.index, &format!("{why}: saving at step {step}"));
+            let drained = if quiet { "the trainers stopped" } else { "the trainers still push" };
+            say("ps", cfg.index, &format!("{why}: {drained}; saving at step {step}"));
             return save_and_ack(cfg, "ps", &key, &Checkpoint { step, offset: 0, weights });
         }
         let (step, weights) = snapshot(&shard);
@@ -215,6 +224,25 @@ fn run_ps(cfg: &Config, stop: &Stop) -> Result<(), String> {
         }
         thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A PS under notice waits until no push has come for this long.
+const DRAIN_QUIET: Duration = Duration::from_secs(1);
+
+/// Waits until the shard's step has not moved for `quiet`, or `limit` has passed; says which.
+fn drain(shard: &Mutex<Shard>, quiet: Duration, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    let (mut step, mut since) = (snapshot(shard).0, start);
+    while start.elapsed() < limit {
+        thread::sleep(Duration::from_millis(100));
+        let now = snapshot(shard).0;
+        if now != step {
+            (step, since) = (now, std::time::Instant::now());
+        } else if since.elapsed() >= quiet {
+            return true;
+        }
+    }
+    false
 }
 
 fn snapshot(shard: &Mutex<Shard>) -> (u64, Vec<f64>) {
@@ -289,7 +317,7 @@ fn connect(cfg: &Config, stop: &Stop) -> Result<Option<Vec<Link>>, String> {
             .ps
             .iter()
             .map(|addr| {
-                let conn = TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+                let conn = dial(addr)?;
                 conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
                 let writer = conn.try_clone().map_err(|e| e.to_string())?;
                 Ok(Link { reader: BufReader::new(conn), writer })
@@ -308,6 +336,25 @@ fn connect(cfg: &Config, stop: &Stop) -> Result<Option<Vec<Link>>, String> {
     }
     Err(format!("the parameter servers did not answer: {last}"))
 }
+
+/// Connects to `addr` within [`DIAL_TIMEOUT`]: a PS that died leaves its address behind for
+/// a while (in DNS, in the neighbour table), and a plain connect to it waits minutes for an
+/// answer, during which the trainer would not look at its notice.
+fn dial(addr: &str) -> Result<TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let targets = addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))?;
+    let mut last = format!("{addr}: no address");
+    for target in targets {
+        match TcpStream::connect_timeout(&target, DIAL_TIMEOUT) {
+            Ok(conn) => return Ok(conn),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// How long a trainer waits for one PS to answer a connect.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One SGD step: pull every shard, compute the gradient on the next batch, push each PS its
 /// slice. Returns the global step (PS 0's count) and the batch loss before the update.
@@ -419,5 +466,25 @@ mod tests {
         assert!(answer("PUSH x 1 2", &shard).starts_with("ERR"));
         assert!(answer("HELLO", &shard).starts_with("ERR"));
         assert_eq!(snapshot(&shard).0, 1);
+    }
+
+    #[test]
+    fn a_ps_saves_once_its_trainers_stop_pushing_and_never_waits_past_its_limit() {
+        let shard = Arc::new(Mutex::new(Shard { step: 0, weights: vec![0.0] }));
+        // Nobody pushes: quiet.
+        assert!(drain(&shard, Duration::from_millis(200), Duration::from_secs(30)));
+        // A trainer that keeps pushing: the limit ends the wait, and says so.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (pusher, flag) = (shard.clone(), stop.clone());
+        let trainer = thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                answer("PUSH 0.1 1", &pusher);
+                thread::sleep(Duration::from_millis(20));
+            }
+        });
+        assert!(!drain(&shard, Duration::from_millis(500), Duration::from_millis(800)));
+        stop.store(true, Ordering::SeqCst);
+        trainer.join().unwrap();
+        assert!(snapshot(&shard).0 > 0);
     }
 }
