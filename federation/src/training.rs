@@ -122,7 +122,9 @@ impl TrainingPods {
             watcher::Event::Apply(p) => watcher::Event::Apply(self.keep(p)),
             watcher::Event::InitApply(p) => watcher::Event::InitApply(self.keep(p)),
             watcher::Event::Delete(p) => {
-                if let (Some(uid), Some(mut awaiting)) = (p.metadata.uid.as_ref(), self.awaiting.locked_or_log(AWAITING)) {
+                if let (Some(uid), Some(mut awaiting)) =
+                    (p.metadata.uid.as_ref(), self.awaiting.locked_or_log(AWAITING))
+                {
                     awaiting.remove(uid);
                 }
                 watcher::Event::Delete(p.into())
@@ -138,9 +140,7 @@ impl TrainingPods {
             && pod.status.as_ref().is_none_or(|s| s.host_ip.is_none())
             && pod.metadata.deletion_timestamp.is_none()
             && !ended;
-        if let (Some(mut awaiting), Some(uid)) =
-            (self.awaiting.locked_or_log(AWAITING), pod.metadata.uid.clone())
-        {
+        if let (Some(mut awaiting), Some(uid)) = (self.awaiting.locked_or_log(AWAITING), pod.metadata.uid.clone()) {
             if awaiting_offload && (awaiting.len() < AWAITING_MAX || awaiting.contains_key(&uid)) {
                 trim_meta(&mut pod.metadata);
                 if let Ok(json) = serde_json::to_string(&pod) {
