@@ -19,7 +19,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
@@ -29,7 +28,7 @@ use crate::offload::OffloadPod;
 use tidepool_config::sync::Locked;
 use tidepool_federation::training::listed;
 
-use crate::pods::{Context, OffloadWatch, delete_offload};
+use crate::context::{Context, OffloadWatch, delete_offload};
 use crate::reflect::Source;
 use crate::translate;
 
@@ -50,15 +49,7 @@ pub fn orphans<'a>(offload: impl IntoIterator<Item = &'a OffloadPod>, live: &Has
         .collect()
 }
 
-/// Work for a collector besides its periodic pass.
-#[derive(Debug)]
-pub(crate) enum Request {
-    /// Collect the copies of one member namespace: an offload pod there went away.
-    Copies(String),
-    /// The training pod with `uid` was deleted outright: delete `offload`, its copy's
-    /// place in the member, if it holds that pod's copy.
-    Gone { offload: ObjectRef<OffloadPod>, uid: String },
-}
+pub(crate) use crate::context::CollectRequest as Request;
 
 /// Runs one member session's collector until the session ends.
 pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mpsc::Receiver<Request>) {

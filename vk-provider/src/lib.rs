@@ -10,6 +10,7 @@
 
 mod access;
 pub mod collect;
+mod context;
 pub mod copies;
 mod handover;
 pub mod kubelet;

@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::pods::{Context, OffloadWatch};
+use crate::context::{Context, OffloadWatch};
 use crate::relay::{Limits, MemberEvent, PodRef, Relay, Write};
 
 /// How often the offload cache is looked at for namespaces not watched yet (copies also

@@ -26,7 +26,7 @@ use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::pods::{Context, OffloadWatch};
+use crate::context::{Context, OffloadWatch};
 use crate::services::{self, MirrorTarget, Step};
 use crate::translate;
 

@@ -21,14 +21,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_config::metrics::metrics;
 use tidepool_config::pod::{PodLite, SyncedStatus};
-use tidepool_config::sync::{Locked, Poisoned};
-use tidepool_config::{BridgeConfig, MemberName, keys};
+use tidepool_config::sync::Locked;
+use tidepool_config::{BridgeConfig, keys};
 use tidepool_federation::tasks::Tasks;
 use tidepool_federation::training::listed;
 use tidepool_federation::writes::CopyWrites;
@@ -38,10 +38,11 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, instrument, warn};
 
-use crate::copies::{self, Change, MemberCopies, MetaStores, Outcome};
+use crate::context::{Context, OffloadWatch, delete_offload};
+use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
 use crate::handover::{self, Handovers};
 use crate::offload::OffloadPod;
-use crate::reflect::{self, References, Source};
+use crate::reflect::{self, Source};
 use crate::step::{self, Cause, Facts, Step, Then};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
@@ -67,56 +68,12 @@ const WRITES_IN_FLIGHT: usize = 32;
 /// 256, the status syncs of copies already running queued behind a burst's creations and
 /// the burst benchmark's throughput fell from 0.90 to 0.59 of the direct path.
 const RECONCILES_IN_FLIGHT: u16 = 1024;
-/// Names of the pod sync's locks, in errors.
-const WAITING: &str = "pods waiting for references";
+/// The offload namespaces' lock, in errors.
 const NAMESPACES: &str = "offload namespaces";
 /// `reportingController` of the pod sync's Events.
 const EVENT_REPORTER: &str = "tidepool";
 /// Events published at once: they are notes for people, behind the pods' own writes.
 const EVENTS_IN_FLIGHT: usize = 8;
-
-pub(crate) struct Context {
-    pub(crate) training: Client,
-    pub(crate) config: Arc<BridgeConfig>,
-    members: watch::Receiver<Members>,
-    offload: Mutex<HashMap<MemberName, OffloadWatch>>,
-    namespaces: Mutex<HashSet<(MemberName, String)>>,
-    /// `reportingInstance` of the Events published (see [`publish`]).
-    event_instance: String,
-    /// The training pods (the cache shared with the dispatcher).
-    pub(crate) pods: Store<PodLite>,
-    /// The same, for whole pods when one is to be offloaded.
-    training_pods: TrainingPods,
-    /// Pods whose copy was freed for a reclaim, their status on the way.
-    handovers: Handovers,
-    /// What the pods on their way to a member reference (training namespace, sources),
-    /// until their offload copy shows it: a source's change triggers them, and the
-    /// collector keeps the copies made for them.
-    pub(crate) waiting: Mutex<HashMap<ObjectRef<PodLite>, Waiting>>,
-    /// Metadata of every training ConfigMap and Secret: when a copy is stale.
-    sources: MetaStores,
-    /// Bounds the training pod writes in flight (see [`WRITES_IN_FLIGHT`]).
-    training_writes: Semaphore,
-    /// Bounds the Events being published, apart: a burst's Events never delay its status.
-    event_writes: Semaphore,
-}
-
-/// What a pod on its way to a member references: its training namespace and the sources.
-pub(crate) type Waiting = (String, Vec<Source>);
-
-/// One member session, as the pod controller sees it.
-#[derive(Clone)]
-pub(crate) struct OffloadWatch {
-    pub(crate) member: Arc<MemberHandle>,
-    /// This instance's offload pods in the member.
-    pub(crate) store: Store<OffloadPod>,
-    /// Metadata of this instance's reflected copies in the member.
-    pub(crate) copies: MemberCopies,
-    /// Asks the collector for work now.
-    collect: mpsc::Sender<collect::Request>,
-    /// Bounds the writes to this member in flight (see [`WRITES_IN_FLIGHT`]).
-    pub(crate) writes: Arc<Semaphore>,
-}
 
 pub async fn run(
     training: Client,
@@ -409,114 +366,6 @@ async fn follow_source_changes(
                 return;
             }
         }
-    }
-}
-
-impl Context {
-    /// Syncs copies from training namespace `origin` into `member_ns` of `watch`'s member.
-    fn reflection<'a>(
-        &'a self,
-        watch: &'a OffloadWatch,
-        origin: &'a str,
-        member_ns: &'a str,
-    ) -> copies::Reflection<'a> {
-        copies::Reflection {
-            training: &self.training,
-            sources: &self.sources,
-            member: &watch.member,
-            copies: &watch.copies,
-            cluster: &self.config.cluster_name,
-            origin_namespace: origin,
-            member_namespace: member_ns,
-        }
-    }
-
-    /// The member session and pool behind a virtual node, with that session's offload cache.
-    fn route(&self, node: &str) -> Result<Option<(OffloadWatch, PoolHandle)>, Poisoned> {
-        let watches = self.offload.locked("offload watches")?;
-        Ok(watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone()))))
-    }
-
-    /// Training pods in `namespace` (or any) whose offload copy in `member` (or any member)
-    /// references `source` (without one: anything at all), and pods held back waiting for
-    /// one of those.
-    fn referencing(
-        &self,
-        namespace: Option<&str>,
-        source: Option<&Source>,
-        member: Option<&MemberHandle>,
-    ) -> Vec<ObjectRef<PodLite>> {
-        let watches: Vec<OffloadWatch> = self
-            .offload
-            .locked_or_log("offload watches")
-            .map(|w| w.values().filter(|w| member.is_none_or(|m| w.member.name == m.name)).cloned().collect())
-            .unwrap_or_default();
-        let mut found: HashSet<ObjectRef<PodLite>> = HashSet::new();
-        for watch in watches {
-            let member_ns = namespace.map(|ns| translate::member_namespace(&watch.member.namespace_prefix, ns));
-            for copy in watch.store.state() {
-                if member_ns.as_deref().is_some_and(|ns| copy.metadata.namespace.as_deref() != Some(ns)) {
-                    continue;
-                }
-                let uses = match source {
-                    Some(s) => copy.references.contains_key(s),
-                    None => !copy.references.is_empty(),
-                };
-                if let Some(origin) = copy.origin().filter(|_| uses) {
-                    found.insert(origin);
-                }
-            }
-        }
-        if member.is_none()
-            && let Some(waiting) = self.waiting.locked_or_log("pods waiting for references")
-        {
-            let held = waiting.iter().filter(|(pod, (ns, sources))| {
-                namespace.is_none_or(|n| n == ns)
-                    && source.is_none_or(|s| sources.contains(s))
-                    && pod.namespace.is_some()
-            });
-            found.extend(held.map(|(pod, _)| pod.clone()));
-        }
-        found.into_iter().collect()
-    }
-
-    /// Every pod whose copy references anything, and every pod held back: after a relist,
-    /// when single changes may have been missed.
-    fn referencing_any(&self) -> Vec<ObjectRef<PodLite>> {
-        self.referencing(None, None, None)
-    }
-
-    /// Remembers what `pod`, on its way to a member, references.
-    fn wait_for(&self, pod: &PodLite, references: &References) -> Result<(), Poisoned> {
-        if let Some(ns) = pod.metadata.namespace.clone() {
-            let mut waiting = self.waiting.locked(WAITING)?;
-            waiting.insert(ObjectRef::from_obj(pod), (ns, references.keys().cloned().collect()));
-        }
-        Ok(())
-    }
-
-    fn stop_waiting(&self, pod: &ObjectRef<PodLite>) -> Result<(), Poisoned> {
-        self.waiting.locked(WAITING)?.remove(pod);
-        Ok(())
-    }
-
-    /// The whole training pod `pod` is the cache's view of: kept by the shared watch until
-    /// the pod runs, else read from the API. `None` if it is gone (or is another pod of
-    /// the same name now).
-    /// How much longer the dispatcher owns the ending of `pod`, whose copy it deleted
-    /// itself (see [`handover`]).
-    fn handed_over(&self, pod: &PodLite) -> Result<Option<Duration>, Poisoned> {
-        self.handovers.held(pod)
-    }
-
-    async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        if let Some(whole) = self.training_pods.whole(uid) {
-            return Ok(Some(Arc::new(whole)));
-        }
-        let api = Api::<Pod>::namespaced(self.training.clone(), &pod.namespace().unwrap_or_default());
-        let found = api.get_opt(&pod.name_any()).await.map_err(|e| Error::training("read pod", e))?;
-        Ok(found.filter(|p| p.metadata.uid.as_deref() == Some(uid)).map(Arc::new))
     }
 }
 
@@ -832,26 +681,6 @@ async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> 
         .map_err(|e| Error::member(&member.name, "copy reclaim notice to offload pod", e))?;
     info!(member = %member.name, "reclaim notice copied to the offload pod");
     Ok(())
-}
-
-pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
-    let ns = copy.namespace().unwrap_or_default();
-    let dp = DeleteParams {
-        grace_period_seconds: grace,
-        preconditions: Some(Preconditions { uid: copy.uid(), resource_version: None }),
-        ..Default::default()
-    };
-    match Api::<Pod>::namespaced(member.client.clone(), &ns).delete(&copy.name_any(), &dp).await {
-        Ok(_) => {
-            info!(member = %member.name, ?grace, "offload pod deletion requested");
-            Ok(())
-        }
-        Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {
-            info!(member = %member.name, ?grace, "offload pod deletion requested");
-            Ok(())
-        }
-        Err(e) => Err(Error::member(&member.name, "delete offload pod", e)),
-    }
 }
 
 async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Result<(), Error> {

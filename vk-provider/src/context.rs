@@ -1,0 +1,209 @@
+//! What the pod sync's parts share: the [`Context`] (clients, caches, write slots) and one
+//! [`OffloadWatch`] per member session. In a module of its own so the pod sync and its
+//! helpers (the collector, the Service mirror, the member Event relay) each depend on it
+//! rather than on one another.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
+use tidepool_config::pod::PodLite;
+use tidepool_config::sync::{Locked, Poisoned};
+use tidepool_config::{BridgeConfig, MemberName};
+use tidepool_federation::{MemberHandle, Members, PoolHandle, TrainingPods};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tracing::info;
+
+use crate::copies::{self, MemberCopies, MetaStores};
+use crate::handover::Handovers;
+use crate::offload::OffloadPod;
+use crate::reflect::{References, Source};
+use crate::{Error, translate};
+
+/// Work for a member's collector ([`crate::collect`]) besides its periodic pass.
+#[derive(Debug)]
+pub(crate) enum CollectRequest {
+    /// Collect the copies of one member namespace: an offload pod there went away.
+    Copies(String),
+    /// The training pod with `uid` was deleted outright: delete `offload`, its copy's
+    /// place in the member, if it holds that pod's copy.
+    Gone { offload: ObjectRef<OffloadPod>, uid: String },
+}
+
+/// The waiting pods' lock, in errors.
+const WAITING: &str = "pods waiting for references";
+
+pub(crate) struct Context {
+    pub(crate) training: Client,
+    pub(crate) config: Arc<BridgeConfig>,
+    pub(crate) members: watch::Receiver<Members>,
+    pub(crate) offload: Mutex<HashMap<MemberName, OffloadWatch>>,
+    pub(crate) namespaces: Mutex<HashSet<(MemberName, String)>>,
+    /// `reportingInstance` of the Events published (see [`crate::pods`]' Events).
+    pub(crate) event_instance: String,
+    /// The training pods (the cache shared with the dispatcher).
+    pub(crate) pods: Store<PodLite>,
+    /// The same, for whole pods when one is to be offloaded.
+    pub(crate) training_pods: TrainingPods,
+    /// Pods whose copy was freed for a reclaim, their status on the way.
+    pub(crate) handovers: Handovers,
+    /// What the pods on their way to a member reference (training namespace, sources),
+    /// until their offload copy shows it: a source's change triggers them, and the
+    /// collector keeps the copies made for them.
+    pub(crate) waiting: Mutex<HashMap<ObjectRef<PodLite>, Waiting>>,
+    /// Metadata of every training ConfigMap and Secret: when a copy is stale.
+    pub(crate) sources: MetaStores,
+    /// Bounds the training pod writes in flight (see [`WRITES_IN_FLIGHT`]).
+    pub(crate) training_writes: Semaphore,
+    /// Bounds the Events being published, apart: a burst's Events never delay its status.
+    pub(crate) event_writes: Semaphore,
+}
+
+/// What a pod on its way to a member references: its training namespace and the sources.
+pub(crate) type Waiting = (String, Vec<Source>);
+
+/// One member session, as the pod controller sees it.
+#[derive(Clone)]
+pub(crate) struct OffloadWatch {
+    pub(crate) member: Arc<MemberHandle>,
+    /// This instance's offload pods in the member.
+    pub(crate) store: Store<OffloadPod>,
+    /// Metadata of this instance's reflected copies in the member.
+    pub(crate) copies: MemberCopies,
+    /// Asks the collector for work now.
+    pub(crate) collect: mpsc::Sender<CollectRequest>,
+    /// Bounds the writes to this member in flight (see [`WRITES_IN_FLIGHT`]).
+    pub(crate) writes: Arc<Semaphore>,
+}
+
+impl Context {
+    /// Syncs copies from training namespace `origin` into `member_ns` of `watch`'s member.
+    pub(crate) fn reflection<'a>(
+        &'a self,
+        watch: &'a OffloadWatch,
+        origin: &'a str,
+        member_ns: &'a str,
+    ) -> copies::Reflection<'a> {
+        copies::Reflection {
+            training: &self.training,
+            sources: &self.sources,
+            member: &watch.member,
+            copies: &watch.copies,
+            cluster: &self.config.cluster_name,
+            origin_namespace: origin,
+            member_namespace: member_ns,
+        }
+    }
+
+    /// The member session and pool behind a virtual node, with that session's offload cache.
+    pub(crate) fn route(&self, node: &str) -> Result<Option<(OffloadWatch, PoolHandle)>, Poisoned> {
+        let watches = self.offload.locked("offload watches")?;
+        Ok(watches.values().find_map(|w| w.member.pool_for_node(node).map(|p| (w.clone(), p.clone()))))
+    }
+
+    /// Training pods in `namespace` (or any) whose offload copy in `member` (or any member)
+    /// references `source` (without one: anything at all), and pods held back waiting for
+    /// one of those.
+    pub(crate) fn referencing(
+        &self,
+        namespace: Option<&str>,
+        source: Option<&Source>,
+        member: Option<&MemberHandle>,
+    ) -> Vec<ObjectRef<PodLite>> {
+        let watches: Vec<OffloadWatch> = self
+            .offload
+            .locked_or_log("offload watches")
+            .map(|w| w.values().filter(|w| member.is_none_or(|m| w.member.name == m.name)).cloned().collect())
+            .unwrap_or_default();
+        let mut found: HashSet<ObjectRef<PodLite>> = HashSet::new();
+        for watch in watches {
+            let member_ns = namespace.map(|ns| translate::member_namespace(&watch.member.namespace_prefix, ns));
+            for copy in watch.store.state() {
+                if member_ns.as_deref().is_some_and(|ns| copy.metadata.namespace.as_deref() != Some(ns)) {
+                    continue;
+                }
+                let uses = match source {
+                    Some(s) => copy.references.contains_key(s),
+                    None => !copy.references.is_empty(),
+                };
+                if let Some(origin) = copy.origin().filter(|_| uses) {
+                    found.insert(origin);
+                }
+            }
+        }
+        if member.is_none()
+            && let Some(waiting) = self.waiting.locked_or_log("pods waiting for references")
+        {
+            let held = waiting.iter().filter(|(pod, (ns, sources))| {
+                namespace.is_none_or(|n| n == ns)
+                    && source.is_none_or(|s| sources.contains(s))
+                    && pod.namespace.is_some()
+            });
+            found.extend(held.map(|(pod, _)| pod.clone()));
+        }
+        found.into_iter().collect()
+    }
+
+    /// Every pod whose copy references anything, and every pod held back: after a relist,
+    /// when single changes may have been missed.
+    pub(crate) fn referencing_any(&self) -> Vec<ObjectRef<PodLite>> {
+        self.referencing(None, None, None)
+    }
+
+    /// Remembers what `pod`, on its way to a member, references.
+    pub(crate) fn wait_for(&self, pod: &PodLite, references: &References) -> Result<(), Poisoned> {
+        if let Some(ns) = pod.metadata.namespace.clone() {
+            let mut waiting = self.waiting.locked(WAITING)?;
+            waiting.insert(ObjectRef::from_obj(pod), (ns, references.keys().cloned().collect()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stop_waiting(&self, pod: &ObjectRef<PodLite>) -> Result<(), Poisoned> {
+        self.waiting.locked(WAITING)?.remove(pod);
+        Ok(())
+    }
+
+    /// The whole training pod `pod` is the cache's view of: kept by the shared watch until
+    /// the pod runs, else read from the API. `None` if it is gone (or is another pod of
+    /// the same name now).
+    /// How much longer the dispatcher owns the ending of `pod`, whose copy it deleted
+    /// itself (see [`handover`]).
+    pub(crate) fn handed_over(&self, pod: &PodLite) -> Result<Option<Duration>, Poisoned> {
+        self.handovers.held(pod)
+    }
+
+    pub(crate) async fn whole(&self, pod: &PodLite) -> Result<Option<Arc<Pod>>, Error> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(whole) = self.training_pods.whole(uid) {
+            return Ok(Some(Arc::new(whole)));
+        }
+        let api = Api::<Pod>::namespaced(self.training.clone(), &pod.namespace().unwrap_or_default());
+        let found = api.get_opt(&pod.name_any()).await.map_err(|e| Error::training("read pod", e))?;
+        Ok(found.filter(|p| p.metadata.uid.as_deref() == Some(uid)).map(Arc::new))
+    }
+}
+
+pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
+    let ns = copy.namespace().unwrap_or_default();
+    let dp = DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: Some(Preconditions { uid: copy.uid(), resource_version: None }),
+        ..Default::default()
+    };
+    match Api::<Pod>::namespaced(member.client.clone(), &ns).delete(&copy.name_any(), &dp).await {
+        Ok(_) => {
+            info!(member = %member.name, ?grace, "offload pod deletion requested");
+            Ok(())
+        }
+        Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {
+            info!(member = %member.name, ?grace, "offload pod deletion requested");
+            Ok(())
+        }
+        Err(e) => Err(Error::member(&member.name, "delete offload pod", e)),
+    }
+}
