@@ -61,6 +61,8 @@ pub(crate) struct Context {
     pub(crate) training_writes: Semaphore,
     /// Bounds the Events being published, apart: a burst's Events never delay its status.
     pub(crate) event_writes: Semaphore,
+    /// The status sync's queue: copies' changes are sent there as well as to the down-sync.
+    pub(crate) status_triggers: mpsc::Sender<ObjectRef<PodLite>>,
 }
 
 /// What a pod on its way to a member references: its training namespace and the sources.

@@ -60,13 +60,10 @@ const PENDING_SETTLE: Duration = Duration::from_secs(1);
 /// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
 /// hangs holds up only its own pods.
 const WRITES_IN_FLIGHT: usize = 32;
-/// Pods reconciled at once. Each reconcile in flight is a future of a few KB: unbounded, a
-/// burst of thousands of pods held thousands of them (and, before a reconcile decoded the
-/// whole pod only once it could write, 18 KB more each) while they waited for the 32 write
-/// slots of their member. The rest wait in the controller's queue, as a reference each.
-/// Generous, because a reconcile waiting for its member's write slot holds its place: with
-/// 256, the status syncs of copies already running queued behind a burst's creations and
-/// the burst benchmark's throughput fell from 0.90 to 0.59 of the direct path.
+/// Pods reconciled at once, per queue. Each reconcile in flight is a future of a few KB; the
+/// rest wait in the controller's queue, as a reference each. Generous, because a reconcile
+/// waiting for its member's write slot holds its place (BENCHMARKS.md, "Pod sync", has the
+/// burst runs that set it).
 const RECONCILES_IN_FLIGHT: u16 = 1024;
 /// The offload namespaces' lock, in errors.
 const NAMESPACES: &str = "offload namespaces";
@@ -88,7 +85,11 @@ pub async fn run(
     let (gone_tx, gone_rx) = mpsc::channel::<Arc<PodLite>>(1024);
     let (applied_tx, applied_rx) = mpsc::channel::<Arc<PodLite>>(1024);
     let (resync_tx, resync_rx) = mpsc::channel::<()>(1);
-    // The shared watch, split: changes drive the controller; deletions go to the
+    // The status sync's own queue (see [`status_up`]): copies' changes and training pods'.
+    let (status_tx, status_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
+    let (resync_up_tx, resync_up_rx) = mpsc::channel::<()>(1);
+    let to_status = status_tx.clone();
+    // The shared watch, split: changes drive both queues; deletions go to the
     // collector at once (a pod deleted outright, with grace period 0, forced, or by the pod
     // garbage collector, never shows a deletion timestamp, and its offload copy must go
     // now rather than at the collector's next pass); missed changes resync every pod.
@@ -97,9 +98,15 @@ pub async fn run(
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             let sent = match event {
-                PodEvent::Applied(pod) => applied_tx.send(pod).await.is_ok(),
+                PodEvent::Applied(pod) => {
+                    let key = ObjectRef::from_obj(&*pod);
+                    applied_tx.send(pod).await.is_ok() && to_status.send(key).await.is_ok()
+                }
                 PodEvent::Deleted(pod) => gone_tx.try_send(pod).is_ok() || !gone_tx.is_closed(),
-                PodEvent::Relisted | PodEvent::Lagged => resync_tx.try_send(()).is_ok() || !resync_tx.is_closed(),
+                PodEvent::Relisted | PodEvent::Lagged => {
+                    let up = resync_up_tx.try_send(()).is_ok() || !resync_up_tx.is_closed();
+                    (resync_tx.try_send(()).is_ok() || !resync_tx.is_closed()) && up
+                }
             };
             if !sent {
                 return;
@@ -124,6 +131,7 @@ pub async fn run(
         sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
         training_writes: Semaphore::new(WRITES_IN_FLIGHT),
         event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
+        status_triggers: status_tx,
     });
     // Its helpers run beside the controller; one ending stops the pod sync (and the
     // process), none dies unseen.
@@ -137,17 +145,29 @@ pub async fn run(
         follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
     );
     // A member (re)connecting re-checks every pod: its pods may have waited for it.
-    let member_changes = WatchStream::new(members).map(|_| ());
+    let member_changes = WatchStream::new(members.clone()).map(|_| ());
     let resync = ReceiverStream::new(resync_rx);
-    let sync = controller
+    let down = controller
         .reconcile_on(ReceiverStream::new(trigger_rx))
         .reconcile_all_on(futures::stream::select(member_changes, resync))
         // At shutdown: no new reconcile, those in flight finish their writes.
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(timed_reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+    // Status up on a queue of its own, as virtual-kubelet keeps it: a running copy's status
+    // never waits behind a burst's creations for a place in the down-sync's queue.
+    let up = Controller::for_shared_stream(futures::stream::pending(), ctx.pods.clone())
+        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
+        .reconcile_on(ReceiverStream::new(status_rx))
+        .reconcile_all_on(futures::stream::select(
+            WatchStream::new(members).map(|_| ()),
+            ReceiverStream::new(resync_up_rx),
+        ))
         .graceful_shutdown_on(stop.cancelled_owned())
-        .run(timed_reconcile, error_policy, ctx)
+        .run(timed_status_up, error_policy, ctx)
         .for_each(|_| async {});
     tokio::select! {
-        () = sync => info!("pod sync stopped"),
+        ((), ()) = futures::future::join(down, up) => info!("pod sync stopped"),
         ended = helpers.first_end() => error!(%ended, "pod sync helper stopped; stopping the pod sync"),
     }
 }
@@ -164,6 +184,13 @@ async fn timed_reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action,
     let started = std::time::Instant::now();
     let result = reconcile(pod, ctx).await;
     metrics().observe_sync("pod", started.elapsed());
+    result
+}
+
+async fn timed_status_up(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = status_up(pod, ctx).await;
+    metrics().observe_sync("pod_status", started.elapsed());
     result
 }
 
@@ -255,6 +282,7 @@ fn start_offload_watch(
         writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
     };
     let pod_trigger = trigger.clone();
+    let status_trigger = ctx.status_triggers.clone();
     // Copies coming and going change which Services are mirrored, and which Events relayed.
     let (mirror_tx, mirror_rx) = mpsc::channel::<()>(1);
     let (relay_tx, relay_rx) = mpsc::channel::<String>(64);
@@ -273,6 +301,7 @@ fn start_offload_watch(
                             let _ = collect_tx.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
                         }
                         if let Some(origin) = pod.origin() {
+                            let _ = status_trigger.send(origin.clone()).await;
                             let _ = pod_trigger.send(origin).await;
                         }
                     }
@@ -369,41 +398,60 @@ async fn follow_source_changes(
     }
 }
 
+/// What both queues know of a pod bound to a virtual node of ours, and its next step.
+struct Known {
+    watch: OffloadWatch,
+    pool: PoolHandle,
+    namespace: String,
+    member_ns: String,
+    health: tidepool_federation::Health,
+    existing: Option<Arc<OffloadPod>>,
+    step: Step,
+}
+
+impl Known {
+    /// Gathers the facts of [`step::next_step`]; `None` for a pod not on a node of a
+    /// connected member (a member (re)connecting triggers every pod again).
+    async fn of(pod: &PodLite, ctx: &Context) -> Result<Option<Known>, Error> {
+        let Some(node) = pod.node_name() else { return Ok(None) };
+        let Some((watch, pool)) = ctx.route(node)? else { return Ok(None) };
+        let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        let member_ns = translate::member_namespace(&watch.member.namespace_prefix, &namespace);
+        // The member's health (see tidepool_federation::health) first: a member that does
+        // not answer is not waited for.
+        let health = watch.member.health.borrow().clone();
+        let listed = health.is_answering() && listed(&watch.store, Duration::from_secs(10)).await;
+        let existing = watch.store.get(&ObjectRef::new(&pod.name_any()).within(&member_ns));
+        let handed_over = ctx.handed_over(pod)?;
+        let facts = Facts { pod, health: &health, listed, existing: existing.as_deref(), handed_over };
+        let step = step::next_step(&facts);
+        Ok(Some(Known { watch, pool, namespace, member_ns, health, existing, step }))
+    }
+
+    /// The member pod, if it is this pod's copy.
+    fn copy(&self, pod: &PodLite) -> Option<&OffloadPod> {
+        self.existing.as_deref().filter(|o| o.is_copy_of(pod))
+    }
+}
+
+/// The down-sync: every step but the status's way up.
 #[instrument(skip_all, fields(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default()))]
 async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(node) = pod.node_name() else {
+    let Some(known) = Known::of(&pod, &ctx).await? else {
         return Ok(Action::await_change());
     };
-    let Some((watch, pool)) = ctx.route(node)? else {
-        // Not a virtual node of ours, or its member is not connected right now: a member
-        // (re)connecting triggers every pod again.
-        return Ok(Action::await_change());
-    };
-    let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let member_ns = translate::member_namespace(&watch.member.namespace_prefix, &namespace);
-    // The member's health (see tidepool_federation::health) first: a member that does not
-    // answer is not waited for.
-    let health = watch.member.health.borrow().clone();
-    let listed = health.is_answering() && listed(&watch.store, Duration::from_secs(10)).await;
-    let existing = watch.store.get(&ObjectRef::new(&pod.name_any()).within(&member_ns));
-    let facts = Facts {
-        pod: &pod,
-        health: &health,
-        listed,
-        existing: existing.as_deref(),
-        handed_over: ctx.handed_over(&pod)?,
-    };
-    let step = step::next_step(&facts);
-    let copy = existing.as_deref().filter(|o| o.is_copy_of(&pod));
+    let copy = known.copy(&pod);
     if copy.is_some() {
         ctx.stop_waiting(&ObjectRef::from_obj(&*pod))?;
     }
-    let sync = PodSync { ctx: &ctx, watch: &watch, pod: &pod, namespace, member_ns };
-    match (step, copy) {
+    let Known { watch, pool, namespace, member_ns, health, step, .. } = &known;
+    let (watch, pool, health) = (watch, pool, health);
+    let sync = PodSync { ctx: &ctx, watch, pod: &pod, namespace: namespace.clone(), member_ns: member_ns.clone() };
+    match (step.clone(), copy) {
         (Step::Wait, _) => Ok(Action::await_change()),
         (Step::Requeue(after), _) => Ok(Action::requeue(after)),
         (Step::Fail { reason, cause }, _) => {
-            sync.fail(reason, &cause, &health).await?;
+            sync.fail(reason, &cause, health).await?;
             Ok(Action::await_change())
         }
         (Step::DeleteCopy { grace, then }, Some(copy)) => {
@@ -429,11 +477,30 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             ctx.stop_waiting(&ObjectRef::from_obj(&*pod))?;
             Ok(Action::await_change())
         }
-        (Step::Offload, _) => sync.offload(&pool).await,
+        (Step::Offload, _) => sync.offload(pool).await,
         (Step::Follow, Some(copy)) => sync.follow(copy).await,
         // Steps on a copy always come with one (see step::with_copy).
         (Step::DeleteCopy { .. } | Step::Follow, None) => Ok(Action::await_change()),
     }
+}
+
+/// The status sync: a running copy's status up to its training pod, on a queue of its own.
+#[instrument(skip_all, fields(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default()))]
+async fn status_up(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(known) = Known::of(&pod, &ctx).await? else {
+        return Ok(Action::await_change());
+    };
+    let (Step::Follow, Some(copy)) = (&known.step, known.copy(&pod)) else {
+        return Ok(Action::await_change());
+    };
+    let sync = PodSync {
+        ctx: &ctx,
+        watch: &known.watch,
+        pod: &pod,
+        namespace: known.namespace.clone(),
+        member_ns: known.member_ns.clone(),
+    };
+    sync.status(copy).await
 }
 
 /// One pod's sync in progress: the pod, its member and where its copy lives.
@@ -606,7 +673,8 @@ impl PodSync<'_> {
         Ok(Action::await_change())
     }
 
-    /// Step::Follow: the notice down, its references current, its status up.
+    /// Step::Follow, down: the notice to the copy, its references current. Its status
+    /// comes up on the other queue ([`status_up`]).
     ///
     /// Nothing waits on a timer in the steady state: the watches of both clusters (and of
     /// the sources) trigger every change, and their relists trigger every pod. A timer per
@@ -616,9 +684,14 @@ impl PodSync<'_> {
         // /etc/tidepool/annotations.
         sync_notice(self.watch, self.pod, copy).await?;
         let retry = self.refresh_references(copy).await?;
-        let next = || retry.map_or_else(Action::await_change, Action::requeue);
+        Ok(retry.map_or_else(Action::await_change, Action::requeue))
+    }
+
+    /// Step::Follow, up: the copy's status onto the training pod, unless it changed since
+    /// the cache's view of it (then its newer version, on its way, triggers this again).
+    async fn status(&self, copy: &OffloadPod) -> Result<Action, Error> {
         let Some(member_status) = copy.status() else {
-            return Ok(next());
+            return Ok(Action::await_change());
         };
         let ctx = self.ctx;
         let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
@@ -626,20 +699,19 @@ impl PodSync<'_> {
         translate::hold_for_reclaim(&mut desired, &self.pod.status.tidepool_conditions);
         let synced = SyncedStatus::of(Some(&desired));
         if synced.all == self.pod.status.synced.all {
-            return Ok(next());
+            return Ok(Action::await_change());
         }
         // A Pending pod's new conditions wait a moment for the pod to run (coalescing two
         // writes into one); the offload pod turning Running triggers this sooner.
         let now = jiff::Timestamp::now();
         if let Some(wait) = translate::status_settles_in(&self.pod.status, &desired, &synced, now, PENDING_SETTLE) {
-            return Ok(match retry {
-                Some(r) => Action::requeue(wait.min(r)),
-                None if wait >= translate::UNTIL_NEXT_CHANGE => Action::await_change(),
-                None => Action::requeue(wait),
+            return Ok(match wait >= translate::UNTIL_NEXT_CHANGE {
+                true => Action::await_change(),
+                false => Action::requeue(wait),
             });
         }
         patch_status(ctx, self.pod, &desired).await?;
-        Ok(next())
+        Ok(Action::await_change())
     }
 
     /// Keeps the copy's ConfigMap and Secret copies current while it runs; when to look
@@ -735,13 +807,18 @@ async fn slot(writes: &Semaphore) -> Option<SemaphorePermit<'_>> {
     writes.acquire().await.ok()
 }
 
+/// Writes `status` onto the training pod as the cache saw it: if it changed since (the down
+/// sync failed it, the dispatcher noted a reclaim), nothing is written, and the newer version
+/// on its way through the watch triggers the status sync again.
 async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Result<(), Error> {
     let _slot = slot(&ctx.training_writes).await;
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
-        .await
-        .map_err(|e| Error::training("update pod status", e))?;
-    Ok(())
+    let patch = json!({ "metadata": { "resourceVersion": pod.metadata.resource_version }, "status": status });
+    match api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(()),
+        Err(e) if tidepool_federation::api_code(&e, &[409]) => Ok(()),
+        Err(e) => Err(Error::training("update pod status", e)),
+    }
 }
 
 /// Fails the training pod with `reason`, unless it changed since the cache's view of it
