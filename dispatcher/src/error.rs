@@ -53,3 +53,23 @@ pub enum Error {
 pub(crate) fn lock<'a, T>(m: &'a std::sync::Mutex<T>, name: &'static str) -> Result<std::sync::MutexGuard<'a, T>> {
     m.lock().map_err(|_| Error::Poisoned(name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_a_panicking_task_held_is_an_error_not_read_on() {
+        let m = std::sync::Mutex::new(vec![1]);
+        assert_eq!(lock(&m, "explained").map(|v| v.len()).ok(), Some(1));
+        let _ = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _held = m.lock();
+                panic!("a task panics while holding the lock");
+            })
+            .join()
+        });
+        let err = lock(&m, "explained").map(|_| ()).unwrap_err();
+        assert_eq!(err.to_string(), "the dispatcher's explained lock is poisoned (a task panicked while holding it)");
+    }
+}
