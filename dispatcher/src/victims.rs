@@ -537,6 +537,16 @@ mod tests {
                 vec!["b-cheap"],
             ),
             (
+                "the lower tenant priority goes first even where a higher one would cover alone",
+                r(&[("cpu", "2")]),
+                vec![
+                    OffloadPodView { priority: 100, ..pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]) },
+                    OffloadPodView { priority: 500, ..pod("b", "j2", Band::Low, "n2", &[("cpu", "2")]) },
+                    OffloadPodView { priority: 100, ..pod("c", "j3", Band::Low, "n3", &[("cpu", "1")]) },
+                ],
+                vec!["a", "c"],
+            ),
+            (
                 "one pod that covers the deficit alone beats several small ones",
                 r(&[(GPU, "4")]),
                 vec![
