@@ -177,6 +177,19 @@ pub const REASON_DISRUPTION_RECLAIM: &str = "ReclaimedByTidepool";
 pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Reason of a training pod failed by reclaim.
 pub const REASON_RECLAIMED: &str = "Reclaimed";
+/// Reason of the `tidepool.io/ReclaimRequested` condition of a pod under reclaim notice.
+pub const REASON_CAPACITY_RECLAIMED: &str = "CapacityReclaimed";
+/// Event on a pod that a reclaim notice went out to.
+pub const REASON_RECLAIM_REQUESTED: &str = "ReclaimRequested";
+/// Event on the first core pod of a gang the dispatcher placed.
+pub const REASON_PLACED: &str = "Placed";
+/// Event on a pod the dispatcher cannot place yet, with the reason.
+pub const REASON_UNPLACEABLE: &str = "Unplaceable";
+/// Reason of a waiting pod's `PodScheduled=False` condition (the scheduler's own word).
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+/// Reason (status and Event) of the pods of a placed gang rolled back whole because its core
+/// did not run within the gang timeout.
+pub const REASON_GANG_TIMEOUT: &str = "GangTimeout";
 /// The online demand a reclaim notice answers (`nvidia.com/gpu=2`), for the final message.
 pub const ANNOTATION_RECLAIM_DEMAND: &str = "tidepool.io/reclaim-demand";
 

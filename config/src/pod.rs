@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use crate::keys::Band;
 use crate::resources::{Resources, parse_milli};
 
 /// `kubectl apply`'s copy of the whole object: never read here, and often most of a pod.
@@ -242,6 +243,23 @@ fn exit_ack(status: &PodStatus) -> Option<String> {
     })
 }
 
+/// The band the dispatcher gave a pod it placed on `node`, the node the pod is on: its
+/// `tidepool.io/band` label, which counts only when the pod's `tidepool.io/placement`
+/// (written with the label, before the binding) names that node.
+///
+/// Tenants write their pods' labels, so a label alone proves nothing: `None` for a pod bound
+/// by hand (or not bound), and each caller says what such a pod is: the dispatcher reclaims
+/// it as elastic (`low`), vk-provider runs its copy as `medium` (deploy/docs/configuration.md,
+/// "Bands").
+pub fn band_of(meta: &ObjectMeta, node: Option<&str>) -> Option<Band> {
+    let placement = meta.annotations.as_ref().and_then(|a| a.get(crate::keys::ANNOTATION_PLACEMENT));
+    let placed_here = node.is_some_and(|n| placement.map(String::as_str) == Some(n));
+    if !placed_here {
+        return None;
+    }
+    meta.labels.as_ref().and_then(|l| l.get(crate::keys::LABEL_BAND)).and_then(|b| Band::parse(b))
+}
+
 /// Whether tidepool's reclaim notice is out for the pod: its `tidepool.io/ReclaimRequested`
 /// condition is true. Pod status is written through `pods/status`, which tenants are not
 /// granted, so unlike the deadline annotation a tenant cannot write or remove it.
@@ -369,5 +387,33 @@ mod tests {
         assert_eq!(with_message("segfault"), None);
         assert_eq!(with_message("done\ntidepool.io/checkpointed"), None, "only the first line counts");
         assert_eq!(PodLite::from(running_pod()).status.exit_ack, None);
+    }
+    #[test]
+    fn the_band_label_counts_only_on_a_pod_placed_on_its_node() {
+        let meta = |labels: serde_json::Value, annotations: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(json!({"name": "p", "labels": labels, "annotations": annotations})).unwrap()
+        };
+        let placed =
+            |band: &str| meta(json!({"tidepool.io/band": band}), json!({"tidepool.io/placement": "tidepool-m"}));
+        let cases = [
+            ("the dispatcher's placement on this node keeps the label's band", placed("high"), Some(Band::High)),
+            ("so does it for every band", placed("low"), Some(Band::Low)),
+            ("a label on a pod bound by hand is no band", meta(json!({"tidepool.io/band": "high"}), json!({})), None),
+            (
+                "a placement on another node is no placement of this pod",
+                meta(json!({"tidepool.io/band": "high"}), json!({"tidepool.io/placement": "tidepool-other"})),
+                None,
+            ),
+            (
+                "a placed pod without the label has no band",
+                meta(json!({}), json!({"tidepool.io/placement": "tidepool-m"})),
+                None,
+            ),
+            ("a label that names no band is none", placed("urgent"), None),
+        ];
+        for (name, m, want) in cases {
+            assert_eq!(band_of(&m, Some("tidepool-m")), want, "{name}");
+        }
+        assert_eq!(band_of(&placed("high"), None), None, "a pod on no node was placed nowhere yet");
     }
 }

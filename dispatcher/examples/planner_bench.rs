@@ -23,6 +23,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tidepool_config::Resources;
+use tidepool_dispatcher::gang::GangKey;
 use tidepool_dispatcher::plan::{self, GangDemand, PoolView};
 use tidepool_federation::capacity::GPU;
 
@@ -118,7 +119,7 @@ fn gangs(rng: &mut XorShift, n: usize) -> Vec<GangDemand> {
             if rng.below(5) == 0 {
                 pods[0] = res(0, 16, 64);
             }
-            GangDemand { key: format!("bench/gang-{g:04}"), pods, pinned: None }
+            GangDemand { key: GangKey::annotation("bench", &format!("gang-{g:04}")), pods, pinned: None }
         })
         .collect()
 }

@@ -5,6 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tidepool_config::keys::{self, Band};
 use tidepool_config::pod::PodLite;
 
+use crate::error::Error;
+
 /// Where a gang's definition lives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GangSource {
@@ -18,22 +20,56 @@ pub enum GangSource {
     Single(String),
 }
 
-/// A gang's identity: its namespace and source.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A gang's identity: its namespace and source. Written `namespace/kind/name`
+/// (`team-a/podgroup/job-1`), and ordered as it is written, so an order that ends on the key
+/// (admission, victims) reads the same in logs as in the code.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GangKey {
     pub namespace: String,
     pub source: GangSource,
 }
 
-impl std::fmt::Display for GangKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (kind, name) = match &self.source {
+impl GangKey {
+    /// The gang named by annotation `tidepool.io/gang: name` in `namespace`.
+    pub fn annotation(namespace: &str, name: &str) -> Self {
+        Self { namespace: namespace.to_owned(), source: GangSource::Annotation(name.to_owned()) }
+    }
+
+    fn kind_and_name(&self) -> (&'static str, &str) {
+        match &self.source {
             GangSource::PodGroup(n) => ("podgroup", n),
             GangSource::Volcano(n) => ("volcano", n),
             GangSource::Annotation(n) => ("gang", n),
             GangSource::Single(n) => ("pod", n),
-        };
+        }
+    }
+
+    /// The bytes of its written form, without writing it.
+    fn text(&self) -> impl Iterator<Item = u8> + '_ {
+        let (kind, name) = self.kind_and_name();
+        let slash = std::iter::once(b'/');
+        self.namespace.bytes().chain(slash.clone()).chain(kind.bytes()).chain(slash).chain(name.bytes())
+    }
+}
+
+impl std::fmt::Display for GangKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, name) = self.kind_and_name();
         write!(f, "{}/{kind}/{name}", self.namespace)
+    }
+}
+
+impl Ord for GangKey {
+    /// As the written forms compare. Consistent with `Eq`: a namespace holds no `/` and the
+    /// kind is one of four words, so two keys written alike are the same key.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text().cmp(other.text())
+    }
+}
+
+impl PartialOrd for GangKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -60,14 +96,14 @@ pub fn gang_of_meta(meta: &ObjectMeta) -> GangKey {
     GangKey { namespace, source }
 }
 
-/// `tidepool.io/min-member` of a pod: `Ok(None)` when absent, an error message when invalid.
-pub fn annotated_min_member(pod: &PodLite) -> Result<Option<u32>, String> {
+/// `tidepool.io/min-member` of a pod: `Ok(None)` when absent, an error when invalid.
+pub fn annotated_min_member(pod: &PodLite) -> Result<Option<u32>, Error> {
     let Some(v) = pod.metadata.annotations.as_ref().and_then(|a| a.get(keys::ANNOTATION_MIN_MEMBER)) else {
         return Ok(None);
     };
     match v.trim().parse::<u32>() {
         Ok(n) if n >= 1 => Ok(Some(n)),
-        _ => Err(format!("annotation {}={v:?} is not a positive integer", keys::ANNOTATION_MIN_MEMBER)),
+        _ => Err(Error::MinMemberInvalid { value: v.clone() }),
     }
 }
 
@@ -146,12 +182,33 @@ mod tests {
     }
 
     #[test]
+    fn gang_keys_order_as_they_are_written() {
+        let key = |ns: &str, source: GangSource| GangKey { namespace: ns.into(), source };
+        let mut keys = [
+            key("team", GangSource::Volcano("a".into())),
+            key("team-a", GangSource::Single("z".into())),
+            key("team", GangSource::Annotation("b".into())),
+            key("team", GangSource::PodGroup("a".into())),
+            key("team", GangSource::Single("a".into())),
+        ];
+        let mut written: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        written.sort();
+        keys.sort();
+        assert_eq!(keys.iter().map(ToString::to_string).collect::<Vec<_>>(), written);
+        // "team-a/…" before "team/…": '-' comes before '/', whatever the namespaces' lengths.
+        assert_eq!(written[0], "team-a/pod/z");
+    }
+
+    #[test]
     fn min_member_annotation_is_validated() {
         let with = |v: &str| pod(json!({"name": "p", "annotations": {"tidepool.io/min-member": v}}));
-        assert_eq!(annotated_min_member(&with("4")), Ok(Some(4)));
+        assert_eq!(annotated_min_member(&with("4")).unwrap(), Some(4));
         assert!(annotated_min_member(&with("0")).is_err());
-        assert!(annotated_min_member(&with("four")).unwrap_err().contains("four"));
-        assert_eq!(annotated_min_member(&pod(json!({"name": "p"}))), Ok(None));
+        assert_eq!(
+            annotated_min_member(&with("four")).unwrap_err().to_string(),
+            "annotation tidepool.io/min-member=\"four\" is not a positive integer"
+        );
+        assert_eq!(annotated_min_member(&pod(json!({"name": "p"}))).unwrap(), None);
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! The elastic dispatcher: admits each job as a gang, places it whole on one pool, binds
 //! its pods to that pool's virtual node, and grows it elastically by band.
 //!
-//! Owns: the scheduler for `schedulerName: tidepool` ([`controller`]), gang identity and
-//! bands ([`gang`]), and the pure decisions: placement ([`plan`]), admission order
-//! ([`order`]), reclaim victims ([`victims`]) and gang restarts ([`restart`]). Does not own: capacity (federation) or
-//! offload pods (vk-provider): a pod bound to a virtual node is the hand-off.
-//! Start at [`Dispatcher::start`].
+//! Owns: the scheduler for `schedulerName: tidepool` ([`controller`]) and reclaim (`reclaim`),
+//! two loops that share a `context` and import nothing from each other; gang identity and
+//! bands ([`gang`]); and the pure decisions: a round's writes (`round`), placement
+//! ([`plan`]), admission order ([`order`]), reclaim victims ([`victims`]) and gang restarts
+//! ([`restart`]). Errors are [`error::Error`]. Does not own: capacity (federation) or offload
+//! pods (vk-provider): a pod bound to a virtual node is the hand-off. Start at
+//! [`Dispatcher::start`].
 
+mod context;
 pub mod controller;
+pub mod error;
 pub mod gang;
 pub mod order;
 pub mod plan;
 mod reclaim;
 pub mod restart;
+mod round;
 pub mod victims;
 
 use std::sync::Arc;

@@ -11,10 +11,12 @@ use std::fmt;
 
 use tidepool_config::keys::Band;
 
+use crate::gang::GangKey;
+
 /// One gang waiting for admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueEntry {
-    pub key: String,
+    pub key: GangKey,
     pub band: Band,
     pub priority: i32,
     /// `minMember`: pods that must start together.
@@ -47,9 +49,12 @@ pub struct Fulfillment {
 }
 
 impl Fulfillment {
+    /// A job with no elastic range, or exactly at its `minMember`.
+    pub const ZERO: Fulfillment = Fulfillment { num: 0, den: 1 };
+
     pub fn new(current: u32, min: u32, max: u32) -> Self {
         if max <= min {
-            return Self { num: 0, den: 1 };
+            return Self::ZERO;
         }
         Self { num: i64::from(current) - i64::from(min), den: i64::from(max) - i64::from(min) }
     }
@@ -103,13 +108,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn entry(key: &str) -> QueueEntry {
-        QueueEntry { key: key.into(), band: Band::Medium, priority: 0, min: 1, max: 1, current: 0, created: 0 }
+    fn entry(name: &str) -> QueueEntry {
+        QueueEntry {
+            key: GangKey::annotation("ns", name),
+            band: Band::Medium,
+            priority: 0,
+            min: 1,
+            max: 1,
+            current: 0,
+            created: 0,
+        }
     }
 
     fn order_of(mut entries: Vec<QueueEntry>) -> Vec<String> {
         admission_order(&mut entries);
-        entries.into_iter().map(|e| e.key).collect()
+        entries.into_iter().map(|e| e.key.to_string().replacen("ns/gang/", "", 1)).collect()
     }
 
     #[test]
@@ -185,7 +198,7 @@ mod tests {
             0i64..4,
         )
             .prop_map(|(band, priority, min, extra, current, created)| QueueEntry {
-                key: String::new(),
+                key: GangKey::annotation("ns", ""),
                 band,
                 priority,
                 min,
@@ -201,7 +214,7 @@ mod tests {
             mut entries in proptest::collection::vec(arb_entry(), 0..12), seed in any::<u64>(),
         ) {
             for (i, e) in entries.iter_mut().enumerate() {
-                e.key = format!("g{i:02}");
+                e.key = GangKey::annotation("ns", &format!("g{i:02}"));
             }
             let mut sorted = entries.clone();
             admission_order(&mut sorted);

@@ -29,6 +29,8 @@ use tidepool_config::resources::format_milli;
 use tidepool_federation::PoolCapacity;
 use tidepool_federation::capacity::GPU;
 
+use crate::gang::GangKey;
+
 /// Node assignments the exhaustive search may try per pool before it gives up and the pool is
 /// refused. Bounds the planner's worst case (a few milliseconds per pool) while staying exact
 /// for small gangs on small pools, which is where greedy packing can miss.
@@ -95,7 +97,7 @@ impl PoolView {
 /// A gang asking to be placed: the requests of its `minMember` core pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GangDemand {
-    pub key: String,
+    pub key: GangKey,
     pub pods: Vec<Resources>,
     /// Virtual node already recorded for this gang: only that pool may be used, so a restart
     /// in the middle of binding never splits the gang across pools.
@@ -552,7 +554,7 @@ mod tests {
     }
 
     fn gang(pods: Vec<Resources>) -> GangDemand {
-        GangDemand { key: "ns/job".into(), pods, pinned: None }
+        GangDemand { key: GangKey::annotation("ns", "job"), pods, pinned: None }
     }
 
     #[test]
@@ -885,7 +887,7 @@ mod tests {
     fn arb_gang() -> impl Strategy<Value = GangDemand> {
         (proptest::collection::vec(arb_res(6), 1..5), proptest::option::weighted(0.2, 0usize..5)).prop_map(
             |(pods, pinned)| GangDemand {
-                key: "ns/job".into(),
+                key: GangKey::annotation("ns", "job"),
                 pods,
                 pinned: pinned.map(|i| format!("tidepool-m{i}")),
             },

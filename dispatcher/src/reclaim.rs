@@ -25,9 +25,10 @@ use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_config::pod::PodLite;
 use tidepool_federation::MemberHandle;
 use tidepool_federation::capacity::PoolCapacity;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::controller::{Context, pacing, pod_group_api, publish, requests};
+use crate::context::{Context, pacing, pod_group_api, publish, requests};
+use crate::error::Result;
 use crate::gang::{self, GangKey, GangSource};
 use crate::victims::{OffloadPodView, Victim, victims};
 
@@ -49,7 +50,7 @@ struct State {
     /// When each virtual node's current deficit was first seen.
     deficit_since: HashMap<String, jiff::Timestamp>,
     /// When each job last had victims picked.
-    last_reclaim: HashMap<String, jiff::Timestamp>,
+    last_reclaim: HashMap<GangKey, jiff::Timestamp>,
     /// Checkpoint acks read from PodGroups of gangs under notice: when read, and the
     /// PodGroup's name if it carried the ack.
     gang_acks: HashMap<GangKey, (tokio::time::Instant, Option<String>)>,
@@ -113,7 +114,9 @@ pub(crate) async fn run(ctx: Arc<Context>) {
         let (started, writes) = (std::time::Instant::now(), ctx.writes());
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
-        preempt(&ctx, &pods, now).await;
+        if let Err(e) = preempt(&ctx, &pods, now).await {
+            error!(error = %e, "preemption skipped");
+        }
         enforce_deadlines(&ctx, &pods, &mut state, now).await;
         let cost = started.elapsed();
         metrics().observe_sync("reclaim", cost);
@@ -134,18 +137,11 @@ pub(crate) async fn run(ctx: Arc<Context>) {
     }
 }
 
-/// The band a pod on a virtual node is reclaimed as.
-///
-/// Tenants write their pods' labels, so the `tidepool.io/band` label counts only on a pod the
-/// dispatcher placed: one whose `tidepool.io/placement` (written with the label, before the
-/// binding) names the node it is on. A pod bound by hand gets the band the dispatcher gives
-/// an elastic pod of its priority (`low` outside the configured ranges): it was never
-/// admitted as any gang's core.
-fn band_of(p: &PodLite) -> Band {
-    let placed_here =
-        p.node_name().is_some_and(|n| p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == Some(n));
-    let labelled = placed_here.then(|| p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b))).flatten();
-    labelled.unwrap_or_else(|| gang::band_for(p.spec.priority, false, &gang::BandRanges::default()))
+/// The band a pod on a virtual node is reclaimed as: the one the dispatcher gave it
+/// ([`tidepool_config::pod::band_of`]). A pod bound by hand is elastic (`low`), whatever its
+/// priority or labels: it was never admitted as any gang's core.
+fn reclaim_band(p: &PodLite) -> Band {
+    tidepool_config::pod::band_of(&p.metadata, p.node_name()).unwrap_or(Band::Low)
 }
 
 /// When the reclaim notice of `p` ends, if it is under notice.
@@ -167,7 +163,7 @@ fn deadline_of(p: &PodLite, grace: &BandSeconds) -> Option<jiff::Timestamp> {
     let latest = notice
         .last_transition_time
         .as_ref()
-        .map(|t| t.0 + jiff::SignedDuration::from_secs(i64::try_from(grace.get(band_of(p))).unwrap_or(i64::MAX)));
+        .map(|t| t.0 + jiff::SignedDuration::from_secs(i64::try_from(grace.get(reclaim_band(p))).unwrap_or(i64::MAX)));
     match (annotated, latest) {
         (Some(a), Some(l)) => Some(a.min(l)),
         (a, l) => a.or(l),
@@ -192,36 +188,8 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             }
             let on_node: Vec<&Arc<PodLite>> =
                 pods.iter().filter(|p| p.is_live() && p.node_name() == Some(node.as_str())).collect();
-            // Pods under notice, and pods that ended (reclaimed, say) whose copy the member
-            // still shows, will free their share: counting them again would take a second
-            // victim for the same demand.
-            let mut freeing = Resources::new();
-            let freeing_pods = pods.iter().filter(|p| {
-                p.node_name() == Some(node.as_str())
-                    && (deadline_of(p, grace).is_some() || !p.is_live())
-                    && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
-            });
-            for p in freeing_pods {
-                freeing.add(&requests(p));
-            }
-            // Victims among the running offload pods of this pool.
-            let mut jobs: BTreeMap<String, (u32, u32)> = BTreeMap::new();
-            for p in &on_node {
-                let e = jobs.entry(gang::gang_of(p).to_string()).or_default();
-                e.1 += 1;
-                if band_of(p) != Band::Low {
-                    e.0 += 1;
-                }
-            }
-            let candidates: Vec<OffloadPodView> = on_node
-                .iter()
-                .filter(|p| deadline_of(p, grace).is_none())
-                .filter_map(|p| {
-                    let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
-                    let (min, current) = jobs.get(&gang::gang_of(p).to_string()).copied().unwrap_or((1, 1));
-                    Some(offload_view(p, member_node, (current, min, current)))
-                })
-                .collect();
+            let freeing = freeing(pods, &node, &cap, grace);
+            let candidates = candidates(&on_node, &cap, grace);
             let picked = state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis);
             let cause = format!("member {} needs capacity back for online demand", member.name);
             // All at once: the online demand waits for the last of them.
@@ -234,9 +202,52 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
     }
 }
 
-/// A pool preemption could use: what must be taken, its virtual node, the lower-band pods
-/// there (as victim views and as pods).
-type Candidate = (Resources, String, Vec<OffloadPodView>, Vec<Arc<PodLite>>);
+/// What the pods on virtual node `node` are about to free: those under notice, and those
+/// that ended (reclaimed, say) whose copy the member still shows. Counting them again would
+/// take a second victim for the same demand.
+fn freeing(pods: &[Arc<PodLite>], node: &str, cap: &PoolCapacity, grace: &BandSeconds) -> Resources {
+    let mut freeing = Resources::new();
+    let freeing_pods = pods.iter().filter(|p| {
+        p.node_name() == Some(node)
+            && (deadline_of(p, grace).is_some() || !p.is_live())
+            && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
+    });
+    for p in freeing_pods {
+        freeing.add(&requests(p));
+    }
+    freeing
+}
+
+/// The victim candidates among the live pods of one pool, `on_node`: those not under notice
+/// that the member shows placed, each with its job's fulfillment ([`job_fulfillments`]).
+fn candidates(on_node: &[&Arc<PodLite>], cap: &PoolCapacity, grace: &BandSeconds) -> Vec<OffloadPodView> {
+    let jobs = job_fulfillments(on_node.iter().map(|p| (gang::gang_of(p), reclaim_band(p))));
+    on_node
+        .iter()
+        .filter(|p| deadline_of(p, grace).is_none())
+        .filter_map(|p| {
+            let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
+            let fulfillment = jobs.get(&gang::gang_of(p)).copied().unwrap_or((1, 1, 1));
+            Some(offload_view(p, member_node, fulfillment))
+        })
+        .collect()
+}
+
+/// Each job's `(current, min, max)` on one pool, from the gang and band of each of its live
+/// pods there, for victim ranking: its core (`min`) is its pods above band `low`, and it runs
+/// what it has (`current` = `max` = all of its pods). Pure.
+fn job_fulfillments(pods: impl IntoIterator<Item = (GangKey, Band)>) -> BTreeMap<GangKey, (u32, u32, u32)> {
+    let mut jobs: BTreeMap<GangKey, (u32, u32, u32)> = BTreeMap::new();
+    for (job, band) in pods {
+        let (current, min, max) = jobs.entry(job).or_default();
+        *current += 1;
+        *max += 1;
+        if band != Band::Low {
+            *min += 1;
+        }
+    }
+    jobs
+}
 
 fn key_of(p: &PodLite) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -246,8 +257,8 @@ fn key_of(p: &PodLite) -> String {
 fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u32)) -> OffloadPodView {
     OffloadPodView {
         key: key_of(p),
-        job: gang::gang_of(p).to_string(),
-        band: band_of(p),
+        job: gang::gang_of(p),
+        band: reclaim_band(p),
         member_node,
         requests: requests(p),
         deletion_cost: p.annotations().get(keys::ANNOTATION_DELETION_COST).and_then(|c| c.parse().ok()).unwrap_or(0),
@@ -259,8 +270,8 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
 /// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
 /// needs the least taken ([`choose_pool`]).
-async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
-    let mut pending = ctx.preempt.lock().map(|r| r.clone()).unwrap_or_default();
+async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) -> Result<()> {
+    let mut pending = ctx.preempt_requests()?;
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let members = ctx.members.borrow().clone();
@@ -271,29 +282,43 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
         .flat_map(|m| m.pools.iter().map(|pool| (pool.node.to_string(), pool.capacity.borrow().clone())))
         .collect();
     for r in pending {
-        let Some((need, node, views, on_node)) = choose_pool(&pools, pods, &r.demand, r.band, grace) else { continue };
-        let picked = victims(&need, &views);
-        let cause = format!("higher-band gang {} ({}) needs room on {node}", r.gang, r.band.as_str());
+        let Some(chosen) = choose_pool(&pools, pods, &r.demand, r.band, grace) else { continue };
+        let picked = victims(&chosen.need, &chosen.views);
+        let cause = format!("higher-band gang {} ({}) needs room on {}", r.gang, r.band.as_str(), chosen.node);
         let notices = picked.iter().filter_map(|v| {
-            let p = on_node.iter().find(|p| key_of(p) == v.key)?;
-            Some(notice(ctx, p, &cause, &need, v.band, &v.reason, now))
+            let p = chosen.pods.iter().find(|p| key_of(p) == v.key)?;
+            Some(notice(ctx, p, &cause, &chosen.need, v.band, &v.reason, now))
         });
         futures::future::join_all(notices).await;
     }
+    Ok(())
+}
+
+/// A pool preemption could use.
+#[derive(Debug)]
+struct Preemption {
+    /// What must be taken there.
+    need: Resources,
+    /// Its virtual node.
+    node: String,
+    /// The lower-band pods there, as victim selection sees them…
+    views: Vec<OffloadPodView>,
+    /// …and every pod the member shows placed there, to send the notices to.
+    pods: Vec<Arc<PodLite>>,
 }
 
 /// Of `pools` (virtual node, capacity), the one where `demand` of band `band` needs the least
 /// taken from lower-band pods (GPUs first, then cpu), with what to take and the pods to take it
 /// from. `None` when some pool has room already (free, or being freed by pods under notice) or
-/// none can make room.
+/// none can make room. Pure.
 fn choose_pool(
     pools: &[(String, PoolCapacity)],
     pods: &[Arc<PodLite>],
     demand: &Resources,
     band: Band,
     grace: &BandSeconds,
-) -> Option<Candidate> {
-    let mut best: Option<Candidate> = None;
+) -> Option<Preemption> {
+    let mut best: Option<Preemption> = None;
     for (node, cap) in pools {
         let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
         let on_node: Vec<Arc<PodLite>> =
@@ -311,8 +336,10 @@ fn choose_pool(
             // Enough is free or being freed here already: nothing more to take.
             return None;
         }
-        let lower: Vec<&Arc<PodLite>> =
-            on_node.iter().filter(|p| p.is_live() && deadline_of(p, grace).is_none() && band_of(p) < band).collect();
+        let lower: Vec<&Arc<PodLite>> = on_node
+            .iter()
+            .filter(|p| p.is_live() && deadline_of(p, grace).is_none() && reclaim_band(p) < band)
+            .collect();
         let mut takeable = Resources::new();
         lower.iter().for_each(|p| takeable.add(&requests(p)));
         if !need.fits_in(&takeable) {
@@ -326,20 +353,31 @@ fn choose_pool(
             })
             .collect();
         let gpu = tidepool_federation::capacity::GPU;
-        let smaller = best.as_ref().is_none_or(|(n, ..)| (need.get(gpu), need.get("cpu")) < (n.get(gpu), n.get("cpu")));
+        let smaller =
+            best.as_ref().is_none_or(|b| (need.get(gpu), need.get("cpu")) < (b.need.get(gpu), b.need.get("cpu")));
         if smaller {
-            best = Some((need, node.clone(), views, on_node.clone()));
+            best = Some(Preemption { need, node: node.clone(), views, pods: on_node });
         }
     }
     best
 }
 
-/// The notice of a pod reclaimed at once (no checkpoint grace in its band): its condition
-/// and message, written and published with the pod's final status.
+/// A reclaim notice: its conditions and message. A pod reclaimed at once (no checkpoint grace
+/// in its band) has them written and published with its final status.
 struct Notice {
     /// `tidepool.io/ReclaimRequested` and the standard `DisruptionTarget`.
     conditions: [serde_json::Value; 2],
     message: String,
+}
+
+impl Notice {
+    fn new(message: String, now: jiff::Timestamp) -> Self {
+        let condition = json!({
+            "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": keys::REASON_CAPACITY_RECLAIMED,
+            "message": message, "lastTransitionTime": Time(now),
+        });
+        Self { conditions: [condition, disruption_target(now, &message)], message }
+    }
 }
 
 /// The `DisruptionTarget` condition the scheduler and the kubelet set on a pod they are about
@@ -379,22 +417,17 @@ async fn notice(
         deficit.nonzero(),
         keys::ANNOTATION_CHECKPOINT_DONE
     );
-    let condition = json!({
-        "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "CapacityReclaimed",
-        "message": message, "lastTransitionTime": Time(now),
-    });
     info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
     metrics().reclaim_notices.get_or_create(&BandLabels { band: band.as_str() }).inc();
+    let notice = Notice::new(message, now);
     if grace == 0 {
         // No checkpoint time in this band: the pod goes now, not at the next check (which
         // would wait for the notice to come back through the watch). The notice, which
         // stays as the record, is written alongside the copy's deletion; the final status,
         // with the notice's condition in it, once the copy is gone (see [`mark_reclaimed`]).
-        let how = format!("band {} has no checkpoint grace", band.as_str());
         let demand = deficit.nonzero().to_string();
-        let notice = Notice { conditions: [condition, disruption_target(now, &message)], message };
         let (annotated, ()) = tokio::join!(annotate, free_copy(ctx, pod));
-        record_reclaimed(ctx, pod, &demand, &how, "deadline", Some(&notice)).await;
+        record_reclaimed(ctx, pod, &demand, &ReclaimEnd::NoGrace(band), Some(&notice)).await;
         if let Err(e) = annotated {
             warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
         }
@@ -402,7 +435,7 @@ async fn notice(
     }
     // The condition is the notice (see [`deadline_of`]), so it goes first: a pod never shows
     // the annotation without it, when it would read as a candidate again.
-    let status = json!({ "status": { "conditions": [condition, disruption_target(now, &message)] } });
+    let status = json!({ "status": { "conditions": notice.conditions } });
     if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(status)).await {
         warn!(pod = %name, error = %e, "cannot write ReclaimRequested condition; will retry");
         return;
@@ -411,7 +444,7 @@ async fn notice(
     if let Err(e) = annotate.await {
         warn!(pod = %name, error = %e, "cannot write the reclaim deadline annotation");
     }
-    publish_later(ctx, pod, vec![(EventType::Warning, "ReclaimRequested", message)]);
+    publish_later(ctx, pod, vec![(EventType::Warning, keys::REASON_RECLAIM_REQUESTED, notice.message)]);
 }
 
 /// Publishes `events` on `pod`, in order, in a task of their own: the next pass does not
@@ -430,8 +463,8 @@ fn publish_later(ctx: &Arc<Context>, pod: &PodLite, events: Vec<(EventType, &'st
 }
 
 /// Whether the PodGroup of `gang` (sig-scheduling or Volcano) carries the checkpoint ack,
-/// which then holds for every pod of the gang: the PodGroup's name if so. Read at most once
-/// per [`GANG_ACK_RECHECK`] per gang, and only for gangs with pods under notice.
+/// which then holds for every pod of the gang: the PodGroup's kind and name if so. Read at
+/// most once per [`GANG_ACK_RECHECK`] per gang, and only for gangs with pods under notice.
 async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<String> {
     let name = match &gang.source {
         GangSource::PodGroup(n) | GangSource::Volcano(n) => n.clone(),
@@ -458,8 +491,49 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
     acked
 }
 
-/// Why a pod under notice is reclaimed now, if it is: what its final message says and the
-/// outcome its metric counts.
+/// How a reclaim ended: its words in the pod's final message ([`Display`](std::fmt::Display))
+/// and the outcome its metric counts ([`ReclaimEnd::outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReclaimEnd {
+    /// The operators' annotation on the gang's PodGroup (its kind and name).
+    GroupAck(String),
+    /// The operators' annotation on the pod.
+    Annotated,
+    /// The ack from inside: the pod exited with this termination message.
+    ExitAck(String),
+    /// Every container exited after the notice, without an ack.
+    Exited,
+    /// The deadline passed without an ack.
+    Deadline,
+    /// The pod's band gives no checkpoint time: reclaimed with its notice.
+    NoGrace(Band),
+}
+
+impl ReclaimEnd {
+    /// The `outcome` label of `tidepool_reclaims_total`.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::GroupAck(_) | Self::Annotated | Self::ExitAck(_) => "acknowledged",
+            Self::Exited => "exited",
+            Self::Deadline | Self::NoGrace(_) => "deadline",
+        }
+    }
+}
+
+impl std::fmt::Display for ReclaimEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::GroupAck(group) => write!(f, "checkpoint acknowledged on its {group}"),
+            Self::Annotated => f.write_str("checkpoint acknowledged"),
+            Self::ExitAck(ack) => write!(f, "checkpoint acknowledged by the pod as it exited ({ack})"),
+            Self::Exited => f.write_str("containers exited after the notice"),
+            Self::Deadline => f.write_str("checkpoint not acknowledged before the deadline"),
+            Self::NoGrace(band) => write!(f, "band {} has no checkpoint grace", band.as_str()),
+        }
+    }
+}
+
+/// Whether a pod under notice is reclaimed now, and how. Pure.
 ///
 /// The acks, each something only the pod's owners or the pod itself can give: the operators'
 /// annotation on the pod or on its PodGroup (`group`), or the ack from inside — every
@@ -472,18 +546,17 @@ fn reclaim_now(
     deadline: jiff::Timestamp,
     group: Option<&str>,
     now: jiff::Timestamp,
-) -> Option<(String, &'static str)> {
-    let exited = p.status.containers_exited;
+) -> Option<ReclaimEnd> {
     if let Some(group) = group {
-        return Some((format!("checkpoint acknowledged on its {group}"), "acknowledged"));
+        return Some(ReclaimEnd::GroupAck(group.to_owned()));
     }
     if p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) {
-        return Some(("checkpoint acknowledged".to_owned(), "acknowledged"));
+        return Some(ReclaimEnd::Annotated);
     }
-    match (&p.status.exit_ack, exited) {
-        (Some(ack), true) => Some((format!("checkpoint acknowledged by the pod as it exited ({ack})"), "acknowledged")),
-        (None, true) => Some(("containers exited after the notice".to_owned(), "exited")),
-        _ if now >= deadline => Some(("checkpoint not acknowledged before the deadline".to_owned(), "deadline")),
+    match (&p.status.exit_ack, p.status.containers_exited) {
+        (Some(ack), true) => Some(ReclaimEnd::ExitAck(ack.clone())),
+        (None, true) => Some(ReclaimEnd::Exited),
+        _ if now >= deadline => Some(ReclaimEnd::Deadline),
         _ => None,
     }
 }
@@ -497,29 +570,29 @@ async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mu
         let Some(deadline) = deadline_of(p, grace) else { continue };
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
-        let Some((how, outcome)) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };
-        if outcome == "acknowledged" {
+        let Some(end) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };
+        if end.outcome() == "acknowledged" {
             // The notice went out one grace period before the deadline.
-            let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(band_of(p)) as i64;
+            let grace = ctx.config.dispatcher.reclaim_grace_seconds.get(reclaim_band(p)) as i64;
             let noticed = deadline - jiff::SignedDuration::from_secs(grace);
             metrics().checkpoint_ack_seconds.observe(now.duration_since(noticed).as_secs_f64().max(0.0));
         }
         let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str).to_owned();
-        due.push((p, demand, how, outcome));
+        due.push((p, demand, end));
     }
-    let ends = due.iter().map(|(p, demand, how, outcome)| mark_reclaimed(ctx, p, demand, how, outcome));
+    let ends = due.iter().map(|(p, demand, end)| mark_reclaimed(ctx, p, demand, end));
     futures::future::join_all(ends).await;
 }
 
 /// Step 5: the offload copy is deleted in the member and the training pod fails with reason
-/// `Reclaimed`; `how` says whether the checkpoint was acknowledged.
+/// `Reclaimed`; `end` says whether the checkpoint was acknowledged.
 ///
 /// The capacity goes back first: online pods wait for the copy's deletion, nobody waits for
 /// the training pod's status. So the member's delete is not queued behind training writes
 /// in this process or at the API servers, and the status follows once the delete returns.
-async fn mark_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, how: &str, outcome: &'static str) {
+async fn mark_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, end: &ReclaimEnd) {
     free_copy(ctx, p).await;
-    record_reclaimed(ctx, p, demand, how, outcome, None).await;
+    record_reclaimed(ctx, p, demand, end, None).await;
 }
 
 /// The member handle of the pool `p` is placed on, if any.
@@ -542,16 +615,9 @@ async fn free_copy(ctx: &Context, p: &PodLite) {
 
 /// The training pod's end: `Failed`, reason `Reclaimed`, then its Events. A pod reclaimed at
 /// once brings its `notice` along.
-async fn record_reclaimed(
-    ctx: &Arc<Context>,
-    p: &PodLite,
-    demand: &str,
-    how: &str,
-    outcome: &'static str,
-    notice: Option<&Notice>,
-) {
+async fn record_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, end: &ReclaimEnd, notice: Option<&Notice>) {
     let member = member_of(ctx, p).map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
-    let message = format!("reclaimed by member {member} for online demand ({demand}); {how}");
+    let message = format!("reclaimed by member {member} for online demand ({demand}); {end}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let mut status = json!({ "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message });
     if let Some(n) = notice {
@@ -561,12 +627,12 @@ async fn record_reclaimed(
     let name = p.name_any();
     match api.patch_status(&name, &PatchParams::default(), &patch).await {
         Ok(_) => {
-            info!(pod = %name, how, "reclaimed");
-            let labels = ReclaimLabels { member, band: band_of(p).as_str(), outcome };
+            info!(pod = %name, how = %end, "reclaimed");
+            let labels = ReclaimLabels { member, band: reclaim_band(p).as_str(), outcome: end.outcome() };
             metrics().reclaims.get_or_create(&labels).inc();
             let mut events = Vec::with_capacity(2);
             if let Some(n) = notice {
-                events.push((EventType::Warning, "ReclaimRequested", n.message.clone()));
+                events.push((EventType::Warning, keys::REASON_RECLAIM_REQUESTED, n.message.clone()));
             }
             events.push((EventType::Warning, keys::REASON_RECLAIMED, message));
             publish_later(ctx, p, events);
@@ -646,10 +712,10 @@ mod tests {
         let demand = Resources::from_pairs([(GPU, "4")]).unwrap();
         let grace = BandSeconds::default();
         for pools in [vec![pa.clone(), pb.clone()], vec![pb.clone(), pa.clone()]] {
-            let (need, node, views, _) = choose_pool(&pools, &pods, &demand, Band::High, &grace).unwrap();
-            assert_eq!(node, "tidepool-b");
-            assert_eq!(need.get(GPU), 2000);
-            assert_eq!(views.len(), 3, "the pool's lower-band pods are the candidates");
+            let chosen = choose_pool(&pools, &pods, &demand, Band::High, &grace).unwrap();
+            assert_eq!(chosen.node, "tidepool-b");
+            assert_eq!(chosen.need.get(GPU), 2000);
+            assert_eq!(chosen.views.len(), 3, "the pool's lower-band pods are the candidates");
         }
         // Room already on a pool: nothing is taken anywhere.
         let roomy = pool_of("tidepool-c", 8, &[]);
@@ -723,13 +789,12 @@ mod tests {
             json!({}),
             json!({"terminated": {"exitCode": 0, "message": "tidepool.io/checkpointed step=40 offset=1280\n"}}),
         );
-        let (how, outcome) = reclaim_now(&acked, deadline, None, early).unwrap();
-        assert_eq!(outcome, "acknowledged");
-        assert!(how.contains("step=40"), "{how}");
+        let ack = "tidepool.io/checkpointed step=40 offset=1280";
+        assert_eq!(reclaim_now(&acked, deadline, None, early), Some(ReclaimEnd::ExitAck(ack.into())));
         let crashed = noticed_with(json!({}), json!({"terminated": {"exitCode": 139}}));
-        assert_eq!(reclaim_now(&crashed, deadline, None, early).unwrap().1, "exited");
+        assert_eq!(reclaim_now(&crashed, deadline, None, early), Some(ReclaimEnd::Exited));
         // An ack line in the message of a container still running is no ack (it has not exited).
-        assert_eq!(reclaim_now(&running, deadline, None, deadline).unwrap().1, "deadline");
+        assert_eq!(reclaim_now(&running, deadline, None, deadline), Some(ReclaimEnd::Deadline));
     }
 
     #[test]
@@ -737,10 +802,10 @@ mod tests {
         let deadline: jiff::Timestamp = "2026-12-01T10:10:00Z".parse().unwrap();
         let early: jiff::Timestamp = "2026-12-01T10:00:05Z".parse().unwrap();
         let annotated = noticed_with(json!({keys::ANNOTATION_CHECKPOINT_DONE: "true"}), json!({"running": {}}));
-        assert_eq!(reclaim_now(&annotated, deadline, None, early).unwrap().1, "acknowledged");
+        assert_eq!(reclaim_now(&annotated, deadline, None, early), Some(ReclaimEnd::Annotated));
         let running = noticed_with(json!({}), json!({"running": {}}));
-        let (how, outcome) = reclaim_now(&running, deadline, Some("PodGroup g"), early).unwrap();
-        assert_eq!((how.as_str(), outcome), ("checkpoint acknowledged on its PodGroup g", "acknowledged"));
+        let end = reclaim_now(&running, deadline, Some("PodGroup g"), early);
+        assert_eq!(end, Some(ReclaimEnd::GroupAck("PodGroup g".into())));
     }
 
     #[test]
@@ -764,17 +829,17 @@ mod tests {
         // No placement by tidepool: the band comes from the priority, as the dispatcher
         // would have decided it for an elastic pod, never from the tenant's label.
         let hand_bound = on_node(json!({"labels": {keys::LABEL_BAND: "high"}}), json!([]));
-        assert_eq!(band_of(&hand_bound), Band::Low);
+        assert_eq!(reclaim_band(&hand_bound), Band::Low);
         // Whatever its priority: it was never admitted as a gang's core, so it is elastic.
         let mut by_priority = on_node(json!({"labels": {keys::LABEL_BAND: "high"}}), json!([]));
         by_priority.spec.priority = Some(2500);
-        assert_eq!(band_of(&by_priority), Band::Low, "a hand-bound pod is elastic, not its label's band");
+        assert_eq!(reclaim_band(&by_priority), Band::Low, "a hand-bound pod is elastic, not its label's band");
         // A placement on another node is no placement of this pod.
         let elsewhere = on_node(
             json!({"labels": {keys::LABEL_BAND: "high"}, "annotations": {keys::ANNOTATION_PLACEMENT: "tidepool-other"}}),
             json!([]),
         );
-        assert_eq!(band_of(&elsewhere), Band::Low);
+        assert_eq!(reclaim_band(&elsewhere), Band::Low);
     }
 
     #[test]
@@ -785,7 +850,7 @@ mod tests {
                        "annotations": {keys::ANNOTATION_PLACEMENT: "tidepool-m"}}),
                 json!([]),
             );
-            assert_eq!(band_of(&placed), band);
+            assert_eq!(reclaim_band(&placed), band);
         }
     }
 
@@ -809,6 +874,43 @@ mod tests {
         let picked =
             state.plan_pool("tidepool-m", &request, &Resources::new(), candidates, now, jiff::SignedDuration::ZERO);
         assert_eq!(picked.iter().map(|v| v.key.as_str()).collect::<Vec<_>>(), ["ns/p"]);
+    }
+
+    #[test]
+    fn each_way_a_reclaim_ends_has_its_words_and_its_outcome() {
+        let cases = [
+            (ReclaimEnd::GroupAck("PodGroup g".into()), "checkpoint acknowledged on its PodGroup g", "acknowledged"),
+            (ReclaimEnd::Annotated, "checkpoint acknowledged", "acknowledged"),
+            (
+                ReclaimEnd::ExitAck("tidepool.io/checkpointed step=3".into()),
+                "checkpoint acknowledged by the pod as it exited (tidepool.io/checkpointed step=3)",
+                "acknowledged",
+            ),
+            (ReclaimEnd::Exited, "containers exited after the notice", "exited"),
+            (ReclaimEnd::Deadline, "checkpoint not acknowledged before the deadline", "deadline"),
+            (ReclaimEnd::NoGrace(Band::Low), "band low has no checkpoint grace", "deadline"),
+        ];
+        for (end, words, outcome) in cases {
+            assert_eq!((end.to_string().as_str(), end.outcome()), (words, outcome), "{end:?}");
+        }
+    }
+
+    #[test]
+    fn a_jobs_core_is_its_pods_above_band_low_and_it_runs_all_it_has() {
+        let (a, b) = (GangKey::annotation("ns", "a"), GangKey::annotation("ns", "b"));
+        let pods = [
+            (a.clone(), Band::Medium),
+            (a.clone(), Band::Medium),
+            (a.clone(), Band::Low),
+            (b.clone(), Band::Low),
+            (a.clone(), Band::High),
+        ];
+        let jobs = job_fulfillments(pods);
+        // a: four pods, three of them above low; b: one elastic pod, no core here.
+        assert_eq!(jobs.get(&a), Some(&(4, 3, 4)));
+        assert_eq!(jobs.get(&b), Some(&(1, 0, 1)));
+        assert_eq!(jobs.len(), 2);
+        assert!(job_fulfillments([]).is_empty());
     }
 
     const POD_GPUS: i64 = 2;
@@ -870,7 +972,7 @@ mod tests {
                 .filter(|p| p.noticed.is_none())
                 .map(|p| OffloadPodView {
                     key: p.key.clone(),
-                    job: p.job.clone(),
+                    job: GangKey::annotation("ns", &p.job),
                     band: Band::Low,
                     member_node: format!("m{}", next % 4),
                     requests: gpus(POD_GPUS),
@@ -880,10 +982,10 @@ mod tests {
                 })
                 .collect();
             let chosen = state.plan_pool("vn", &deficit, &freeing, candidates, now, hysteresis);
-            let mut jobs: Vec<&str> = chosen.iter().map(|v| v.job.as_str()).collect();
+            let mut jobs: Vec<&GangKey> = chosen.iter().map(|v| &v.job).collect();
             jobs.dedup();
             for job in jobs {
-                picks.entry(job.to_owned()).or_default().push(now);
+                picks.entry(job.to_string()).or_default().push(now);
             }
             for v in &chosen {
                 if let Some(p) = pods.iter_mut().find(|p| p.key == v.key) {

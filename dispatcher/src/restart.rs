@@ -23,7 +23,7 @@ use tidepool_config::keys::{self, Band};
 use tidepool_config::pod::{PodLite, under_notice};
 use tracing::{info, warn};
 
-use crate::controller::{Context, publish};
+use crate::context::{Context, publish};
 use crate::gang::{self, GangKey};
 
 /// What [`decide`] found for one gang.

@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tidepool_config::Resources;
 use tidepool_config::keys::Band;
 
+use crate::gang::GangKey;
 use crate::order::Fulfillment;
 
 /// What victim selection needs to know of one running offload pod.
@@ -38,8 +39,8 @@ use crate::order::Fulfillment;
 pub struct OffloadPodView {
     /// `namespace/name` of the training pod; unique.
     pub key: String,
-    /// The gang key of its job.
-    pub job: String,
+    /// The gang of its job.
+    pub job: GangKey,
     pub band: Band,
     /// Member node it runs on.
     pub member_node: String,
@@ -64,7 +65,7 @@ impl OffloadPodView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Victim {
     pub key: String,
-    pub job: String,
+    pub job: GangKey,
     pub band: Band,
     /// Why this pod, in words for the Event and the pod's final message.
     pub reason: String,
@@ -108,13 +109,47 @@ struct Selection<'a> {
     freed: Vec<i64>,
     /// Offload pods not taken yet, per member node.
     left_on_node: BTreeMap<&'a str, usize>,
-    hit_jobs: BTreeSet<&'a str>,
+    hit_jobs: BTreeSet<&'a GangKey>,
 }
 
-/// Rank of a unit inside its band, smaller first, in the preference order of the module docs:
-/// priority, does not cover alone, pods in the unit (when it covers alone), does not empty a node, job
-/// not hit yet, fulfillment (highest first), deletion cost, offload pods left on its node, key.
-type Rank<'a> = (i32, bool, usize, bool, bool, Reverse<Fulfillment>, i32, usize, &'a str);
+/// Rank of a unit inside its band, smaller first: the fields compare in order, the preference
+/// order of the module docs (rule 4).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank<'a> {
+    /// The unit's highest tenant priority.
+    priority: i32,
+    /// It does not cover the remaining deficit on its own.
+    short: bool,
+    /// Pods in the unit when it covers alone (0 otherwise).
+    size_when_covering: usize,
+    /// It empties no member node.
+    leaves_nodes_busy: bool,
+    /// Its job has not lost a pod in this selection yet.
+    fresh_job: bool,
+    /// The job's fulfillment, highest first.
+    fulfillment: Reverse<Fulfillment>,
+    /// The lowest `pod-deletion-cost` in the unit.
+    deletion_cost: i32,
+    /// Offload pods left on its member node (0 for a whole job).
+    left_on_node: usize,
+    /// Its lead pod's key: the order is total.
+    key: &'a str,
+}
+
+impl Rank<'_> {
+    /// The rank of a unit with no pods: after every other.
+    const LAST: Rank<'static> = Rank {
+        priority: i32::MAX,
+        short: true,
+        size_when_covering: 0,
+        leaves_nodes_busy: true,
+        fresh_job: true,
+        fulfillment: Reverse(Fulfillment::ZERO),
+        deletion_cost: i32::MAX,
+        left_on_node: usize::MAX,
+        key: "",
+    };
+}
 
 /// What is taken in one step: one pod, or a whole job for a gang core.
 #[derive(Debug, Clone)]
@@ -179,25 +214,25 @@ impl<'a> Selection<'a> {
         let helping: Vec<usize> = (0..self.pods.len())
             .filter(|&i| !self.taken[i] && self.pods[i].band == band && self.helps(&self.req[i]))
             .collect();
-        let mut cheapest: BTreeMap<&str, i32> = BTreeMap::new();
+        let mut cheapest: BTreeMap<&GangKey, i32> = BTreeMap::new();
         for &i in &helping {
             let p = self.pods[i];
-            let c = cheapest.entry(p.job.as_str()).or_insert(p.deletion_cost);
+            let c = cheapest.entry(&p.job).or_insert(p.deletion_cost);
             *c = (*c).min(p.deletion_cost);
         }
         helping
             .into_iter()
-            .filter(|&i| cheapest.get(self.pods[i].job.as_str()) == Some(&self.pods[i].deletion_cost))
+            .filter(|&i| cheapest.get(&self.pods[i].job) == Some(&self.pods[i].deletion_cost))
             .map(|i| Unit { members: vec![i], whole_job: false })
             .collect()
     }
 
     /// Every job with a gang-core pod still running, as the unit of all its running pods.
     fn job_units(&self) -> Vec<Unit> {
-        let mut jobs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        let mut jobs: BTreeMap<&GangKey, Vec<usize>> = BTreeMap::new();
         for (i, p) in self.pods.iter().enumerate() {
             if !self.taken[i] {
-                jobs.entry(p.job.as_str()).or_default().push(i);
+                jobs.entry(&p.job).or_default().push(i);
             }
         }
         jobs.into_values()
@@ -211,9 +246,7 @@ impl<'a> Selection<'a> {
     fn rank(&self, unit: &Unit) -> Rank<'a> {
         let total = self.sum(&unit.members);
         let covers_alone = (0..self.deficit.len()).all(|d| total[d] >= self.remaining(d));
-        let Some(&first) = unit.members.first() else {
-            return (i32::MAX, true, 0, true, true, Reverse(Fulfillment::new(0, 0, 0)), i32::MAX, usize::MAX, "");
-        };
+        let Some(&first) = unit.members.first() else { return Rank::LAST };
         let lead = self.pods[first];
         let mut on_node: BTreeMap<&str, usize> = BTreeMap::new();
         for &i in &unit.members {
@@ -224,17 +257,17 @@ impl<'a> Selection<'a> {
         let priority = unit.members.iter().map(|&i| self.pods[i].priority).max().unwrap_or(0);
         let left_on_node =
             if unit.whole_job { 0 } else { self.left_on_node.get(lead.member_node.as_str()).copied().unwrap_or(0) };
-        (
+        Rank {
             priority,
-            !covers_alone,
-            if covers_alone { unit.members.len() } else { 0 },
-            !empties_node,
-            !self.hit_jobs.contains(lead.job.as_str()),
-            Reverse(lead.fulfillment()),
-            cost,
+            short: !covers_alone,
+            size_when_covering: if covers_alone { unit.members.len() } else { 0 },
+            leaves_nodes_busy: !empties_node,
+            fresh_job: !self.hit_jobs.contains(&lead.job),
+            fulfillment: Reverse(lead.fulfillment()),
+            deletion_cost: cost,
             left_on_node,
-            lead.key.as_str(),
-        )
+            key: lead.key.as_str(),
+        }
     }
 
     fn take(&mut self, unit: &Unit) {
@@ -247,7 +280,7 @@ impl<'a> Selection<'a> {
             if let Some(n) = self.left_on_node.get_mut(p.member_node.as_str()) {
                 *n = n.saturating_sub(1);
             }
-            self.hit_jobs.insert(p.job.as_str());
+            self.hit_jobs.insert(&p.job);
         }
     }
 
@@ -332,7 +365,7 @@ mod tests {
     fn pod(key: &str, job: &str, band: Band, node: &str, req: &[(&str, &str)]) -> OffloadPodView {
         OffloadPodView {
             key: key.into(),
-            job: job.into(),
+            job: GangKey::annotation("ns", job),
             band,
             member_node: node.into(),
             requests: r(req),
@@ -504,6 +537,16 @@ mod tests {
                 vec!["b-cheap"],
             ),
             (
+                "the lower tenant priority goes first even where a higher one would cover alone",
+                r(&[("cpu", "2")]),
+                vec![
+                    OffloadPodView { priority: 100, ..pod("a", "j1", Band::Low, "n1", &[("cpu", "1")]) },
+                    OffloadPodView { priority: 500, ..pod("b", "j2", Band::Low, "n2", &[("cpu", "2")]) },
+                    OffloadPodView { priority: 100, ..pod("c", "j3", Band::Low, "n3", &[("cpu", "1")]) },
+                ],
+                vec!["a", "c"],
+            ),
+            (
                 "one pod that covers the deficit alone beats several small ones",
                 r(&[(GPU, "4")]),
                 vec![
@@ -563,11 +606,11 @@ mod tests {
 
     #[test]
     fn reasons_name_the_band_the_job_and_an_emptied_node() {
-        let running = [pod("ns/a", "ns/job", Band::Low, "n1", &[("cpu", "1")])];
+        let running = [pod("ns/a", "job", Band::Low, "n1", &[("cpu", "1")])];
         let v = victims(&r(&[("cpu", "1")]), &running);
         assert_eq!(
             v[0].reason,
-            "band low (lowest band first); job ns/job at fulfillment 0/1; pod-deletion-cost 0; empties member node n1"
+            "band low (lowest band first); job ns/gang/job at fulfillment 0/1; pod-deletion-cost 0; empties member node n1"
         );
     }
 
@@ -598,7 +641,7 @@ mod tests {
                     }
                     OffloadPodView {
                         key: format!("ns/p{i:02}"),
-                        job: format!("ns/j{job}"),
+                        job: GangKey::annotation("ns", &format!("j{job}")),
                         band,
                         member_node: format!("n{node}"),
                         requests,
@@ -666,11 +709,11 @@ mod tests {
             deficit in arb_deficit(), running in arb_running(),
         ) {
             let v = victims(&deficit, &running);
-            let medium_jobs: BTreeSet<&str> =
-                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            let medium_jobs: BTreeSet<&GangKey> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| &v.job).collect();
             // A high pod taken with its job's gang core was taken at the medium stage.
             let stage = |v: &Victim| {
-                if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+                if v.band == Band::High && medium_jobs.contains(&v.job) { Band::Medium } else { v.band }
             };
             let chosen: BTreeSet<&str> = keys(&v).into_iter().collect();
             for victim in v.iter().filter(|x| stage(x) == x.band) {
@@ -704,10 +747,10 @@ mod tests {
         ) {
             let v = victims(&deficit, &running);
             let total = freed(&running, keys(&v));
-            let medium_jobs: BTreeSet<&str> =
-                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            let medium_jobs: BTreeSet<&GangKey> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| &v.job).collect();
             let stage = |v: &Victim| {
-                if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+                if v.band == Band::High && medium_jobs.contains(&v.job) { Band::Medium } else { v.band }
             };
             let Some(top) = v.iter().map(stage).max() else { return Ok(()) };
             if !covers(&total, &deficit) {
@@ -744,13 +787,13 @@ mod tests {
             }
             let v = victims(&deficit, &running);
             let at: BTreeMap<&str, usize> = v.iter().enumerate().map(|(i, x)| (x.key.as_str(), i)).collect();
-            let medium_jobs: BTreeSet<&str> =
-                v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+            let medium_jobs: BTreeSet<&GangKey> =
+                v.iter().filter(|v| v.band == Band::Medium).map(|v| &v.job).collect();
             for a in &running {
                 for b in &running {
                     let twins = a.job == b.job && a.band == b.band && a.requests == b.requests;
                     // A job taken whole goes at once: its costs do not order anything.
-                    if !twins || a.deletion_cost >= b.deletion_cost || medium_jobs.contains(a.job.as_str()) {
+                    if !twins || a.deletion_cost >= b.deletion_cost || medium_jobs.contains(&a.job) {
                         continue;
                     }
                     if let Some(&b_at) = at.get(b.key.as_str()) {
@@ -793,9 +836,9 @@ mod tests {
     }
 
     fn last_band<'a>(deficit: &Resources, running: &'a [OffloadPodView], v: &'a [Victim]) -> Option<LastBand<'a>> {
-        let medium_jobs: BTreeSet<&str> = v.iter().filter(|v| v.band == Band::Medium).map(|v| v.job.as_str()).collect();
+        let medium_jobs: BTreeSet<&GangKey> = v.iter().filter(|v| v.band == Band::Medium).map(|v| &v.job).collect();
         let stage = |v: &Victim| {
-            if v.band == Band::High && medium_jobs.contains(v.job.as_str()) { Band::Medium } else { v.band }
+            if v.band == Band::High && medium_jobs.contains(&v.job) { Band::Medium } else { v.band }
         };
         let top = v.iter().map(stage).max()?;
         let below: Vec<&str> = v.iter().filter(|x| stage(x) < top).map(|x| x.key.as_str()).collect();
@@ -805,12 +848,12 @@ mod tests {
         let helps = |p: &OffloadPodView| p.requests.iter().any(|(n, a)| a > 0 && rest.get(n) > 0);
         let free: Vec<&OffloadPodView> = running.iter().filter(|p| !below.contains(&p.key.as_str())).collect();
         let units = if top == Band::Medium {
-            let mut jobs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            let mut jobs: BTreeMap<&GangKey, Vec<&str>> = BTreeMap::new();
             for p in &free {
-                jobs.entry(p.job.as_str()).or_default().push(p.key.as_str());
+                jobs.entry(&p.job).or_default().push(p.key.as_str());
             }
             jobs.into_iter()
-                .filter(|(job, _)| free.iter().any(|p| p.job == *job && p.band == Band::Medium))
+                .filter(|(job, _)| free.iter().any(|p| &p.job == *job && p.band == Band::Medium))
                 .map(|(_, keys)| keys)
                 .collect()
         } else {

@@ -595,7 +595,7 @@ impl PodSync<'_> {
             namespace_prefix: &member.namespace_prefix,
             node_selector: &pool.node_selector,
             tolerations: &pool.tolerations,
-            band: translate::band_of(whole),
+            band: translate::copy_band(whole),
             copy_labels: &member.copy_labels,
             copy_annotations: &member.copy_annotations,
             max_termination_grace: member.max_termination_grace,

@@ -313,15 +313,12 @@ pub fn carries_training_token(volume: &Volume) -> bool {
     volume.projected.as_ref().is_some_and(|p| p.sources.iter().flatten().any(|src| src.service_account_token.is_some()))
 }
 
-/// Band of a training pod: its `tidepool.io/band` label (written by the dispatcher), else
-/// `medium` (a pod placed by hand is treated as gang core).
-pub fn band_of(pod: &Pod) -> keys::Band {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(keys::LABEL_BAND))
-        .and_then(|b| keys::Band::parse(b))
-        .unwrap_or(keys::Band::Medium)
+/// Band of the offload copy of `pod`: the band the dispatcher gave it
+/// ([`tidepool_config::pod::band_of`]), else `medium` (a pod placed by hand is treated as gang
+/// core).
+pub fn copy_band(pod: &Pod) -> keys::Band {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    tidepool_config::pod::band_of(&pod.metadata, node).unwrap_or(keys::Band::Medium)
 }
 
 /// Name of the downward-API volume that shows a pod its own annotations (and so the
@@ -535,6 +532,23 @@ mod tests {
             }
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_copy_runs_in_the_band_the_dispatcher_gave_and_a_hand_bound_pod_as_medium() {
+        let with = |labels: serde_json::Value, annotations: serde_json::Value| {
+            let mut pod = training_pod();
+            pod.metadata.labels = serde_json::from_value(labels).unwrap();
+            pod.metadata.annotations = serde_json::from_value(annotations).unwrap();
+            pod
+        };
+        let placed = json!({keys::ANNOTATION_PLACEMENT: "tidepool-member-a"});
+        for band in keys::Band::ALL {
+            assert_eq!(copy_band(&with(json!({keys::LABEL_BAND: band.as_str()}), placed.clone())), band);
+        }
+        // Bound by hand: treated as gang core, whatever band label it carries.
+        assert_eq!(copy_band(&with(json!({}), json!({}))), keys::Band::Medium);
+        assert_eq!(copy_band(&with(json!({keys::LABEL_BAND: "high"}), json!({}))), keys::Band::Medium);
     }
 
     fn target(selector: &BTreeMap<String, String>) -> Target<'_> {

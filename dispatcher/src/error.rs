@@ -1,0 +1,75 @@
+//! The dispatcher's errors. Those of a gang's `minMember` are shown to the tenant as they are
+//! (the pods' `Unschedulable` condition), so their wording is part of the interface.
+
+use std::sync::Arc;
+
+use tidepool_config::keys;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A PodGroup a gang names, for messages: its kind, API group, namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodGroupRef {
+    pub kind: String,
+    pub group: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodGroupRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// `tidepool.io/min-member` is set on a pod but is no positive integer.
+    #[error("annotation {}={value:?} is not a positive integer", keys::ANNOTATION_MIN_MEMBER)]
+    MinMemberInvalid { value: String },
+    /// An annotation gang none of whose pods says its `minMember`.
+    #[error("gang {gang} has no {} annotation", keys::ANNOTATION_MIN_MEMBER)]
+    MinMemberMissing { gang: String },
+    #[error("{0} has no valid spec.minMember")]
+    PodGroupInvalid(PodGroupRef),
+    #[error("{} {}/{}/{} not found", .0.kind, .0.group, .0.namespace, .0.name)]
+    PodGroupNotFound(PodGroupRef),
+    /// No such CRD installed reads as 404 too.
+    #[error("{0} not found (is its CRD installed?)")]
+    PodGroupKindNotFound(PodGroupRef),
+    #[error("cannot read {group}: {source}")]
+    PodGroupRead {
+        group: PodGroupRef,
+        #[source]
+        source: Arc<kube::Error>,
+    },
+    /// A task panicked while it held one of the dispatcher's locks: what the lock guards may be
+    /// half-written, so it is not read on.
+    #[error("the dispatcher's {0} lock is poisoned (a task panicked while holding it)")]
+    Poisoned(&'static str),
+}
+
+/// Locks `m`, or says which lock is poisoned.
+pub(crate) fn lock<'a, T>(m: &'a std::sync::Mutex<T>, name: &'static str) -> Result<std::sync::MutexGuard<'a, T>> {
+    m.lock().map_err(|_| Error::Poisoned(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_a_panicking_task_held_is_an_error_not_read_on() {
+        let m = std::sync::Mutex::new(vec![1]);
+        assert_eq!(lock(&m, "explained").map(|v| v.len()).ok(), Some(1));
+        let _ = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _held = m.lock();
+                panic!("a task panics while holding the lock");
+            })
+            .join()
+        });
+        let err = lock(&m, "explained").map(|_| ()).unwrap_err();
+        assert_eq!(err.to_string(), "the dispatcher's explained lock is poisoned (a task panicked while holding it)");
+    }
+}

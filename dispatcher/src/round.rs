@@ -1,0 +1,426 @@
+//! One dispatcher round as data: the pure decisions that turn what the round read (the
+//! gangs, their `minMember`, the pool views) into the [`Write`]s it plans, in order, which
+//! [`crate::controller`] then commits. Reserve first, commit after, as Volcano's
+//! `Statement` does for a gang: a decision can be read, and tested, before anything is
+//! written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use tidepool_config::Resources;
+use tidepool_config::keys::{self, Band};
+use tidepool_config::pod::PodLite;
+
+use crate::context::requests;
+use crate::gang::{self, BandRanges, GangKey};
+use crate::order::QueueEntry;
+use crate::plan::{self, GangDemand, PoolView};
+
+/// A gang as seen in one round.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct GangState {
+    pub pods: Vec<Arc<PodLite>>,
+    /// Virtual node recorded on any of its pods (annotation or binding).
+    pub pinned: Option<String>,
+    /// Pods of the gang that completed: they count as having run.
+    pub succeeded: usize,
+}
+
+/// A write a round plans, in the order it is to be made.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Write {
+    /// Says why `pods` wait: `PodScheduled=False`, reason `Unschedulable`, and an Event,
+    /// where the pod does not show `message` already.
+    Explain { pods: Vec<Arc<PodLite>>, message: String },
+    /// Fails every pod of a gang that timed out (reason `GangTimeout`).
+    RollBack { pods: Vec<Arc<PodLite>>, message: String },
+    /// Labels one pod of a placed gang with its band and binds it to the gang's virtual node.
+    Bind { pod: Arc<PodLite>, node: String, band: Band, role: &'static str },
+    /// A new gang: records the placement (and band) on every core pod, then, only if all
+    /// were recorded, binds them all and says `Placed` on the first.
+    Place { gang: GangKey, node: String, member: String, pods: Vec<(Arc<PodLite>, Band)> },
+}
+
+/// What admitting one gang plans.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Admission {
+    pub writes: Vec<Write>,
+    /// The requests of a new gang's whole core when it found no pool: a candidate for
+    /// preemption.
+    pub unplaced: Option<Resources>,
+}
+
+/// The virtual node a pod's gang was placed on: its placement annotation, else its binding.
+fn placement_of(p: &PodLite) -> Option<&str> {
+    p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str).or_else(|| p.node_name())
+}
+
+/// The gangs of the pods for `scheduler` among `all`: live pods, with the placement any of
+/// them carries, and the count of those that succeeded.
+pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKey, GangState> {
+    let mut gangs: BTreeMap<GangKey, GangState> = BTreeMap::new();
+    for p in all.iter().filter(|p| p.spec.scheduler_name.as_deref() == Some(scheduler)) {
+        if !p.is_live() {
+            if p.status.phase.as_deref() == Some("Succeeded") {
+                gangs.entry(gang::gang_of(p)).or_default().succeeded += 1;
+            }
+            continue;
+        }
+        let g = gangs.entry(gang::gang_of(p)).or_default();
+        if g.pinned.is_none() {
+            g.pinned = placement_of(p).map(str::to_owned);
+        }
+        g.pods.push(p.clone());
+    }
+    gangs
+}
+
+/// Seconds a placed gang has waited since its placement, when that is at least `timeout`:
+/// it is then checked against its `minMember` ([`timed_out`]). `None` for a gang not placed
+/// (or whose placement time cannot be read) and one still within its timeout.
+pub(crate) fn overdue(g: &GangState, timeout: u64, now: jiff::Timestamp) -> Option<i64> {
+    g.pinned.as_ref()?;
+    let placed_at: jiff::Timestamp =
+        g.pods.iter().filter_map(|p| p.annotations().get(keys::ANNOTATION_PLACED_AT)?.parse().ok()).min()?;
+    let waited = now.duration_since(placed_at).as_secs();
+    (waited >= i64::try_from(timeout).unwrap_or(i64::MAX)).then_some(waited)
+}
+
+/// Why a placed gang that waited `waited` seconds (past its `timeout`) must be rolled back:
+/// fewer than `min` of its pods run (or ran to completion). `None` when enough do.
+pub(crate) fn timed_out(key: &GangKey, g: &GangState, min: usize, waited: i64, timeout: u64) -> Option<String> {
+    let node = g.pinned.as_deref()?;
+    let running = g.succeeded
+        + g.pods.iter().filter(|p| p.node_name().is_some() && p.status.phase.as_deref() == Some("Running")).count();
+    (running < min).then(|| {
+        format!("gang {key}: {running} of its {min} pods running on {node} after {waited}s (timeout {timeout}s); rolled back whole so it can be placed again")
+    })
+}
+
+/// The queue entry of a gang with pods waiting: its band (of its highest priority, as a
+/// core), `min`, the pods it would run with and those bound, and its age.
+pub(crate) fn queue_entry(key: &GangKey, g: &GangState, min: u32, ranges: &BandRanges) -> QueueEntry {
+    let bound = g.pods.iter().filter(|p| p.node_name().is_some()).count() as u32;
+    let priority = g.pods.iter().filter_map(|p| p.spec.priority).max().unwrap_or(0);
+    let created = g
+        .pods
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()))
+        .min()
+        .unwrap_or(0);
+    QueueEntry {
+        key: key.clone(),
+        band: gang::band_for(Some(priority).filter(|p| *p != 0), true, ranges),
+        priority,
+        min,
+        max: (g.pods.len() as u32).max(min),
+        current: bound,
+        created,
+    }
+}
+
+/// Counts `req` as used in `view`, on the first member node it fits (as the member's
+/// scheduler would place it), so later decisions in the round see it.
+pub(crate) fn assume(view: &mut PoolView, req: &Resources) {
+    view.used.add(req);
+    if let Some(free) = view.free_per_node.iter_mut().find(|f| req.fits_in(f)) {
+        free.sub(req);
+    }
+}
+
+/// Admits what it can of gang `key` with `min` core pods: a placed gang finishes its core on
+/// its pool and grows elastically there; a new gang is placed whole on one pool, or waits
+/// with the reason. Books what it admits on `pools`, so later gangs of the round see it.
+pub(crate) fn admit(
+    key: &GangKey,
+    g: &GangState,
+    min: usize,
+    pools: &mut [PoolView],
+    ranges: &BandRanges,
+) -> Admission {
+    let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
+    pending.sort_by_key(|p| p.name_any());
+    match &g.pinned {
+        Some(node) => {
+            let bound = g.pods.len() - pending.len();
+            Admission {
+                writes: admit_placed(key, node, &pending, min.saturating_sub(bound), pools, ranges),
+                unplaced: None,
+            }
+        }
+        None => admit_new(key, &pending, min, pools, ranges),
+    }
+}
+
+/// The gang already has a pool, `node`: bind the `core_missing` pods its core lacks (they
+/// carry the placement, recorded before any bind), then each elastic pod that fits.
+fn admit_placed(
+    key: &GangKey,
+    node: &str,
+    pending: &[&Arc<PodLite>],
+    core_missing: usize,
+    pools: &mut [PoolView],
+    ranges: &BandRanges,
+) -> Vec<Write> {
+    let waiting = || pending.iter().map(|p| (*p).clone()).collect();
+    let Some(pool) = pools.iter_mut().find(|v| v.node == node) else {
+        let message = format!("gang {key} is placed on {node}, which is not offered right now");
+        return vec![Write::Explain { pods: waiting(), message }];
+    };
+    let (core, elastic) = pending.split_at(core_missing.min(pending.len()));
+    let mut writes = Vec::new();
+    for p in core {
+        assume(pool, &requests(p));
+        let band = gang::band_for(p.spec.priority, true, ranges);
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_CORE });
+    }
+    let mut admitted = Vec::new();
+    for p in elastic {
+        let req = requests(p);
+        if !plan::fits_one(&req, pool, &admitted) {
+            let message = format!("gang {key}: no room for another elastic pod on {node}");
+            writes.push(Write::Explain { pods: vec![(*p).clone()], message });
+            continue;
+        }
+        admitted.push(req);
+        let band = gang::band_for(p.spec.priority, false, ranges);
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_ELASTIC });
+    }
+    for r in &admitted {
+        assume(pool, r);
+    }
+    writes
+}
+
+/// A new gang: all of its core on one pool, or nothing.
+fn admit_new(
+    key: &GangKey,
+    pending: &[&Arc<PodLite>],
+    min: usize,
+    pools: &mut [PoolView],
+    ranges: &BandRanges,
+) -> Admission {
+    let waiting = || pending.iter().map(|p| (*p).clone()).collect();
+    if pending.len() < min {
+        let message = format!("gang {key} has {} of its {min} pods; waiting for the rest", pending.len());
+        return Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: None };
+    }
+    let core = &pending[..min];
+    let demand = GangDemand { key: key.clone(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
+    match plan::place(&demand, pools) {
+        Ok(placement) => {
+            if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
+                pool.reserve(&demand.pods, &placement.per_pod_member_node);
+            }
+            let pods = core.iter().map(|p| ((*p).clone(), gang::band_for(p.spec.priority, true, ranges))).collect();
+            let place = Write::Place { gang: key.clone(), node: placement.node, member: placement.member, pods };
+            Admission { writes: vec![place], unplaced: None }
+        }
+        Err(u) => {
+            let mut total = Resources::new();
+            demand.pods.iter().for_each(|r| total.add(r));
+            let message = format!("gang {key}: {}", u.message);
+            Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: Some(total) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use tidepool_config::pod::SpecLite;
+    use tidepool_federation::capacity::GPU;
+
+    fn gpus(n: i64) -> Resources {
+        let mut r = Resources::new();
+        r.set(GPU, n * 1000);
+        r
+    }
+
+    /// A pending pod of annotation gang `g` in namespace `ns`, asking for `n` GPUs.
+    fn pending(name: &str, n: i64) -> PodLite {
+        let annotations = [(keys::ANNOTATION_GANG.to_owned(), "g".to_owned())].into();
+        PodLite {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("uid-{name}")),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: SpecLite { scheduler_name: Some("tidepool".into()), requests: gpus(n), ..Default::default() },
+            ..Default::default()
+        }
+    }
+
+    /// `p` bound to virtual node `node` by the dispatcher, running.
+    fn running_on(mut p: PodLite, node: &str) -> PodLite {
+        p.spec.node_name = Some(node.into());
+        p.metadata.annotations.get_or_insert_default().insert(keys::ANNOTATION_PLACEMENT.into(), node.into());
+        p.status.phase = Some("Running".into());
+        p
+    }
+
+    /// A schedulable pool on virtual node `node` with `nodes` empty member nodes of `per_node` GPUs.
+    fn pool(node: &str, nodes: usize, per_node: i64) -> PoolView {
+        PoolView {
+            node: node.into(),
+            member: format!("member-of-{node}"),
+            pool: "default".into(),
+            capacity: gpus(per_node * nodes as i64),
+            used: Resources::new(),
+            free_per_node: vec![gpus(per_node); nodes],
+            gpu_product: Some("A100".into()),
+            schedulable: true,
+        }
+    }
+
+    fn gang(pods: Vec<PodLite>, pinned: Option<&str>) -> GangState {
+        GangState { pods: pods.into_iter().map(Arc::new).collect(), pinned: pinned.map(str::to_owned), succeeded: 0 }
+    }
+
+    fn key() -> GangKey {
+        GangKey::annotation("ns", "g")
+    }
+
+    #[test]
+    fn a_new_gang_is_placed_whole_on_one_pool_and_only_its_core_is_booked() {
+        // Three pods, minMember 2, 2 GPUs each. Pool a has one 8-GPU node, pool b two 2-GPU
+        // nodes: b fits the core most tightly. The third pod is elastic: it waits for the
+        // next round, when the gang has its pool.
+        let g = gang(vec![pending("w-2", 2), pending("w-0", 2), pending("w-1", 2)], None);
+        let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
+        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let core = |name: &str| (g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(), Band::Medium);
+        let place = Write::Place {
+            gang: key(),
+            node: "tidepool-b".into(),
+            member: "member-of-tidepool-b".into(),
+            pods: vec![core("w-0"), core("w-1")],
+        };
+        assert_eq!(admission, Admission { writes: vec![place], unplaced: None });
+        assert_eq!(pools[1].used, gpus(4), "the core is booked on its pool for the rest of the round");
+        assert_eq!(pools[1].free_per_node, vec![gpus(0), gpus(0)]);
+        assert_eq!(pools[0].used, Resources::new(), "the other pool keeps its room");
+    }
+
+    #[test]
+    fn a_new_gang_short_of_its_minimum_waits_for_the_rest() {
+        let g = gang(vec![pending("w-0", 1)], None);
+        let mut pools = vec![pool("tidepool-a", 1, 8)];
+        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
+        assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
+        assert_eq!(admission.unplaced, None, "a gang still forming asks no one to make room");
+        assert_eq!(pools[0].used, Resources::new());
+    }
+
+    #[test]
+    fn a_new_gang_that_fits_nowhere_waits_and_asks_for_its_whole_core() {
+        let g = gang(vec![pending("w-0", 4), pending("w-1", 4), pending("w-2", 4)], None);
+        let mut pools = vec![pool("tidepool-a", 1, 4)];
+        let admission = admit(&key(), &g, 3, &mut pools, &BandRanges::default());
+        assert_eq!(admission.unplaced, Some(gpus(12)));
+        let [Write::Explain { pods, message }] = admission.writes.as_slice() else { panic!("{admission:?}") };
+        assert_eq!(pods.len(), 3);
+        assert!(message.starts_with("gang ns/gang/g: "), "{message}");
+        assert_eq!(pools[0].used, Resources::new(), "nothing is booked for a gang that waits");
+    }
+
+    #[test]
+    fn a_placed_gang_binds_its_missing_core_then_each_elastic_pod_that_fits() {
+        // minMember 2: one core pod runs, one is to bind (1 GPU), then two elastic pods of 2
+        // GPUs each on a 4-GPU node: after the core's 1, room for one of them only.
+        let node = "tidepool-a";
+        let pods = vec![running_on(pending("w-0", 1), node), pending("w-1", 1), pending("w-2", 2), pending("w-3", 2)];
+        let g = gang(pods, Some(node));
+        let mut pools = vec![pool(node, 1, 4)];
+        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let bind = |i: usize, band, role| Write::Bind { pod: g.pods[i].clone(), node: node.into(), band, role };
+        let message = format!("gang ns/gang/g: no room for another elastic pod on {node}");
+        let want = vec![
+            bind(1, Band::Medium, keys::ROLE_CORE),
+            bind(2, Band::Low, keys::ROLE_ELASTIC),
+            Write::Explain { pods: vec![g.pods[3].clone()], message },
+        ];
+        assert_eq!(admission, Admission { writes: want, unplaced: None });
+        assert_eq!(pools[0].used, gpus(3), "the core pod and the elastic pod are booked");
+    }
+
+    #[test]
+    fn a_placed_gang_whose_pool_is_not_offered_waits_with_the_reason() {
+        let g = gang(vec![pending("w-0", 1)], Some("tidepool-gone"));
+        let mut pools = vec![pool("tidepool-a", 1, 4)];
+        let admission = admit(&key(), &g, 1, &mut pools, &BandRanges::default());
+        let message = "gang ns/gang/g is placed on tidepool-gone, which is not offered right now".to_owned();
+        assert_eq!(
+            admission,
+            Admission { writes: vec![Write::Explain { pods: g.pods.clone(), message }], unplaced: None }
+        );
+    }
+
+    #[test]
+    fn gangs_hold_the_live_pods_of_our_scheduler_their_placement_and_what_succeeded() {
+        let mut done = pending("w-9", 1);
+        done.status.phase = Some("Succeeded".into());
+        let mut other = pending("x", 1);
+        other.spec.scheduler_name = Some("default-scheduler".into());
+        let all: Vec<Arc<PodLite>> = [pending("w-0", 1), running_on(pending("w-1", 1), "tidepool-a"), done, other]
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let gangs = gangs_of(&all, "tidepool");
+        assert_eq!(gangs.len(), 1, "the other scheduler's pod is no gang of ours");
+        let g = &gangs[&key()];
+        assert_eq!(g.pods.iter().map(|p| p.name_any()).collect::<Vec<_>>(), ["w-0", "w-1"]);
+        assert_eq!(g.pinned.as_deref(), Some("tidepool-a"));
+        assert_eq!(g.succeeded, 1);
+    }
+
+    #[test]
+    fn a_placed_gang_is_checked_once_its_placement_is_older_than_the_timeout() {
+        let now: jiff::Timestamp = "2026-12-01T10:01:40Z".parse().unwrap();
+        let mut p = pending("w-0", 1);
+        p.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(keys::ANNOTATION_PLACED_AT.into(), "2026-12-01T10:00:00Z".into());
+        let placed = gang(vec![p.clone()], Some("tidepool-a"));
+        assert_eq!(overdue(&placed, 60, now), Some(100), "placed 100 s ago, timeout 60 s");
+        assert_eq!(overdue(&placed, 100, now), Some(100), "the timeout itself is overdue");
+        assert_eq!(overdue(&placed, 101, now), None);
+        assert_eq!(overdue(&gang(vec![p], None), 60, now), None, "a gang never placed has no timeout");
+        assert_eq!(overdue(&gang(vec![pending("w-0", 1)], Some("tidepool-a")), 60, now), None, "no placement time");
+    }
+
+    #[test]
+    fn an_overdue_gang_is_rolled_back_when_fewer_than_its_minimum_run_or_ran() {
+        let node = "tidepool-a";
+        let mut g = gang(vec![running_on(pending("w-0", 1), node), pending("w-1", 1)], Some(node));
+        let message = "gang ns/gang/g: 1 of its 2 pods running on tidepool-a after 100s (timeout 60s); rolled back whole so it can be placed again";
+        assert_eq!(timed_out(&key(), &g, 2, 100, 60).as_deref(), Some(message));
+        // A pod that completed counts as having run.
+        g.succeeded = 1;
+        assert_eq!(timed_out(&key(), &g, 2, 100, 60), None);
+    }
+
+    #[test]
+    fn a_queue_entry_counts_what_is_bound_and_takes_the_band_of_the_highest_priority() {
+        let node = "tidepool-a";
+        let mut high = pending("w-1", 1);
+        high.spec.priority = Some(2500);
+        high.metadata.creation_timestamp = Some(Time("2026-12-01T10:00:00Z".parse().unwrap()));
+        let mut low = running_on(pending("w-0", 1), node);
+        low.spec.priority = Some(10);
+        low.metadata.creation_timestamp = Some(Time("2026-12-01T10:00:05Z".parse().unwrap()));
+        let g = gang(vec![low, high, pending("w-2", 1)], Some(node));
+        let e = queue_entry(&key(), &g, 2, &BandRanges::default());
+        let created = "2026-12-01T10:00:00Z".parse::<jiff::Timestamp>().unwrap().as_second();
+        let want = QueueEntry { key: key(), band: Band::High, priority: 2500, min: 2, max: 3, current: 1, created };
+        assert_eq!(e, want);
+        // Fewer pods than its minimum: it asks for its minimum.
+        assert_eq!(queue_entry(&key(), &gang(vec![pending("w-0", 1)], None), 4, &BandRanges::default()).max, 4);
+    }
+}
