@@ -142,36 +142,7 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     }
 
     ready.send_replace(ready::Readiness::Syncing("the federation to start".into()));
-    let config = Arc::new(config);
-    let mut supervisor = supervise::Supervisor::default();
-    let stop = supervisor.stop_token();
-    let tasks = &mut supervisor.tasks;
-    let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone());
-    // Before anything else runs: a kubelet API that cannot start is a configuration error.
-    tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
-    // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
-    let pods = tidepool_federation::TrainingPods::start(tasks, training.clone());
-    // Reclaim's member deletes go through the pod sync, the one writer of offload copies.
-    let (copy_writer, copy_writes) = tidepool_federation::writes::copy_writes();
-    let _vk = tidepool_vk::VirtualKubelet::start(
-        tasks,
-        stop,
-        training.clone(),
-        config.clone(),
-        federation.members(),
-        pods.clone(),
-        copy_writes,
-    );
-    // Ends once ready: nothing more to report then.
-    tokio::spawn(ready::follow(
-        ready,
-        training.clone(),
-        config.member_selector.clone(),
-        federation.members(),
-        pods.clone(),
-    ));
-    let _dispatcher =
-        tidepool_dispatcher::Dispatcher::start(tasks, training, config, federation.members(), pods, copy_writer);
+    let mut supervisor = start(Arc::new(config), training, ready).await?;
 
     let lost = async {
         match &elector {
@@ -191,6 +162,39 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
         elector.release().await;
     }
     Ok(())
+}
+
+/// Starts the components, their controllers supervised (see [`supervise`]).
+async fn start(
+    config: Arc<BridgeConfig>,
+    training: kube::Client,
+    ready: tokio::sync::watch::Sender<ready::Readiness>,
+) -> anyhow::Result<supervise::Supervisor> {
+    let mut supervisor = supervise::Supervisor::default();
+    let stop = supervisor.stop_token();
+    let tasks = &mut supervisor.tasks;
+    let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone());
+    // Before anything else runs: a kubelet API that cannot start is a configuration error.
+    tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
+    // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
+    let pods = tidepool_federation::TrainingPods::start(tasks, training.clone());
+    // Reclaim's member deletes go through the pod sync, the one writer of offload copies.
+    let (copy_writer, copy_writes) = tidepool_federation::writes::copy_writes();
+    let members = federation.members();
+    tidepool_vk::VirtualKubelet::start(
+        tasks,
+        stop,
+        training.clone(),
+        config.clone(),
+        members.clone(),
+        pods.clone(),
+        copy_writes,
+    );
+    // Ends once ready: nothing more to report then.
+    let selector = config.member_selector.clone();
+    tokio::spawn(ready::follow(ready, training.clone(), selector, members.clone(), pods.clone()));
+    tidepool_dispatcher::Dispatcher::start(tasks, training, config, members, pods, copy_writer);
+    Ok(supervisor)
 }
 
 /// Resolves on SIGINT, SIGTERM, or (for tests) standard input closing.

@@ -34,6 +34,16 @@ pub(crate) enum CollectRequest {
     Gone { offload: ObjectRef<OffloadPod>, uid: String },
 }
 
+/// Pod writes in flight at once, per member and towards the training cluster. The API
+/// clients speak HTTP/1.1, one connection per request in flight: unbounded, a burst of a
+/// thousand pods opened a thousand TLS connections (each handshake costing the API server
+/// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
+/// hangs holds up only its own pods.
+pub(crate) const WRITES_IN_FLIGHT: usize = 32;
+/// Events published at once: they are notes for people, behind the pods' own writes.
+const EVENTS_IN_FLIGHT: usize = 8;
+/// `reportingController` of the pod sync's Events.
+pub(crate) const EVENT_REPORTER: &str = "tidepool";
 /// The waiting pods' lock, in errors.
 const WAITING: &str = "pods waiting for references";
 
@@ -83,6 +93,32 @@ pub(crate) struct OffloadWatch {
 }
 
 impl Context {
+    pub(crate) fn new(
+        training: Client,
+        config: Arc<BridgeConfig>,
+        members: watch::Receiver<Members>,
+        training_pods: TrainingPods,
+        sources: MetaStores,
+        status_triggers: mpsc::Sender<ObjectRef<PodLite>>,
+    ) -> Context {
+        Context {
+            training,
+            config,
+            members,
+            offload: Mutex::new(HashMap::new()),
+            namespaces: Mutex::new(HashSet::new()),
+            event_instance: std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned()),
+            pods: training_pods.store(),
+            training_pods,
+            handovers: Handovers::default(),
+            waiting: Mutex::new(HashMap::new()),
+            sources,
+            training_writes: Semaphore::new(WRITES_IN_FLIGHT),
+            event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
+            status_triggers,
+        }
+    }
+
     /// Syncs copies from training namespace `origin` into `member_ns` of `watch`'s member.
     pub(crate) fn reflection<'a>(
         &'a self,

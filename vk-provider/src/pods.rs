@@ -9,8 +9,8 @@
 //! ([`crate::policy`]) and everything it references must be copied into the member
 //! ([`crate::reflect`]). Each member session also runs a collector ([`crate::collect`]).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -38,9 +38,9 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, instrument, warn};
 
-use crate::context::{Context, OffloadWatch, delete_offload};
+use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, delete_offload};
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
-use crate::handover::{self, Handovers};
+use crate::handover;
 use crate::offload::OffloadPod;
 use crate::reflect::{self, Source};
 use crate::step::{self, Cause, Facts, Step, Then};
@@ -54,12 +54,6 @@ const MISSING_RETRY: Duration = Duration::from_secs(30);
 /// copied up: usually the pod runs within it, and one status write says both. See
 /// [`translate::status_settles_in`].
 const PENDING_SETTLE: Duration = Duration::from_secs(1);
-/// Pod writes in flight at once, per member and towards the training cluster. The API
-/// clients speak HTTP/1.1, one connection per request in flight: unbounded, a burst of a
-/// thousand pods opened a thousand TLS connections (each handshake costing the API server
-/// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
-/// hangs holds up only its own pods.
-const WRITES_IN_FLIGHT: usize = 32;
 /// Pods reconciled at once, per queue. Each reconcile in flight is a future of a few KB; the
 /// rest wait in the controller's queue, as a reference each. Generous, because a reconcile
 /// waiting for its member's write slot holds its place (BENCHMARKS.md, "Pod sync", has the
@@ -67,10 +61,6 @@ const WRITES_IN_FLIGHT: usize = 32;
 const RECONCILES_IN_FLIGHT: u16 = 1024;
 /// The offload namespaces' lock, in errors.
 const NAMESPACES: &str = "offload namespaces";
-/// `reportingController` of the pod sync's Events.
-const EVENT_REPORTER: &str = "tidepool";
-/// Events published at once: they are notes for people, behind the pods' own writes.
-const EVENTS_IN_FLIGHT: usize = 8;
 
 pub async fn run(
     training: Client,
@@ -82,94 +72,110 @@ pub async fn run(
 ) {
     let (trigger_tx, trigger_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
     let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
-    let (gone_tx, gone_rx) = mpsc::channel::<Arc<PodLite>>(1024);
-    let (applied_tx, applied_rx) = mpsc::channel::<Arc<PodLite>>(1024);
-    let (resync_tx, resync_rx) = mpsc::channel::<()>(1);
     // The status sync's own queue (see [`status_up`]): copies' changes and training pods'.
     let (status_tx, status_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
-    let (resync_up_tx, resync_up_rx) = mpsc::channel::<()>(1);
-    let to_status = status_tx.clone();
-    // The shared watch, split: changes drive both queues; deletions go to the
-    // collector at once (a pod deleted outright, with grace period 0, forced, or by the pod
-    // garbage collector, never shows a deletion timestamp, and its offload copy must go
-    // now rather than at the collector's next pass); missed changes resync every pod.
+    let inlets = split_events(&training_pods, status_tx.clone());
+    let sources = MetaStores::sources(&training, CancellationToken::new(), source_tx);
+    let ctx = Arc::new(Context::new(training, config, members.clone(), training_pods, sources, status_tx));
+    // Its helpers run beside the controller; one ending stops the pod sync (and the
+    // process), none dies unseen.
+    let mut helpers = Tasks::default();
+    helpers.spawn("reclaim-deletes", handover::run(copy_writes, ctx.handovers.clone()));
+    helpers.spawn("offload-watches", supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
+    helpers.spawn("forward-deletions", forward_deletions(ctx.clone(), inlets.gone));
+    helpers.spawn("queue-depth", report_queue_depth(trigger_tx.clone()));
+    helpers.spawn(
+        "training-sources",
+        follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
+    );
+    let down = down_sync(ctx.clone(), inlets.applied, trigger_rx, inlets.resync, members.clone(), stop.clone());
+    let up = status_sync(ctx, status_rx, inlets.resync_up, members, stop);
+    tokio::select! {
+        ((), ()) = futures::future::join(down, up) => info!("pod sync stopped"),
+        ended = helpers.first_end() => error!(%ended, "pod sync helper stopped; stopping the pod sync"),
+    }
+}
+
+/// What the shared training pod watch brings the pod sync.
+struct Inlets {
+    /// Changed pods, for the down-sync's queue (the status sync's gets their references).
+    applied: mpsc::Receiver<Arc<PodLite>>,
+    /// Pods gone from training, for their members' collectors.
+    gone: mpsc::Receiver<Arc<PodLite>>,
+    /// Relists and missed changes: every pod, on each queue.
+    resync: mpsc::Receiver<()>,
+    resync_up: mpsc::Receiver<()>,
+}
+
+/// Splits the shared watch: changes drive both queues; deletions go to the collector at once
+/// (a pod deleted outright, with grace period 0, forced, or by the pod garbage collector,
+/// never shows a deletion timestamp, and its offload copy must go now rather than at the
+/// collector's next pass); missed changes resync every pod.
+fn split_events(training_pods: &TrainingPods, status: mpsc::Sender<ObjectRef<PodLite>>) -> Inlets {
+    let (applied_tx, applied) = mpsc::channel::<Arc<PodLite>>(1024);
+    let (gone_tx, gone) = mpsc::channel::<Arc<PodLite>>(1024);
+    let (resync_tx, resync) = mpsc::channel::<()>(1);
+    let (resync_up_tx, resync_up) = mpsc::channel::<()>(1);
     let events = training_pods.subscribe();
+    let kept =
+        |sent: Result<(), mpsc::error::TrySendError<()>>| !matches!(sent, Err(mpsc::error::TrySendError::Closed(_)));
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             let sent = match event {
                 PodEvent::Applied(pod) => {
                     let key = ObjectRef::from_obj(&*pod);
-                    applied_tx.send(pod).await.is_ok() && to_status.send(key).await.is_ok()
+                    applied_tx.send(pod).await.is_ok() && status.send(key).await.is_ok()
                 }
                 PodEvent::Deleted(pod) => gone_tx.try_send(pod).is_ok() || !gone_tx.is_closed(),
-                PodEvent::Relisted | PodEvent::Lagged => {
-                    let up = resync_up_tx.try_send(()).is_ok() || !resync_up_tx.is_closed();
-                    (resync_tx.try_send(()).is_ok() || !resync_tx.is_closed()) && up
-                }
+                PodEvent::Relisted | PodEvent::Lagged => kept(resync_tx.try_send(())) & kept(resync_up_tx.try_send(())),
             };
             if !sent {
                 return;
             }
         }
     });
-    let store = training_pods.store();
-    let controller = Controller::for_shared_stream(ReceiverStream::new(applied_rx), store.clone())
-        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT));
-    let ctx = Arc::new(Context {
-        training: training.clone(),
-        config,
-        members: members.clone(),
-        offload: Mutex::new(HashMap::new()),
-        namespaces: Mutex::new(HashSet::new()),
-        event_instance: std::env::var("POD_NAME").unwrap_or_else(|_| EVENT_REPORTER.to_owned()),
-        pods: store,
-        training_pods,
-        handovers: Handovers::default(),
-        waiting: Mutex::new(HashMap::new()),
-        // The training side's watches live as long as the process.
-        sources: MetaStores::sources(&training, CancellationToken::new(), source_tx),
-        training_writes: Semaphore::new(WRITES_IN_FLIGHT),
-        event_writes: Semaphore::new(EVENTS_IN_FLIGHT),
-        status_triggers: status_tx,
-    });
-    // Its helpers run beside the controller; one ending stops the pod sync (and the
-    // process), none dies unseen.
-    let mut helpers = Tasks::default();
-    helpers.spawn("reclaim-deletes", handover::run(copy_writes, ctx.handovers.clone()));
-    helpers.spawn("offload-watches", supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
-    helpers.spawn("forward-deletions", forward_deletions(ctx.clone(), gone_rx));
-    helpers.spawn("queue-depth", report_queue_depth(trigger_tx.clone()));
-    helpers.spawn(
-        "training-sources",
-        follow_source_changes(ctx.clone(), source_rx, None, trigger_tx).instrument(info_span!("training_sources")),
-    );
+    Inlets { applied, gone, resync, resync_up }
+}
+
+/// The down-sync's controller: every step but the status's way up ([`reconcile`]).
+fn down_sync(
+    ctx: Arc<Context>,
+    applied: mpsc::Receiver<Arc<PodLite>>,
+    triggers: mpsc::Receiver<ObjectRef<PodLite>>,
+    resync: mpsc::Receiver<()>,
+    members: watch::Receiver<Members>,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> {
     // A member (re)connecting re-checks every pod: its pods may have waited for it.
-    let member_changes = WatchStream::new(members.clone()).map(|_| ());
-    let resync = ReceiverStream::new(resync_rx);
-    let down = controller
-        .reconcile_on(ReceiverStream::new(trigger_rx))
-        .reconcile_all_on(futures::stream::select(member_changes, resync))
-        // At shutdown: no new reconcile, those in flight finish their writes.
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(timed_reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {});
-    // Status up on a queue of its own, as virtual-kubelet keeps it: a running copy's status
-    // never waits behind a burst's creations for a place in the down-sync's queue.
-    let up = Controller::for_shared_stream(futures::stream::pending(), ctx.pods.clone())
+    let member_changes = WatchStream::new(members).map(|_| ());
+    Controller::for_shared_stream(ReceiverStream::new(applied), ctx.pods.clone())
         .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
-        .reconcile_on(ReceiverStream::new(status_rx))
-        .reconcile_all_on(futures::stream::select(
-            WatchStream::new(members).map(|_| ()),
-            ReceiverStream::new(resync_up_rx),
-        ))
+        .reconcile_on(ReceiverStream::new(triggers))
+        .reconcile_all_on(futures::stream::select(member_changes, ReceiverStream::new(resync)))
+        // At shutdown: no new reconcile, those in flight finish their writes.
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(timed_reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+}
+
+/// Status up on a queue of its own, as virtual-kubelet keeps it: a running copy's status
+/// never waits behind a burst's creations for a place in the down-sync's queue.
+fn status_sync(
+    ctx: Arc<Context>,
+    triggers: mpsc::Receiver<ObjectRef<PodLite>>,
+    resync: mpsc::Receiver<()>,
+    members: watch::Receiver<Members>,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> {
+    let member_changes = WatchStream::new(members).map(|_| ());
+    Controller::for_shared_stream(futures::stream::pending(), ctx.pods.clone())
+        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
+        .reconcile_on(ReceiverStream::new(triggers))
+        .reconcile_all_on(futures::stream::select(member_changes, ReceiverStream::new(resync)))
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(timed_status_up, error_policy, ctx)
-        .for_each(|_| async {});
-    tokio::select! {
-        ((), ()) = futures::future::join(down, up) => info!("pod sync stopped"),
-        ended = helpers.first_end() => error!(%ended, "pod sync helper stopped; stopping the pod sync"),
-    }
+        .for_each(|_| async {})
 }
 
 /// Pod sync work queued by watches of members and sources, as a gauge, once a second.
@@ -281,40 +287,59 @@ fn start_offload_watch(
         collect: collect_tx.clone(),
         writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
     };
-    let pod_trigger = trigger.clone();
-    let status_trigger = ctx.status_triggers.clone();
     // Copies coming and going change which Services are mirrored, and which Events relayed.
     let (mirror_tx, mirror_rx) = mpsc::channel::<()>(1);
     let (relay_tx, relay_rx) = mpsc::channel::<String>(64);
     tokio::spawn(crate::mirror::run(ctx.clone(), watch.clone(), mirror_rx).in_current_span());
     tokio::spawn(crate::member_events::run(ctx.clone(), watch.clone(), relay_rx).in_current_span());
-    tokio::spawn(
-        async move {
-            let mut events = std::pin::pin!(events);
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(pod) => {
-                        let _ = mirror_tx.try_send(());
-                        let _ = relay_tx.try_send(pod.namespace().unwrap_or_default());
-                        if store.get(&ObjectRef::from_obj(&pod)).is_none() {
-                            // Gone from the member: its copies may be unused now.
-                            let _ = collect_tx.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
-                        }
-                        if let Some(origin) = pod.origin() {
-                            let _ = status_trigger.send(origin.clone()).await;
-                            let _ = pod_trigger.send(origin).await;
-                        }
-                    }
-                    Err(e) => warn!(error = %e, "offload pod watch failed; retrying with backoff"),
-                }
-            }
-        }
-        .in_current_span(),
-    );
+    let tell = CopyEventTargets {
+        pods: trigger.clone(),
+        status: ctx.status_triggers.clone(),
+        collect: collect_tx,
+        mirror: mirror_tx,
+        relay: relay_tx,
+    };
+    tokio::spawn(forward_copy_events(events, store, tell).in_current_span());
     tokio::spawn(follow_health(ctx.clone(), member.clone(), trigger.clone()).in_current_span());
     tokio::spawn(follow_source_changes(ctx.clone(), copy_rx, Some(member.clone()), trigger).in_current_span());
     tokio::spawn(collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
     watch
+}
+
+/// Who hears of a change of one of a member's offload pods.
+struct CopyEventTargets {
+    /// Both queues of the pod sync, by training pod.
+    pods: mpsc::Sender<ObjectRef<PodLite>>,
+    status: mpsc::Sender<ObjectRef<PodLite>>,
+    collect: mpsc::Sender<collect::Request>,
+    mirror: mpsc::Sender<()>,
+    relay: mpsc::Sender<String>,
+}
+
+/// Passes the member's offload pod changes on until its watch ends.
+async fn forward_copy_events(
+    events: impl futures::Stream<Item = Result<OffloadPod, watcher::Error>>,
+    store: Store<OffloadPod>,
+    tell: CopyEventTargets,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(pod) => {
+                let _ = tell.mirror.try_send(());
+                let _ = tell.relay.try_send(pod.namespace().unwrap_or_default());
+                if store.get(&ObjectRef::from_obj(&pod)).is_none() {
+                    // Gone from the member: its copies may be unused now.
+                    let _ = tell.collect.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
+                }
+                if let Some(origin) = pod.origin() {
+                    let _ = tell.status.send(origin.clone()).await;
+                    let _ = tell.pods.send(origin).await;
+                }
+            }
+            Err(e) => warn!(error = %e, "offload pod watch failed; retrying with backoff"),
+        }
+    }
 }
 
 /// Reconciles every pod on the member's virtual nodes when its health changes: an outage
