@@ -8,13 +8,14 @@
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
-# TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters).
+# TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters-<offset>).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-state=${TIDEPOOL_TEST_STATE:-${TMPDIR:-/tmp}/tidepool-test-clusters}
 export CP_PORT_OFFSET=${CP_PORT_OFFSET:-30}
+# Per offset: two runs at different offsets never share (and tear down) one state.
+state=${TIDEPOOL_TEST_STATE:-${TMPDIR:-/tmp}/tidepool-test-clusters-$CP_PORT_OFFSET}
 
 echo "== building the local control plane (cached after the first run)" >&2
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
