@@ -24,8 +24,8 @@ use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
-use tidepool_config::resources::{format_milli, parse_milli};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::resources::{format_milli, parse_milli};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::status::bar;
 

@@ -13,8 +13,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
-use tidepool_config::bridge::LeaderElectionConfig;
-use tidepool_config::metrics::metrics;
+use tidepool_api::bridge::LeaderElectionConfig;
+use tidepool_api::metrics::metrics;
 use tokio::time::Instant;
 use tracing::{info, warn};
 

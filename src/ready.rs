@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use tidepool_config::MemberCluster;
-use tidepool_config::MemberName;
-use tidepool_config::metrics::{MemberLabels, metrics};
+use tidepool_api::MemberCluster;
+use tidepool_api::MemberName;
+use tidepool_api::metrics::{MemberLabels, metrics};
 use tidepool_federation::{Members, TrainingPods};
 use tokio::sync::watch;
 use tracing::{debug, info};

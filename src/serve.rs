@@ -8,7 +8,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tidepool_config::metrics::metrics;
+use tidepool_api::metrics::metrics;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info};

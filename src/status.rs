@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use tidepool_config::resources::{format_milli, parse_milli};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::resources::{format_milli, parse_milli};
+use tidepool_api::{MemberCluster, keys};
 
 const GPU: &str = "nvidia.com/gpu";
 

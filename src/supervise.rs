@@ -8,7 +8,7 @@
 //! `tidepool_panics_total`. That is not made fatal on purpose: a request that made one
 //! connection's task panic must not take down the bridge of every member. A lock such a task
 //! held is poisoned, and the code that takes it next returns an error
-//! ([`tidepool_config::sync`]) rather than read what the panic left half-written.
+//! ([`tidepool_api::sync`]) rather than read what the panic left half-written.
 //!
 //! At shutdown, [`Supervisor::stop`] cancels the stop token: the pod sync starts no new
 //! reconcile and finishes those in flight (kube's `graceful_shutdown_on`); what still runs
@@ -72,7 +72,7 @@ pub fn count_panics() {
     std::panic::set_hook(Box::new(move |info| {
         default(info);
         error!(panic = %info, "a task panicked");
-        tidepool_config::metrics::metrics().panics.inc();
+        tidepool_api::metrics::metrics().panics.inc();
     }));
 }
 

@@ -22,7 +22,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tidepool_config::Resources;
+use tidepool_api::Resources;
 use tidepool_dispatcher::gang::GangKey;
 use tidepool_dispatcher::plan::{self, GangDemand, PoolView};
 use tidepool_federation::capacity::GPU;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -2,8 +2,8 @@
 //! PodGroup objects that hold `minMember` are fetched by the controller.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tidepool_config::keys::{self, Band};
-use tidepool_config::pod::PodLite;
+use tidepool_api::keys::{self, Band};
+use tidepool_api::pod::PodLite;
 
 use crate::error::Error;
 

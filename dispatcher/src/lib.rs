@@ -37,7 +37,7 @@ pub(crate) mod testutil {
     }
 }
 
-use tidepool_config::BridgeConfig;
+use tidepool_api::BridgeConfig;
 use tidepool_federation::Members;
 use tokio::sync::watch;
 

@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use tidepool_config::keys::Band;
+use tidepool_api::keys::Band;
 
 use crate::gang::GangKey;
 

@@ -24,8 +24,8 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use tidepool_config::Resources;
-use tidepool_config::resources::format_milli;
+use tidepool_api::Resources;
+use tidepool_api::resources::format_milli;
 use tidepool_federation::PoolCapacity;
 use tidepool_federation::capacity::GPU;
 

@@ -18,11 +18,11 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tidepool_config::Resources;
-use tidepool_config::bridge::BandSeconds;
-use tidepool_config::keys::{self, Band};
-use tidepool_config::metrics::{BandLabels, ReclaimLabels, metrics};
-use tidepool_config::pod::PodLite;
+use tidepool_api::Resources;
+use tidepool_api::bridge::BandSeconds;
+use tidepool_api::keys::{self, Band};
+use tidepool_api::metrics::{BandLabels, ReclaimLabels, metrics};
+use tidepool_api::pod::PodLite;
 use tidepool_federation::MemberHandle;
 use tidepool_federation::capacity::PoolCapacity;
 use tracing::{error, info, warn};
@@ -138,10 +138,10 @@ pub(crate) async fn run(ctx: Arc<Context>) {
 }
 
 /// The band a pod on a virtual node is reclaimed as: the one the dispatcher gave it
-/// ([`tidepool_config::pod::band_of`]). A pod bound by hand is elastic (`low`), whatever its
+/// ([`tidepool_api::pod::band_of`]). A pod bound by hand is elastic (`low`), whatever its
 /// priority or labels: it was never admitted as any gang's core.
 fn reclaim_band(p: &PodLite) -> Band {
-    tidepool_config::pod::band_of(&p.metadata, p.node_name()).unwrap_or(Band::Low)
+    tidepool_api::pod::band_of(&p.metadata, p.node_name()).unwrap_or(Band::Low)
 }
 
 /// When the reclaim notice of `p` ends, if it is under notice.

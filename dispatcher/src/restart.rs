@@ -19,8 +19,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tidepool_config::keys::{self, Band};
-use tidepool_config::pod::{PodLite, under_notice};
+use tidepool_api::keys::{self, Band};
+use tidepool_api::pod::{PodLite, under_notice};
 use tracing::{info, warn};
 
 use crate::context::{Context, publish};

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use tidepool_config::Resources;
-use tidepool_config::keys::{self, Band};
-use tidepool_config::pod::PodLite;
+use tidepool_api::Resources;
+use tidepool_api::keys::{self, Band};
+use tidepool_api::pod::PodLite;
 
 use crate::context::requests;
 use crate::gang::{self, BandRanges, GangKey};
@@ -230,7 +230,7 @@ fn admit_new(
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use tidepool_config::pod::SpecLite;
+    use tidepool_api::pod::SpecLite;
     use tidepool_federation::capacity::GPU;
 
     fn gpus(n: i64) -> Resources {

@@ -28,8 +28,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use tidepool_config::Resources;
-use tidepool_config::keys::Band;
+use tidepool_api::Resources;
+use tidepool_api::keys::Band;
 
 use crate::gang::GangKey;
 use crate::order::Fulfillment;

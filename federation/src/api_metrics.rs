@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tidepool_config::metrics::{ApiLabels, api_code, api_resource, api_verb, metrics};
+use tidepool_api::metrics::{ApiLabels, api_code, api_resource, api_verb, metrics};
 
 /// Counts the requests of one cluster's client.
 #[derive(Debug, Clone)]

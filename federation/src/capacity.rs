@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use tidepool_config::crd::PoolToleration;
-use tidepool_config::{Resources, keys};
+use tidepool_api::crd::PoolToleration;
+use tidepool_api::{Resources, keys};
 
 /// What the capacity model needs of a member node.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -125,7 +125,7 @@ impl Default for CapacityPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Window {
     pub name: String,
-    pub schedule: tidepool_config::cron::Schedule,
+    pub schedule: tidepool_api::cron::Schedule,
     pub duration: jiff::SignedDuration,
     pub lead: jiff::SignedDuration,
     pub reserve: Resources,
@@ -133,11 +133,11 @@ pub struct Window {
 
 impl CapacityPolicy {
     /// From a validated spec; entries that do not parse are skipped (validation reports them).
-    pub fn from_spec(spec: &tidepool_config::crd::CapacitySpec) -> Self {
+    pub fn from_spec(spec: &tidepool_api::crd::CapacitySpec) -> Self {
         let quantities = |m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
             let mut r = Resources::new();
             for (k, v) in m {
-                if let Ok(x) = tidepool_config::resources::parse_milli(&v.0) {
+                if let Ok(x) = tidepool_api::resources::parse_milli(&v.0) {
                     r.add_one(k, x);
                 }
             }
@@ -153,8 +153,7 @@ impl CapacityPolicy {
                 .filter_map(|w| {
                     Some(Window {
                         name: w.name.clone(),
-                        schedule: tidepool_config::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref())
-                            .ok()?,
+                        schedule: tidepool_api::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref()).ok()?,
                         duration: jiff::SignedDuration::from_mins(i64::from(w.duration_minutes)),
                         lead: jiff::SignedDuration::from_secs(i64::from(w.lead_seconds)),
                         reserve: quantities(&w.reserve),
@@ -275,7 +274,7 @@ impl NodeView {
                 // One malformed quantity must not hide the whole node: skip just that entry.
                 let mut r = Resources::new();
                 for (k, v) in a {
-                    if let Ok(m) = tidepool_config::resources::parse_milli(&v.0) {
+                    if let Ok(m) = tidepool_api::resources::parse_milli(&v.0) {
                         r.add_one(k, m);
                     }
                 }
@@ -356,7 +355,7 @@ fn workload_of(pod: &Pod) -> Option<(&'static str, Box<str>)> {
     }
 }
 
-pub use tidepool_config::pod::pod_requests;
+pub use tidepool_api::pod::pod_requests;
 
 /// A pod spec's tolerations as the capacity model matches them against node taints
 /// (`tolerationSeconds` does not matter for where a pod may land).
@@ -681,7 +680,7 @@ mod tests {
         let mut p = policy(&[], 100);
         p.windows.push(Window {
             name: "evening".into(),
-            schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+            schedule: tidepool_api::cron::Schedule::parse("0 18 * * *").unwrap(),
             duration: jiff::SignedDuration::from_hours(2),
             lead: jiff::SignedDuration::ZERO,
             reserve: r(&[("nvidia.com/gpu", "6")]),
@@ -701,7 +700,7 @@ mod tests {
         let mut p = policy(&[], 100);
         p.windows.push(Window {
             name: "evening".into(),
-            schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+            schedule: tidepool_api::cron::Schedule::parse("0 18 * * *").unwrap(),
             duration: jiff::SignedDuration::from_mins(30),
             lead: jiff::SignedDuration::from_secs(75),
             reserve: r(&[("nvidia.com/gpu", "6")]),
@@ -1074,7 +1073,7 @@ mod tests {
         if let Some((minutes, lead, reserve)) = c.window {
             policy.windows.push(Window {
                 name: "evening".into(),
-                schedule: tidepool_config::cron::Schedule::parse("0 18 * * *").unwrap(),
+                schedule: tidepool_api::cron::Schedule::parse("0 18 * * *").unwrap(),
                 duration: jiff::SignedDuration::from_mins(minutes),
                 lead: jiff::SignedDuration::from_secs(lead),
                 reserve: units(reserve),

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
-use tidepool_config::{BridgeConfig, MemberCluster, MemberName};
+use tidepool_api::{BridgeConfig, MemberCluster, MemberName};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 

@@ -21,9 +21,9 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tidepool_config::crd::MemberClusterStatus;
-use tidepool_config::metrics::{MemberLabels, metrics};
-use tidepool_config::{MemberCluster, MemberName, keys};
+use tidepool_api::crd::MemberClusterStatus;
+use tidepool_api::metrics::{MemberLabels, metrics};
+use tidepool_api::{MemberCluster, MemberName, keys};
 use tokio::sync::mpsc;
 use tracing::{error, info, instrument, warn};
 
@@ -291,7 +291,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     // 1. The spec must be valid before anything is read or dialed.
     let errors = mc.spec.validate(name.as_str());
     if !errors.is_empty() {
-        return Err(NotReady::InvalidSpec(tidepool_config::describe(&errors)).into());
+        return Err(NotReady::InvalidSpec(tidepool_api::describe(&errors)).into());
     }
 
     // 2. The Secret with the kubeconfig.
@@ -556,12 +556,12 @@ async fn publish_capacity(training: Client, name: MemberName, handle: Arc<Member
 }
 
 fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterStatus {
-    let mut total = tidepool_config::Resources::new();
+    let mut total = tidepool_api::Resources::new();
     let pools = pools
         .iter()
         .map(|(name, node, c)| {
             total.add(&c.capacity);
-            tidepool_config::crd::PoolStatus {
+            tidepool_api::crd::PoolStatus {
                 name: name.clone(),
                 virtual_node: node.clone(),
                 nodes: i32::try_from(c.nodes).unwrap_or(i32::MAX),
@@ -574,8 +574,8 @@ fn capacity_status(pools: &[(String, String, PoolCapacity)]) -> MemberClusterSta
         .collect();
     MemberClusterStatus {
         pools,
-        cpu_surplus: Some(tidepool_config::resources::format_milli(total.get("cpu"))),
-        gpu_surplus: Some(tidepool_config::resources::format_milli(total.get("nvidia.com/gpu"))),
+        cpu_surplus: Some(tidepool_api::resources::format_milli(total.get("cpu"))),
+        gpu_surplus: Some(tidepool_api::resources::format_milli(total.get("nvidia.com/gpu"))),
         ..Default::default()
     }
 }

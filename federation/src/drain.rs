@@ -29,7 +29,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tidepool_config::{MemberCluster, MemberName, PoolName, VirtualNodeName, keys};
+use tidepool_api::{MemberCluster, MemberName, PoolName, VirtualNodeName, keys};
 use tracing::{info, warn};
 
 use crate::Error;

@@ -5,7 +5,7 @@
 //! contain the kubeconfig's content.
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KubeconfigError {

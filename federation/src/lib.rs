@@ -30,7 +30,7 @@ pub mod writes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tidepool_config::{BridgeConfig, MemberName};
+use tidepool_api::{BridgeConfig, MemberName};
 use tokio::sync::watch;
 
 pub use capacity::PoolCapacity;

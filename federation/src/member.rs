@@ -14,8 +14,8 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tidepool_config::crd::{PoolSpec, PoolToleration};
-use tidepool_config::{MemberName, PoolName, VirtualNodeName};
+use tidepool_api::crd::{PoolSpec, PoolToleration};
+use tidepool_api::{MemberName, PoolName, VirtualNodeName};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,8 +24,8 @@ use tracing::{Instrument, debug, error, info_span, warn};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use tidepool_config::Resources;
-use tidepool_config::metrics::metrics;
+use tidepool_api::Resources;
+use tidepool_api::metrics::metrics;
 
 use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
@@ -151,7 +151,7 @@ pub struct MemberHandle {
     pub copy_labels: Vec<String>,
     pub copy_annotations: Vec<String>,
     /// `spec.maxTerminationGraceSeconds`: per-band bounds on the copies' grace.
-    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
+    pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
@@ -200,7 +200,7 @@ pub(crate) struct SessionOptions {
     pub copy_labels: Vec<String>,
     pub copy_annotations: Vec<String>,
     /// `spec.maxTerminationGraceSeconds`.
-    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
+    pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -587,7 +587,7 @@ impl Session {
 /// preempting). Existing ones are left as they are: a PriorityClass value is immutable.
 pub async fn bootstrap(client: &Client) -> Result<(), kube::Error> {
     use k8s_openapi::api::scheduling::v1::PriorityClass;
-    use tidepool_config::keys::{self, Band};
+    use tidepool_api::keys::{self, Band};
     let api = Api::<PriorityClass>::all(client.clone());
     for band in Band::ALL {
         let pc = PriorityClass {

@@ -6,7 +6,7 @@
 //! equal value) compete with offload pods, so the member's admin is told. Pure: tested on
 //! plain views.
 
-use tidepool_config::keys::Band;
+use tidepool_api::keys::Band;
 
 use crate::capacity::{PodCapacityKey, PodView};
 

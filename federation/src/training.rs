@@ -1,7 +1,7 @@
 //! The training cluster's pods, watched once for every controller.
 //!
 //! The dispatcher and the pod sync both decide on every training pod. One watch feeds one
-//! cache of [`PodLite`]s (see `tidepool_config::pod` for why not whole pods) and tells each
+//! cache of [`PodLite`]s (see `tidepool_api::pod` for why not whole pods) and tells each
 //! controller what changed. The whole pod is kept only while the pod sync may still need
 //! it to create an offload copy: from its binding to a node until it runs somewhere.
 
@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tidepool_config::pod::{PodLite, trim_meta};
-use tidepool_config::sync::Locked;
+use tidepool_api::pod::{PodLite, trim_meta};
+use tidepool_api::sync::Locked;
 use tokio::sync::broadcast;
 use tracing::warn;
 

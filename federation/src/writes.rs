@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tidepool_config::pod::PodLite;
+use tidepool_api::pod::PodLite;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::MemberHandle;

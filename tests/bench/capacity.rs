@@ -34,7 +34,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::MemberCluster;
+use tidepool_api::MemberCluster;
 
 const TEST: &str = "bench-capacity";
 const NS: &str = "bench-capacity";
@@ -147,7 +147,7 @@ where
 
 fn cpu_milli(node: &Node) -> Option<i64> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get("cpu")?;
-    tidepool_config::resources::parse_milli(&q.0).ok()
+    tidepool_api::resources::parse_milli(&q.0).ok()
 }
 
 async fn cleanup(member_b: &Client, training: &Client) {

@@ -38,7 +38,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 const TEST: &str = "bench";
 const NS: &str = "bench";
@@ -171,7 +171,7 @@ async fn main() {
     // member takes (BENCH_MEMBER_QPS, default 200; 0 keeps the default) and prints it.
     let qps = env_usize("BENCH_MEMBER_QPS", 200);
     if qps > 0 {
-        Api::<tidepool_config::MemberCluster>::all(training.clone())
+        Api::<tidepool_api::MemberCluster>::all(training.clone())
             .patch(
                 "bench-a",
                 &kube::api::PatchParams::default(),
@@ -298,7 +298,7 @@ async fn main() {
     for (when, mib) in memory {
         println!("| {when} | {mib:.1} |");
     }
-    Api::<tidepool_config::MemberCluster>::all(training.clone())
+    Api::<tidepool_api::MemberCluster>::all(training.clone())
         .delete("bench-a", &DeleteParams::default())
         .await
         .unwrap();

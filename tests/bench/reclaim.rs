@@ -30,7 +30,7 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 const TEST: &str = "bench-reclaim";
 const NS: &str = "bench-reclaim";
@@ -386,7 +386,7 @@ async fn main() {
     }
     let _ = deployments.delete("online", &DeleteParams::default()).await;
     drain_pods(&training, NS).await;
-    Api::<tidepool_config::MemberCluster>::all(training.clone())
+    Api::<tidepool_api::MemberCluster>::all(training.clone())
         .delete("bench-reclaim-b", &DeleteParams::default())
         .await
         .unwrap();

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::deploy::{token, token_kubeconfig};
 use crate::harness::*;

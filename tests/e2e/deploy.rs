@@ -14,7 +14,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_config::{BridgeConfig, keys};
+use tidepool_api::{BridgeConfig, keys};
 
 use crate::harness::*;
 

@@ -10,7 +10,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 use crate::harness::*;
 

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::harness::*;
 

@@ -17,9 +17,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::MemberCluster;
-use tidepool_config::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
-use tidepool_config::keys;
+use tidepool_api::MemberCluster;
+use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
+use tidepool_api::keys;
 
 use crate::harness::*;
 use crate::training::steps;

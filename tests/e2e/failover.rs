@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

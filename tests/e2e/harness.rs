@@ -17,8 +17,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use tidepool_config::MemberCluster;
-use tidepool_config::crd::{MemberClusterSpec, SecretKeyRef};
+use tidepool_api::MemberCluster;
+use tidepool_api::crd::{MemberClusterSpec, SecretKeyRef};
 
 /// The local clusters, as written by `cluster.sh up`.
 pub struct Env {
@@ -69,7 +69,7 @@ impl Env {
     /// Installs the MemberCluster CRD from the Rust types and waits until it is served.
     pub async fn install_crds(&self, training: &Client) {
         let api = Api::<CustomResourceDefinition>::all(training.clone());
-        let crd = tidepool_config::schema::member_cluster_crd();
+        let crd = tidepool_api::schema::member_cluster_crd();
         let name = crd.metadata.name.clone().unwrap();
         api.patch(&name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&crd)).await.unwrap();
         wait_for(Duration::from_secs(30), "CRD established", || {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::harness::*;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::harness::*;
 

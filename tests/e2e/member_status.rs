@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::harness::*;
 

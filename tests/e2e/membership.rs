@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tidepool_config::crd::{MemberClusterSpec, PoolSpec, SecretKeyRef};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::crd::{MemberClusterSpec, PoolSpec, SecretKeyRef};
+use tidepool_api::{MemberCluster, keys};
 
 use crate::harness::*;
 use crate::skeleton::{allocatable, pool_surplus};

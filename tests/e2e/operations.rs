@@ -128,7 +128,7 @@ async fn one_replica_leads_a_standby_writes_nothing_and_takes_over_after_sigkill
         "metadata": {"name": name},
         "spec": {
             "nodeName": NODE,
-            "tolerations": [{"key": tidepool_config::keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [{"key": tidepool_api::keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "main", "image": "example.invalid/trainer:1",
                             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
         }

@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 use crate::harness::*;
 

@@ -14,9 +14,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_config::MemberCluster;
-use tidepool_config::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
-use tidepool_config::keys;
+use tidepool_api::MemberCluster;
+use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
+use tidepool_api::keys;
 
 use crate::harness::*;
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 use crate::harness::*;
 
@@ -262,7 +262,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     hpas.delete("online", &DeleteParams::default()).await.unwrap();
     let _ = pod_groups.delete(&group, &DeleteParams::default()).await;
     drain_pods(&training, NS).await;
-    Api::<tidepool_config::MemberCluster>::all(training.clone())
+    Api::<tidepool_api::MemberCluster>::all(training.clone())
         .delete("reclaim-b", &DeleteParams::default())
         .await
         .unwrap();
@@ -374,7 +374,7 @@ async fn a_pending_higher_band_gang_preempts_lower_band_pods_through_the_notice(
     assert_eq!(reclaimed.len(), 2, "exactly the room the gang needs is taken: {reclaimed:?}");
     drain_pods(&training, ns).await;
     for member in ["preempt-a", "preempt-b"] {
-        Api::<tidepool_config::MemberCluster>::all(training.clone())
+        Api::<tidepool_api::MemberCluster>::all(training.clone())
             .delete(member, &DeleteParams::default())
             .await
             .unwrap();

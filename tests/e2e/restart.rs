@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 use crate::harness::*;
 

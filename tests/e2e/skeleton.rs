@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use tidepool_config::{MemberCluster, Resources, keys};
+use tidepool_api::{MemberCluster, Resources, keys};
 
 use crate::harness::*;
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use tidepool_config::crd::RateLimitSpec;
+use tidepool_api::crd::RateLimitSpec;
 use tidepool_federation::{MemberStats, throttle};
 
 use crate::harness::Env;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tidepool_config::MemberCluster;
+use tidepool_api::MemberCluster;
 
 use crate::harness::*;
 

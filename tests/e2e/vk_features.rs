@@ -11,7 +11,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use tidepool_config::{MemberCluster, keys};
+use tidepool_api::{MemberCluster, keys};
 use tidepool_vk::collect::COLLECT_INTERVAL;
 
 use crate::harness::*;

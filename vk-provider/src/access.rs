@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use sha2::Digest as _;
-use tidepool_config::keys;
+use tidepool_api::keys;
 use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 

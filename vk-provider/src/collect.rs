@@ -25,11 +25,11 @@ use tracing::{debug, info, warn};
 
 use crate::copies;
 use crate::offload::OffloadPod;
-use tidepool_config::sync::Locked;
+use tidepool_api::sync::Locked;
 use tidepool_federation::training::listed;
 
 use crate::context::{Context, OffloadWatch, delete_offload};
-use crate::reflect::Source;
+use crate::referenced::Source;
 use crate::translate;
 
 /// Time between two full passes. Orphans are rare (the pod controller deletes offload pods
@@ -172,7 +172,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
 mod tests {
     use super::*;
     use serde_json::json;
-    use tidepool_config::keys;
+    use tidepool_api::keys;
 
     fn offload(name: &str, uid: Option<&str>, deleting: bool) -> OffloadPod {
         let mut labels = serde_json::Map::new();

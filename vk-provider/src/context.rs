@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
-use tidepool_config::pod::PodLite;
-use tidepool_config::sync::{Locked, Poisoned};
-use tidepool_config::{BridgeConfig, MemberName};
+use tidepool_api::pod::PodLite;
+use tidepool_api::sync::{Locked, Poisoned};
+use tidepool_api::{BridgeConfig, MemberName};
 use tidepool_federation::{MemberHandle, Members, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::info;
@@ -21,7 +21,7 @@ use tracing::info;
 use crate::copies::{self, MemberCopies, MetaStores};
 use crate::handover::Handovers;
 use crate::offload::OffloadPod;
-use crate::reflect::{References, Source};
+use crate::referenced::{References, Source};
 use crate::{Error, translate};
 
 /// Work for a member's collector ([`crate::collect`]) besides its periodic pass.

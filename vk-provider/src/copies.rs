@@ -1,6 +1,6 @@
 //! Reflection, the I/O: copies the ConfigMaps and Secrets an offload pod references into its
 //! member namespace and keeps them current. What to copy, and how a copy looks, is decided
-//! in [`crate::reflect`]; deleting copies nothing uses is [`crate::collect`]'s.
+//! in [`crate::referenced`]; deleting copies nothing uses is [`crate::collect`]'s.
 //!
 //! Both sides are watched by metadata only: the training side tells when a source changed
 //! (its `resourceVersion`), the member side which copies exist and which version each was
@@ -25,7 +25,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tidepool_config::sync::Locked;
+use tidepool_api::sync::Locked;
 use tidepool_federation::MemberHandle;
 use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
@@ -34,7 +34,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::Error;
 use crate::access::OffloadAccess;
-use crate::reflect::{self, CopyTarget, Kind, Source};
+use crate::referenced::{self, CopyTarget, Kind, Source};
 
 /// How long a sync waits for the metadata caches after a (re)start before retrying later.
 const CACHE_WAIT: Duration = Duration::from_secs(10);
@@ -314,7 +314,7 @@ where
 #[derive(Debug)]
 pub(crate) enum Outcome {
     /// Every source that exists is copied and current; the optional ones that do not exist
-    /// are listed, for [`reflect::drop_references`].
+    /// are listed, for [`referenced::drop_references`].
     Ready(BTreeSet<Source>),
     /// Required sources that do not exist in training, described for an Event.
     Missing(Vec<String>),
@@ -343,7 +343,7 @@ impl Reflection<'_> {
     /// Makes the member namespace hold a current copy of every source `spec` references
     /// that exists in training, and no copy of one that does not (a deleted source is
     /// deleted in the member too). Writes nothing when all copies are current.
-    pub(crate) async fn run(&self, refs: &reflect::References) -> Result<Outcome, Error> {
+    pub(crate) async fn run(&self, refs: &referenced::References) -> Result<Outcome, Error> {
         if refs.is_empty() {
             return Ok(Outcome::Ready(BTreeSet::new()));
         }
@@ -379,7 +379,7 @@ impl Reflection<'_> {
     }
 
     /// The outcome of a copy that could not be written: refused, someone else's, or stale.
-    fn failed(&self, source: &Source, usage: &reflect::Use, written: Written) -> Outcome {
+    fn failed(&self, source: &Source, usage: &referenced::Use, written: Written) -> Outcome {
         match written {
             Written::Refused(why) => Outcome::Refused(format!(
                 "{}: {} {}/{} {why}",
@@ -404,7 +404,7 @@ impl Reflection<'_> {
                 else {
                     return Ok(Written::SourceGone);
                 };
-                match reflect::config_map_copy(&origin, &target) {
+                match referenced::config_map_copy(&origin, &target) {
                     Ok(copy) => self.put(source, copy, current).await,
                     Err(e) => Ok(Written::Refused(e.to_string())),
                 }
@@ -415,7 +415,7 @@ impl Reflection<'_> {
                 else {
                     return Ok(Written::SourceGone);
                 };
-                match reflect::secret_copy(&origin, &target) {
+                match referenced::secret_copy(&origin, &target) {
                     Ok(copy) => self.put(source, copy, current).await,
                     Err(e) => Ok(Written::Refused(e.to_string())),
                 }
@@ -443,7 +443,7 @@ impl Reflection<'_> {
                     // object is someone else's.
                     let existing = api.get_opt(name).await.map_err(|e| self.member_error("read reflected copy", e))?;
                     match existing {
-                        Some(o) if reflect::is_ours(o.meta(), self.cluster, self.member.name.as_str()) => {
+                        Some(o) if referenced::is_ours(o.meta(), self.cluster, self.member.name.as_str()) => {
                             o.meta().resource_version.clone()
                         }
                         Some(_) => return Ok(Written::Conflict),
@@ -516,7 +516,7 @@ enum SourceStep {
 fn source_step(origin: Option<&ObjectMeta>, copy: Option<&ObjectMeta>) -> SourceStep {
     match (origin, copy) {
         (None, copy) => SourceStep::Gone { delete: copy.is_some() },
-        (Some(origin), Some(copy)) if reflect::is_current(copy, origin) => SourceStep::Current,
+        (Some(origin), Some(copy)) if referenced::is_current(copy, origin) => SourceStep::Current,
         (Some(_), _) => SourceStep::Write,
     }
 }
@@ -572,7 +572,7 @@ pub(crate) async fn delete_reflected(member: &MemberHandle, kind: Kind, copy: &O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidepool_config::keys;
+    use tidepool_api::keys;
 
     fn meta(version: &str, made_from: Option<&str>) -> ObjectMeta {
         ObjectMeta {

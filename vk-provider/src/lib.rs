@@ -3,7 +3,7 @@
 //!
 //! Owns: virtual Node objects and their Leases ([`node`]), pod translation ([`translate`],
 //! pure), the offload policy ([`policy`], pure), reflection of the ConfigMaps and Secrets
-//! pods reference ([`reflect`] pure, [`copies`] I/O), the pod controller that creates,
+//! pods reference ([`referenced`] pure, [`copies`] I/O), the pod controller that creates,
 //! deletes and mirrors offload pods ([`pods`]), and garbage collection in members
 //! ([`collect`]). Does not own: member connections and capacity (federation), deciding which
 //! pod goes to which node (dispatcher). Start at [`VirtualKubelet::start`].
@@ -20,7 +20,7 @@ pub mod node;
 pub mod offload;
 pub mod pods;
 pub mod policy;
-pub mod reflect;
+pub mod referenced;
 pub mod relay;
 pub mod services;
 pub mod step;
@@ -28,7 +28,7 @@ pub mod translate;
 
 use std::sync::Arc;
 
-use tidepool_config::{BridgeConfig, MemberName};
+use tidepool_api::{BridgeConfig, MemberName};
 use tidepool_federation::Members;
 use tokio::sync::watch;
 
@@ -56,7 +56,7 @@ pub enum Error {
     #[error(transparent)]
     Translate(#[from] translate::TranslateError),
     #[error(transparent)]
-    Poisoned(#[from] tidepool_config::sync::Poisoned),
+    Poisoned(#[from] tidepool_api::sync::Poisoned),
 }
 
 impl Error {

@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Resource};
-use tidepool_config::keys;
+use tidepool_api::keys;
 use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_config::{BridgeConfig, Resources, keys};
+use tidepool_api::{BridgeConfig, Resources, keys};
 use tidepool_federation::{Health, MemberHandle, Members, PoolCapacity, PoolHandle};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -473,7 +473,7 @@ impl NodeTask {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidepool_config::{PoolName, Resources, VirtualNodeName};
+    use tidepool_api::{PoolName, Resources, VirtualNodeName};
 
     fn pool() -> PoolHandle {
         let (_tx, rx) = watch::channel(PoolCapacity::default());

@@ -1,6 +1,6 @@
 //! An offload pod as the member-side cache holds it.
 //!
-//! Like the training side (`tidepool_config::pod`), the cache keeps what the pod sync reads
+//! Like the training side (`tidepool_api::pod`), the cache keeps what the pod sync reads
 //! rather than a whole `Pod`: its identity, the few tidepool labels and annotations read
 //! back, the ConfigMaps and Secrets the spec references (kept in sync while it runs) and the
 //! member's status as the JSON it came in, which is decoded only when it is copied up.
@@ -8,10 +8,10 @@
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use tidepool_config::keys;
-use tidepool_config::pod::{PodLite, trim_meta};
+use tidepool_api::keys;
+use tidepool_api::pod::{PodLite, trim_meta};
 
-use crate::reflect::{self, References};
+use crate::referenced::{self, References};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadPod {
@@ -48,7 +48,7 @@ impl From<Pod> for OffloadPod {
             origin_uid: labels.remove(keys::LABEL_ORIGIN_UID).map(String::into_boxed_str),
             origin,
             reclaim_deadline,
-            references: spec.as_ref().map(reflect::references).unwrap_or_default(),
+            references: spec.as_ref().map(referenced::references).unwrap_or_default(),
             status: status.and_then(|s| serde_json::to_string(&s).ok()).map(String::into_boxed_str),
         }
     }
@@ -88,7 +88,7 @@ impl OffloadPod {
     }
 }
 
-tidepool_config::pod_resource!(OffloadPod);
+tidepool_api::pod_resource!(OffloadPod);
 
 #[cfg(test)]
 mod tests {

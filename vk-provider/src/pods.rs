@@ -7,7 +7,7 @@
 //!
 //! Before an offload pod is created, the pod must pass the offload policy
 //! ([`crate::policy`]) and everything it references must be copied into the member
-//! ([`crate::reflect`]). Each member session also runs a collector ([`crate::collect`]).
+//! ([`crate::referenced`]). Each member session also runs a collector ([`crate::collect`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,10 +25,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tidepool_config::metrics::metrics;
-use tidepool_config::pod::{PodLite, SyncedStatus};
-use tidepool_config::sync::Locked;
-use tidepool_config::{BridgeConfig, keys};
+use tidepool_api::metrics::metrics;
+use tidepool_api::pod::{PodLite, SyncedStatus};
+use tidepool_api::sync::Locked;
+use tidepool_api::{BridgeConfig, keys};
 use tidepool_federation::tasks::Tasks;
 use tidepool_federation::training::listed;
 use tidepool_federation::writes::CopyWrites;
@@ -42,7 +42,7 @@ use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, de
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
 use crate::handover;
 use crate::offload::OffloadPod;
-use crate::reflect::{self, Source};
+use crate::referenced::{self, Source};
 use crate::step::{self, Cause, Facts, Step, Then};
 use crate::translate::{self, Target};
 use crate::{Error, collect, policy};
@@ -263,7 +263,7 @@ fn start_offload_watch(
         .touched_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
     let (collect_tx, collect_rx) = mpsc::channel::<collect::Request>(256);
-    let copy_selector = reflect::copy_selector(&ctx.config.cluster_name, member.name.as_str());
+    let copy_selector = referenced::copy_selector(&ctx.config.cluster_name, member.name.as_str());
     let (copy_tx, copy_rx) = mpsc::channel::<Change>(256);
     let namespace_selector = format!(
         "{}={},{}={}",
@@ -631,7 +631,7 @@ impl PodSync<'_> {
     /// must wait (or the pod has failed).
     async fn reflect(&self, offload: &mut Pod) -> Result<Option<Action>, Error> {
         let (ctx, member) = (self.ctx, &self.member().name);
-        let references = reflect::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
+        let references = referenced::references(offload.spec.as_ref().ok_or(Error::MissingField("spec"))?);
         if !references.is_empty() {
             // Until its copy shows what it references, the pod itself says so.
             ctx.wait_for(self.pod, &references)?;
@@ -642,7 +642,7 @@ impl PodSync<'_> {
                 // Optional sources that do not exist in training are not referenced in the
                 // member either: its kubelet would take any object of that name there.
                 if let Some(spec) = offload.spec.as_mut() {
-                    reflect::drop_references(spec, &absent);
+                    referenced::drop_references(spec, &absent);
                 }
                 return Ok(None);
             }

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
     AppArmorProfile, ContainerPort, Pod, PodSpec, SELinuxOptions, SeccompProfile, SecurityContext,
     WindowsSecurityContextOptions,
 };
-use tidepool_config::bridge::PolicyAllow;
+use tidepool_api::bridge::PolicyAllow;
 
 /// Why a pod may not be offloaded: the first offending field, by its path in the pod
 /// (`spec.containers[1].securityContext.privileged`), and what is wrong with it.

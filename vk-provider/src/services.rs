@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 /// The label key a copy carries for training label key `key`: `svc.tidepool.io/k-<hash>`
 /// (16 hex digits of its SHA-256). Fixed length, so any key fits a label name.

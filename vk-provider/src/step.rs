@@ -22,8 +22,8 @@
 
 use std::time::Duration;
 
-use tidepool_config::keys;
-use tidepool_config::pod::PodLite;
+use tidepool_api::keys;
+use tidepool_api::pod::PodLite;
 use tidepool_federation::Health;
 
 use crate::offload::OffloadPod;

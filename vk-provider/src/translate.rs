@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
-use tidepool_config::keys;
-use tidepool_config::pod::{StatusLite, SyncedStatus};
+use tidepool_api::keys;
+use tidepool_api::pod::{StatusLite, SyncedStatus};
 
 /// What translation needs to know besides the pod.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ pub struct Target<'a> {
     /// The pool's node selector.
     pub node_selector: &'a BTreeMap<String, String>,
     /// The pool's tolerations: every copy carries them.
-    pub tolerations: &'a [tidepool_config::crd::PoolToleration],
+    pub tolerations: &'a [tidepool_api::crd::PoolToleration],
     /// Reclaim band: picks the member PriorityClass.
     pub band: keys::Band,
     /// Training pod labels the member lets travel besides tidepool's own
@@ -36,7 +36,7 @@ pub struct Target<'a> {
     /// The same for annotations (`spec.copyAnnotations`).
     pub copy_annotations: &'a [String],
     /// `spec.maxTerminationGraceSeconds` of the member.
-    pub max_termination_grace: tidepool_config::crd::TerminationGraceLimits,
+    pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,7 +45,7 @@ pub enum TranslateError {
     MissingField(&'static str),
     /// The copy's namespace cannot exist in the member: the pod fails with this reason.
     #[error(transparent)]
-    NamespaceTooLong(#[from] tidepool_config::names::NamespaceTooLong),
+    NamespaceTooLong(#[from] tidepool_api::names::NamespaceTooLong),
 }
 
 impl TranslateError {
@@ -59,7 +59,7 @@ impl TranslateError {
 }
 
 /// Member namespace of a training namespace.
-pub use tidepool_config::names::member_namespace;
+pub use tidepool_api::names::member_namespace;
 
 /// Node labels under a Kubernetes domain that a tenant's node selector keeps: they describe
 /// hardware and topology, not what a node is for.
@@ -198,7 +198,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: Some(tidepool_config::names::offload_namespace(target.namespace_prefix, &namespace)?),
+            namespace: Some(tidepool_api::names::offload_namespace(target.namespace_prefix, &namespace)?),
             labels: Some(labels),
             annotations: Some(annotations),
             ..Default::default()
@@ -314,11 +314,11 @@ pub fn carries_training_token(volume: &Volume) -> bool {
 }
 
 /// Band of the offload copy of `pod`: the band the dispatcher gave it
-/// ([`tidepool_config::pod::band_of`]), else `medium` (a pod placed by hand is treated as gang
+/// ([`tidepool_api::pod::band_of`]), else `medium` (a pod placed by hand is treated as gang
 /// core).
 pub fn copy_band(pod: &Pod) -> keys::Band {
     let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    tidepool_config::pod::band_of(&pod.metadata, node).unwrap_or(keys::Band::Medium)
+    tidepool_api::pod::band_of(&pod.metadata, node).unwrap_or(keys::Band::Medium)
 }
 
 /// Name of the downward-API volume that shows a pod its own annotations (and so the
@@ -364,9 +364,9 @@ fn add_annotations_volume(s: &mut PodSpec) {
 }
 
 /// The reclaim deadline to show the copy of a training pod: the pod's deadline annotation,
-/// only while tidepool's notice condition is on the pod ([`tidepool_config::pod::under_notice`]).
+/// only while tidepool's notice condition is on the pod ([`tidepool_api::pod::under_notice`]).
 pub fn notice_for_copy<'a>(annotations: &'a BTreeMap<String, String>, ours: &[PodCondition]) -> Option<&'a str> {
-    if !tidepool_config::pod::under_notice(ours) {
+    if !tidepool_api::pod::under_notice(ours) {
         return None;
     }
     annotations.get(keys::ANNOTATION_RECLAIM_DEADLINE).map(String::as_str)
@@ -380,7 +380,7 @@ pub fn notice_for_copy<'a>(annotations: &'a BTreeMap<String, String>, ours: &[Po
 /// `Reclaimed`, with `DisruptionTarget`.
 pub fn hold_for_reclaim(desired: &mut PodStatus, ours: &[PodCondition]) {
     let ended = matches!(desired.phase.as_deref(), Some("Succeeded" | "Failed"));
-    if ended && tidepool_config::pod::under_notice(ours) {
+    if ended && tidepool_api::pod::under_notice(ours) {
         desired.phase = Some("Running".to_owned());
         desired.reason = None;
         desired.message = None;
@@ -403,7 +403,7 @@ pub fn keep_tidepool_conditions(desired: &mut PodStatus, ours: &[PodCondition]) 
 
 /// The reason of a true `DisruptionTarget` condition of `status`, if any.
 pub fn disruption_reason(status: Option<&PodStatus>) -> Option<&str> {
-    status.and_then(tidepool_config::pod::disruption_reason)
+    status.and_then(tidepool_api::pod::disruption_reason)
 }
 
 /// Why an offload pod that ran vanished from its member, from the reason of the
@@ -503,7 +503,7 @@ pub fn status_settles_in(
 mod tests {
     use super::*;
     use serde_json::json;
-    use tidepool_config::pod::PodLite;
+    use tidepool_api::pod::PodLite;
 
     fn training_pod() -> Pod {
         serde_json::from_value(json!({
@@ -573,7 +573,7 @@ mod tests {
             operator: Some("Exists".into()),
             ..Default::default()
         });
-        let lend = tidepool_config::crd::PoolToleration {
+        let lend = tidepool_api::crd::PoolToleration {
             key: Some("tidepool.io/real-node".into()),
             operator: Some("Equal".into()),
             value: Some("true".into()),
@@ -708,7 +708,7 @@ mod tests {
         let mut pod = training_pod();
         pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(90);
         let selector = BTreeMap::new();
-        let limits = tidepool_config::crd::TerminationGraceLimits { low: Some(20), high: Some(60), medium: None };
+        let limits = tidepool_api::crd::TerminationGraceLimits { low: Some(20), high: Some(60), medium: None };
         for (band, want) in [(keys::Band::Low, 20), (keys::Band::High, 60), (keys::Band::Medium, 90)] {
             let t = Target { band, max_termination_grace: limits, ..target(&selector) };
             let copy = offload_pod(&pod, &t).unwrap();

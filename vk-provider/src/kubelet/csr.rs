@@ -19,7 +19,7 @@ use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateS
 use kube::api::ObjectMeta;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 use sha2::{Digest, Sha256};
-use tidepool_config::bridge::KubeletConfig;
+use tidepool_api::bridge::KubeletConfig;
 
 pub(super) const SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// ECDSA keys sign, they do not encipher: no `key encipherment` (the signer refuses it).
@@ -270,7 +270,7 @@ mod tests {
         assert_ne!(a.name, b.name);
         assert_ne!(a.key.secret_pkcs8_der(), b.key.secret_pkcs8_der());
         assert!(a.name.starts_with(NAME_PREFIX) && a.name.len() == NAME_PREFIX.len() + 16, "{}", a.name);
-        assert!(tidepool_config::is_dns_subdomain(&a.name));
+        assert!(tidepool_api::is_dns_subdomain(&a.name));
     }
 
     #[test]

@@ -51,7 +51,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use rustls::server::ServerConfig;
-use tidepool_config::bridge::{KubeletConfig, KubeletServing};
+use tidepool_api::bridge::{KubeletConfig, KubeletServing};
 use tidepool_federation::Members;
 use tokio::net::TcpListener;
 use tokio::sync::watch;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hyper::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
-use tidepool_config::keys;
+use tidepool_api::keys;
 use tidepool_federation::MemberHandle;
 
 use super::Context;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::Deserialize;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 /// A training pod bound to a virtual node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +91,7 @@ pub(crate) fn attribute(pods: &[TrainingPod], metrics: &[PodMetrics]) -> Vec<Sam
 
 /// A quantity in billionths of its unit (`250m` cpu is 250000000, `1Ki` is 1024e9), or
 /// `None` for a negative or malformed one. Suffixes below milli keep their precision, which
-/// [`tidepool_config::resources::parse_milli`] rounds away.
+/// [`tidepool_api::resources::parse_milli`] rounds away.
 fn nano_units(quantity: &str) -> Option<u64> {
     let q = quantity.trim();
     let (digits, scale) = if let Some(n) = q.strip_suffix('n') {
@@ -99,7 +99,7 @@ fn nano_units(quantity: &str) -> Option<u64> {
     } else if let Some(u) = q.strip_suffix('u') {
         (u, 1_000)
     } else {
-        let milli = tidepool_config::resources::parse_milli(q).ok()?;
+        let milli = tidepool_api::resources::parse_milli(q).ok()?;
         return u64::try_from(milli).ok().map(|m| m.saturating_mul(1_000_000));
     };
     digits.parse::<u64>().ok().map(|n| n.saturating_mul(scale))

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{ConfigMap, EnvFromSource, EnvVar, PodSpec, Secret, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tidepool_config::keys;
+use tidepool_api::keys;
 
 use crate::translate;
 
