@@ -18,7 +18,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Propag
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tidepool_api::MemberCluster;
-use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -311,30 +310,9 @@ async fn delete_jobs(training: &Client) {
 /// MemberCluster `name` bridging `cluster` with one pool: its real node, whose taint the
 /// copies tolerate.
 async fn apply_real_member(env: &Env, training: &Client, name: &str, cluster: &str) {
-    let toleration = PoolToleration {
-        key: Some(env.var("REAL_NODE_TAINT").to_owned()),
-        operator: Some("Equal".into()),
-        value: Some("true".into()),
-        effect: Some("NoSchedule".into()),
-    };
-    let mut mc = MemberCluster::new(
-        name,
-        MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef { name: cluster.into(), namespace: Some(NS.into()), key: None },
-            pools: vec![PoolSpec {
-                name: "real".into(),
-                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
-                tolerations: vec![toleration],
-                ..Default::default()
-            }],
-            ..Default::default()
-        },
-    );
-    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), TEST.to_owned())]));
-    Api::<MemberCluster>::all(training.clone())
-        .patch(name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
-        .await
-        .unwrap();
+    let mut mc = member_cluster(name, TEST, NS, cluster);
+    mc.spec.pools = vec![real_pool(env)];
+    apply_member_cluster(training, &mc).await;
 }
 
 fn secs(d: jiff::SignedDuration) -> f64 {

@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tidepool_api::MemberCluster;
-use tidepool_api::crd::{MemberClusterSpec, SecretKeyRef};
+use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
 
 /// The local clusters, as written by `cluster.sh up`.
 pub struct Env {
@@ -211,8 +211,9 @@ pub async fn reset_members(client: &Client, test: &str) {
     .await;
 }
 
-/// Creates (or replaces the spec of) a MemberCluster labelled for one test's tidepool.
-pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &str, secret: &str) {
+/// A MemberCluster labelled for one test's tidepool, its kubeconfig in Secret
+/// `secret_ns/secret`, with no pools (the whole member, one virtual node).
+pub fn member_cluster(name: &str, test: &str, secret_ns: &str, secret: &str) -> MemberCluster {
     let mut mc = MemberCluster::new(
         name,
         MemberClusterSpec {
@@ -221,10 +222,37 @@ pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &s
         },
     );
     mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), test.to_owned())]));
+    mc
+}
+
+/// Creates (or replaces the spec of) `mc`.
+pub async fn apply_member_cluster(client: &Client, mc: &MemberCluster) {
     Api::<MemberCluster>::all(client.clone())
-        .patch(name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
+        .patch(&mc.name_any(), &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(mc))
         .await
         .unwrap();
+}
+
+/// Creates (or replaces the spec of) a MemberCluster labelled for one test's tidepool.
+pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &str, secret: &str) {
+    apply_member_cluster(client, &member_cluster(name, test, secret_ns, secret)).await;
+}
+
+/// Pool `real`: the member's real node (label `tidepool.io/test-pool=real`), whose taint
+/// the copies tolerate.
+pub fn real_pool(env: &Env) -> PoolSpec {
+    let toleration = PoolToleration {
+        key: Some(env.var("REAL_NODE_TAINT").to_owned()),
+        operator: Some("Equal".into()),
+        value: Some("true".into()),
+        effect: Some("NoSchedule".into()),
+    };
+    PoolSpec {
+        name: "real".into(),
+        node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
+        tolerations: vec![toleration],
+        ..Default::default()
+    }
 }
 
 /// The scheduler name a test's tidepool answers to, so concurrent tests never place each

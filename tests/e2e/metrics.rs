@@ -8,17 +8,14 @@
 //! And a member without a metrics API (member-b's APIService removed for the test, put back
 //! after): its virtual node still answers, with `scrape_error 1`, and says so once.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_api::MemberCluster;
-use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -62,30 +59,9 @@ async fn start(cluster: &str, member: &str) -> (Env, Client, Tidepool) {
 }
 
 async fn apply_real_pool(env: &Env, training: &Client, member: &str, cluster: &str) {
-    let toleration = PoolToleration {
-        key: Some(env.var("REAL_NODE_TAINT").to_owned()),
-        operator: Some("Equal".into()),
-        value: Some("true".into()),
-        effect: Some("NoSchedule".into()),
-    };
-    let mut mc = MemberCluster::new(
-        member,
-        MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef { name: cluster.into(), namespace: Some(NS.into()), key: None },
-            pools: vec![PoolSpec {
-                name: "real".into(),
-                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
-                tolerations: vec![toleration],
-                ..Default::default()
-            }],
-            ..Default::default()
-        },
-    );
-    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), TEST.to_owned())]));
-    Api::<MemberCluster>::all(training.clone())
-        .patch(member, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
-        .await
-        .unwrap();
+    let mut mc = member_cluster(member, TEST, NS, cluster);
+    mc.spec.pools = vec![real_pool(env)];
+    apply_member_cluster(training, &mc).await;
 }
 
 /// A pod template for the dispatcher to place on the real pool: a shell busy loop, 100m

@@ -7,7 +7,6 @@
 //! The pool selects the real node by label and tolerates its taint
 //! (`tidepool.io/real-node=true:NoSchedule`), so nothing else in the suite lands there.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -15,7 +14,6 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tidepool_api::MemberCluster;
-use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -151,31 +149,9 @@ async fn hold_back_the_real_nodes_cpu(s: &Setup) {
 
 /// MemberCluster `MEMBER` with one pool: member-a's real node, whose taint its copies tolerate.
 async fn apply_real_pool_member(env: &Env, training: &Client) {
-    let taint = env.var("REAL_NODE_TAINT").to_owned();
-    let toleration = PoolToleration {
-        key: Some(taint),
-        operator: Some("Equal".into()),
-        value: Some("true".into()),
-        effect: Some("NoSchedule".into()),
-    };
-    let mut mc = MemberCluster::new(
-        MEMBER,
-        MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef { name: "member-a".into(), namespace: Some(NS.into()), key: None },
-            pools: vec![PoolSpec {
-                name: "real".into(),
-                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
-                tolerations: vec![toleration],
-                ..Default::default()
-            }],
-            ..Default::default()
-        },
-    );
-    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), TEST.to_owned())]));
-    Api::<MemberCluster>::all(training.clone())
-        .patch(MEMBER, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
-        .await
-        .unwrap();
+    let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
+    mc.spec.pools = vec![real_pool(env)];
+    apply_member_cluster(training, &mc).await;
 }
 
 #[tokio::test]

@@ -14,11 +14,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_api::MemberCluster;
-use tidepool_api::crd::{MemberClusterSpec, NamespaceMode, PoolSpec, PoolToleration, SecretKeyRef};
+use tidepool_api::crd::NamespaceMode;
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -156,31 +155,10 @@ impl Setup {
 
 /// MemberCluster `MEMBER`: member-a's real node as pool `real`, namespaces in `mode`.
 async fn apply_member(env: &Env, training: &Client, test: &str, ns: &str, mode: NamespaceMode) {
-    let toleration = PoolToleration {
-        key: Some(env.var("REAL_NODE_TAINT").to_owned()),
-        operator: Some("Equal".into()),
-        value: Some("true".into()),
-        effect: Some("NoSchedule".into()),
-    };
-    let mut mc = MemberCluster::new(
-        MEMBER,
-        MemberClusterSpec {
-            kubeconfig_secret_ref: SecretKeyRef { name: "member-a".into(), namespace: Some(ns.into()), key: None },
-            pools: vec![PoolSpec {
-                name: "real".into(),
-                node_selector: BTreeMap::from([("tidepool.io/test-pool".to_owned(), "real".to_owned())]),
-                tolerations: vec![toleration],
-                ..Default::default()
-            }],
-            namespace_mode: (mode == NamespaceMode::SameName).then_some(mode),
-            ..Default::default()
-        },
-    );
-    mc.metadata.labels = Some(BTreeMap::from([("tidepool.io/test".to_owned(), test.to_owned())]));
-    Api::<MemberCluster>::all(training.clone())
-        .patch(MEMBER, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&mc))
-        .await
-        .unwrap();
+    let mut mc = member_cluster(MEMBER, test, ns, "member-a");
+    mc.spec.pools = vec![real_pool(env)];
+    mc.spec.namespace_mode = (mode == NamespaceMode::SameName).then_some(mode);
+    apply_member_cluster(training, &mc).await;
 }
 
 /// A worker's script: dial `addr`:23456 until the master answers (bounded), print its word.
