@@ -138,6 +138,25 @@ fn split_events(training_pods: &TrainingPods, status: mpsc::Sender<ObjectRef<Pod
     Inlets { applied, gone, resync, resync_up }
 }
 
+/// One of the pod sync's queues over the shared training pod cache: changed `objects` and
+/// `triggers` enqueue a pod, a member (re)connecting or `resync` every pod (their pods may
+/// have waited for it); at shutdown it takes no new work and finishes what is in flight.
+fn queue(
+    ctx: &Context,
+    objects: impl futures::Stream<Item = Arc<PodLite>> + Send + 'static,
+    triggers: mpsc::Receiver<ObjectRef<PodLite>>,
+    resync: mpsc::Receiver<()>,
+    members: watch::Receiver<Members>,
+    stop: CancellationToken,
+) -> Controller<PodLite> {
+    let member_changes = WatchStream::new(members).map(|_| ());
+    Controller::for_shared_stream(objects, ctx.pods.clone())
+        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
+        .reconcile_on(ReceiverStream::new(triggers))
+        .reconcile_all_on(futures::stream::select(member_changes, ReceiverStream::new(resync)))
+        .graceful_shutdown_on(stop.cancelled_owned())
+}
+
 /// The down-sync's controller: every step but the status's way up ([`reconcile`]).
 fn down_sync(
     ctx: Arc<Context>,
@@ -147,20 +166,14 @@ fn down_sync(
     members: watch::Receiver<Members>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> {
-    // A member (re)connecting re-checks every pod: its pods may have waited for it.
-    let member_changes = WatchStream::new(members).map(|_| ());
-    Controller::for_shared_stream(ReceiverStream::new(applied), ctx.pods.clone())
-        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
-        .reconcile_on(ReceiverStream::new(triggers))
-        .reconcile_all_on(futures::stream::select(member_changes, ReceiverStream::new(resync)))
-        // At shutdown: no new reconcile, those in flight finish their writes.
-        .graceful_shutdown_on(stop.cancelled_owned())
+    queue(&ctx, ReceiverStream::new(applied), triggers, resync, members, stop)
         .run(timed_reconcile, error_policy, ctx)
         .for_each(|_| async {})
 }
 
 /// Status up on a queue of its own, as virtual-kubelet keeps it: a running copy's status
-/// never waits behind a burst's creations for a place in the down-sync's queue.
+/// never waits behind a burst's creations for a place in the down-sync's queue. Training
+/// pods' changes reach it as triggers.
 fn status_sync(
     ctx: Arc<Context>,
     triggers: mpsc::Receiver<ObjectRef<PodLite>>,
@@ -168,12 +181,7 @@ fn status_sync(
     members: watch::Receiver<Members>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> {
-    let member_changes = WatchStream::new(members).map(|_| ());
-    Controller::for_shared_stream(futures::stream::pending(), ctx.pods.clone())
-        .with_config(controller::Config::default().concurrency(RECONCILES_IN_FLIGHT))
-        .reconcile_on(ReceiverStream::new(triggers))
-        .reconcile_all_on(futures::stream::select(member_changes, ReceiverStream::new(resync)))
-        .graceful_shutdown_on(stop.cancelled_owned())
+    queue(&ctx, futures::stream::pending(), triggers, resync, members, stop)
         .run(timed_status_up, error_policy, ctx)
         .for_each(|_| async {})
 }
