@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -236,6 +236,37 @@ pub async fn apply_member_cluster(client: &Client, mc: &MemberCluster) {
 /// Creates (or replaces the spec of) a MemberCluster labelled for one test's tidepool.
 pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &str, secret: &str) {
     apply_member_cluster(client, &member_cluster(name, test, secret_ns, secret)).await;
+}
+
+/// The start of a test on member-a's real node: the test's namespace prepared, member-a's
+/// kubeconfig Secret, `mc` (its pools on the real node) applied, a tidepool for the test
+/// (`dispatcher` as in [`Tidepool::start_config`]) and virtual node `node` Ready. Fails loudly
+/// when the clusters have no real nodes.
+pub async fn start_on_real_node(
+    env: &Env,
+    training: &Client,
+    (test, ns): (&str, &str),
+    dispatcher: &str,
+    mc: &MemberCluster,
+    node: &str,
+) -> Tidepool {
+    assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
+    prepare(env, training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+    put_kubeconfig_secret(training, ns, "member-a", &kubeconfig).await;
+    apply_member_cluster(training, mc).await;
+    let tidepool = Tidepool::start_config(env, test, ns, dispatcher, &kubelet_config(env));
+    let nodes = Api::<Node>::all(training.clone());
+    wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get_opt(node).await.ok().flatten()?;
+            let ready = node.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(())
+        }
+    })
+    .await;
+    tidepool
 }
 
 /// Pool `real`: the member's real node (label `tidepool.io/test-pool=real`), whose taint

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
@@ -38,24 +38,12 @@ struct Setup {
 impl Setup {
     async fn start(test: &str, ns: &str, mode: NamespaceMode) -> Setup {
         let env = Env::load();
-        assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
         let training = env.client("training").await;
         let member = env.client("member-a").await;
-        prepare(&env, &training, test, ns).await;
-        let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-        put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
-        apply_member(&env, &training, test, ns, mode).await;
-        let tidepool = Tidepool::start_config(&env, test, ns, "", &kubelet_config(&env));
-        let nodes = Api::<Node>::all(training.clone());
-        wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
-            let nodes = nodes.clone();
-            async move {
-                let node = nodes.get_opt(NODE).await.ok().flatten()?;
-                let ready = node.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True");
-                ready.then_some(())
-            }
-        })
-        .await;
+        let mut mc = member_cluster(MEMBER, test, ns, "member-a");
+        mc.spec.pools = vec![real_pool(&env)];
+        mc.spec.namespace_mode = (mode == NamespaceMode::SameName).then_some(mode);
+        let tidepool = start_on_real_node(&env, &training, (test, ns), "", &mc, NODE).await;
         let member_ns = match mode {
             NamespaceMode::SameName => ns.to_owned(),
             NamespaceMode::Prefixed => format!("{}{ns}", keys::DEFAULT_NAMESPACE_PREFIX),
@@ -151,14 +139,6 @@ impl Setup {
         })
         .await;
     }
-}
-
-/// MemberCluster `MEMBER`: member-a's real node as pool `real`, namespaces in `mode`.
-async fn apply_member(env: &Env, training: &Client, test: &str, ns: &str, mode: NamespaceMode) {
-    let mut mc = member_cluster(MEMBER, test, ns, "member-a");
-    mc.spec.pools = vec![real_pool(env)];
-    mc.spec.namespace_mode = (mode == NamespaceMode::SameName).then_some(mode);
-    apply_member_cluster(training, &mc).await;
 }
 
 /// A worker's script: dial `addr`:23456 until the master answers (bounded), print its word.

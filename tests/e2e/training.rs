@@ -30,24 +30,11 @@ struct Setup {
 impl Setup {
     async fn start(dispatcher: &str) -> Setup {
         let env = Env::load();
-        assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
         let training = env.client("training").await;
         let member = env.client("member-a").await;
-        prepare(&env, &training, TEST, NS).await;
-        let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-        put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
-        apply_member(&env, &training).await;
-        let tidepool = Tidepool::start_config(&env, TEST, NS, dispatcher, &kubelet_config(&env));
-        let nodes = Api::<Node>::all(training.clone());
-        wait_for(Duration::from_secs(90), "virtual node of the real pool Ready", || {
-            let nodes = nodes.clone();
-            async move {
-                let node = nodes.get_opt(NODE).await.ok().flatten()?;
-                let ready = node.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True");
-                ready.then_some(())
-            }
-        })
-        .await;
+        let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
+        mc.spec.pools = vec![real_pool(&env)];
+        let tidepool = start_on_real_node(&env, &training, (TEST, NS), dispatcher, &mc, NODE).await;
         Setup { env, training, member, tidepool }
     }
 
@@ -130,13 +117,6 @@ pub(crate) fn steps(log: &str) -> Vec<(u64, f64)> {
             Some((field("step=")?.parse().ok()?, field("loss=")?.parse().ok()?))
         })
         .collect()
-}
-
-/// MemberCluster `MEMBER` with one pool: member-a's real node, whose taint its copies tolerate.
-async fn apply_member(env: &Env, training: &Client) {
-    let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
-    mc.spec.pools = vec![real_pool(env)];
-    apply_member_cluster(training, &mc).await;
 }
 
 #[tokio::test]
