@@ -424,6 +424,11 @@ impl<'a> Demand<'a> {
                 };
             }
         }
+        self.packing_reason(subject, refusals)
+    }
+
+    /// Each candidate pool's own reason for not packing the gang (the pods fit in sum).
+    fn packing_reason(&self, subject: Subject<'_>, refusals: &[(&PoolView, Refusal)]) -> String {
         let n = self.pods.len();
         let mut reasons: Vec<(&str, String)> = refusals
             .iter()

@@ -383,6 +383,33 @@ pub fn pool_capacity<'a>(
     pool_capacity_under(nodes, pods, selector, &demand)
 }
 
+/// What the pool holds back before any pod is counted: the reserve, the open windows, the HPA
+/// headroom and the replicas yet to come of the workloads whose pods `could_land` in the pool.
+fn announced(
+    demand: &OnlineDemand<'_>,
+    could_land: &impl Fn(&BTreeMap<String, String>, &[PoolToleration]) -> bool,
+) -> Resources {
+    let mut held_back = demand.policy.reserve.clone();
+    for w in &demand.policy.windows {
+        if w.schedule.window_active(demand.now, w.duration, w.lead) {
+            held_back.add(&w.reserve);
+        }
+    }
+    for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector, &h.tolerations)) {
+        let growth = i64::from((h.max_replicas - h.current_replicas).max(0));
+        for (k, v) in h.per_replica.iter() {
+            let amount = v.saturating_mul(growth).saturating_mul(i64::from(demand.policy.hpa_percent)) / 100;
+            held_back.add_one(k, amount);
+        }
+    }
+    for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector, &w.tolerations)) {
+        for (k, v) in w.per_replica.iter() {
+            held_back.add_one(k, v.saturating_mul(i64::from(w.replicas.max(0))));
+        }
+    }
+    held_back
+}
+
 /// Capacity of the pool selected by `selector` (an empty selector takes every node):
 ///
 /// ```text
@@ -414,24 +441,7 @@ pub fn pool_capacity_under<'a>(
     let could_land = |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| {
         in_pool.values().any(|n| n.matches(sel) && n.tolerated_by(tolerations))
     };
-    let mut held_back = demand.policy.reserve.clone();
-    for w in &demand.policy.windows {
-        if w.schedule.window_active(demand.now, w.duration, w.lead) {
-            held_back.add(&w.reserve);
-        }
-    }
-    for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector, &h.tolerations)) {
-        let growth = i64::from((h.max_replicas - h.current_replicas).max(0));
-        for (k, v) in h.per_replica.iter() {
-            let amount = v.saturating_mul(growth).saturating_mul(i64::from(demand.policy.hpa_percent)) / 100;
-            held_back.add_one(k, amount);
-        }
-    }
-    for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector, &w.tolerations)) {
-        for (k, v) in w.per_replica.iter() {
-            held_back.add_one(k, v.saturating_mul(i64::from(w.replicas.max(0))));
-        }
-    }
+    let mut held_back = announced(demand, &could_land);
     let mut used = Resources::new();
     let mut placed = BTreeMap::new();
     let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
