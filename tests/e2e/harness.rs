@@ -269,6 +269,24 @@ pub async fn start_on_real_node(
     tidepool
 }
 
+/// A test's clients and tidepool on member-a's real node: MemberCluster `member` with pool
+/// `real` (virtual node `node`), via [`start_on_real_node`]. Returns the environment, the
+/// training and member-a clients, and the tidepool.
+pub async fn real_node_setup(
+    (test, ns): (&str, &str),
+    member: &str,
+    node: &str,
+    dispatcher: &str,
+) -> (Env, Client, Client, Tidepool) {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_a = env.client("member-a").await;
+    let mut mc = member_cluster(member, test, ns, "member-a");
+    mc.spec.pools = vec![real_pool(&env)];
+    let tidepool = start_on_real_node(&env, &training, (test, ns), dispatcher, &mc, node).await;
+    (env, training, member_a, tidepool)
+}
+
 /// Pool `real`: the member's real node (label `tidepool.io/test-pool=real`), whose taint
 /// the copies tolerate.
 pub fn real_pool(env: &Env) -> PoolSpec {

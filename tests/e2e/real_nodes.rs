@@ -33,12 +33,7 @@ struct Setup {
 
 impl Setup {
     async fn start(dispatcher: &str) -> Setup {
-        let env = Env::load();
-        let training = env.client("training").await;
-        let member = env.client("member-a").await;
-        let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
-        mc.spec.pools = vec![real_pool(&env)];
-        let tidepool = start_on_real_node(&env, &training, (TEST, NS), dispatcher, &mc, NODE).await;
+        let (env, training, member, tidepool) = real_node_setup((TEST, NS), MEMBER, NODE, dispatcher).await;
         Setup { env, training, member, tidepool }
     }
 
