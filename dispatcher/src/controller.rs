@@ -101,6 +101,7 @@ async fn round(ctx: &Context) -> Result<()> {
     gangs.retain(|_, g| g.pods.iter().any(|p| p.node_name().is_none()));
     metrics().gangs_waiting.set(i64::try_from(gangs.len()).unwrap_or(i64::MAX));
     if gangs.is_empty() {
+        want_capacity(ctx, false);
         return commit(ctx, writes).await;
     }
     let mut queue = Vec::new();
@@ -120,20 +121,30 @@ async fn round(ctx: &Context) -> Result<()> {
     admission_order(&mut queue);
     metrics().set_queue_depth("gangs", queue.len());
     // 4–5. Admit in order.
-    let mut preempt = Vec::new();
+    let (mut preempt, mut waiting) = (Vec::new(), false);
     for entry in queue {
         let Some(g) = gangs.get(&entry.key) else { continue };
         let min = mins.get(&entry.key).copied().unwrap_or(1) as usize;
         let admission = round::admit(&entry.key, g, min, &mut pools, &ctx.ranges);
         writes.extend(admission.writes);
+        waiting |= admission.unplaced.is_some();
         if let Some(demand) = admission.unplaced
             && entry.band > Band::Low
         {
             preempt.push(PreemptRequest { gang: entry.key.clone(), band: entry.band, demand });
         }
     }
+    want_capacity(ctx, waiting);
     commit(ctx, writes).await?;
     ctx.set_preempt(preempt)
+}
+
+/// Tells every member whether a gang waits for capacity, so room that frees up reaches the
+/// next round at once.
+fn want_capacity(ctx: &Context, waiting: bool) {
+    for m in ctx.members.borrow().values() {
+        m.want_capacity(waiting);
+    }
 }
 
 /// The roll-backs of placed gangs that waited past the gang timeout with too few pods

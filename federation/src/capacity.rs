@@ -214,7 +214,7 @@ impl PoolCapacity {
 /// of the published value) waits for [`PUBLISH_MAX_INTERVAL`] before it is published.
 pub const PUBLISH_THRESHOLD_BASIS_POINTS: i64 = 100;
 /// Longest a small change of capacity waits before it is published anyway.
-pub const PUBLISH_MAX_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1500);
+pub const PUBLISH_MAX_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Whether `next` differs from the published `current` enough to publish it at once, rather
 /// than within [`PUBLISH_MAX_INTERVAL`]. Pure.

@@ -38,7 +38,7 @@ use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
 type WorkloadKey = (String, String, String);
 
 /// An HPA as the capacity model needs it: its target and how far it may still grow.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct HpaRef {
     target: WorkloadKey,
     max_replicas: i32,
@@ -46,7 +46,7 @@ struct HpaRef {
 }
 
 /// A workload's pod template, reduced to what one replica requests and where it may land.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Template {
     per_replica: Resources,
     node_selector: BTreeMap<String, String>,
@@ -164,6 +164,8 @@ pub struct MemberHandle {
     pub stats: Arc<crate::MemberStats>,
     /// Online pods at or below the offload priorities, if any; set with the first capacity.
     pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
+    /// The capacity publisher's wake-ups, for [`MemberHandle::want_capacity`].
+    wakeups: Wakeups,
 }
 
 /// One pool of a member: one virtual node.
@@ -186,6 +188,15 @@ impl std::fmt::Debug for MemberHandle {
 }
 
 impl MemberHandle {
+    /// Told by the dispatcher after each round: whether a gang waits for capacity. While one
+    /// does, a pool whose room grows publishes at once (see [`publication`]); a drift held
+    /// back when the wait begins goes out now.
+    pub fn want_capacity(&self, wanted: bool) {
+        if !self.wakeups.wanted.swap(wanted, Ordering::Relaxed) && wanted {
+            self.wakeups.changed.notify_one();
+        }
+    }
+
     pub fn pool_for_node(&self, node: &str) -> Option<&PoolHandle> {
         self.pools.iter().find(|p| p.node.as_str() == node)
     }
@@ -270,6 +281,8 @@ struct Wakeups {
     changed: Arc<Notify>,
     /// Set with `changed` by a change of online demand (see [`coalesce_after`]).
     demand: Arc<AtomicBool>,
+    /// A gang waits for capacity (see [`MemberHandle::want_capacity`]).
+    wanted: Arc<AtomicBool>,
 }
 
 /// A pool's selector and tolerations: which member nodes it spans.
@@ -372,16 +385,26 @@ enum Publication {
     Publish,
 }
 
-/// Whether `next` goes out now, given the published `current` and how long ago the pool last
-/// published. Pure.
-fn publication(current: &PoolCapacity, next: &PoolCapacity, since_published: Duration) -> Publication {
+/// Whether `next` goes out now, given the published `current`, how long ago the pool last
+/// published and whether a gang waits for capacity (`wanted`): room that grows may be what it
+/// waits for. Pure.
+fn publication(current: &PoolCapacity, next: &PoolCapacity, since_published: Duration, wanted: bool) -> Publication {
     if current == next {
         Publication::Unchanged
-    } else if since_published < PUBLISH_MAX_INTERVAL && !worth_publishing(current, next) {
+    } else if since_published < PUBLISH_MAX_INTERVAL
+        && !worth_publishing(current, next)
+        && !(wanted && room_grew(current, next))
+    {
         Publication::Defer
     } else {
         Publication::Publish
     }
+}
+
+/// Whether `next` leaves more room than `current` in any resource (capacity minus used).
+fn room_grew(current: &PoolCapacity, next: &PoolCapacity) -> bool {
+    let room = |c: &PoolCapacity, name: &str| c.capacity.get(name) - c.used.get(name);
+    next.capacity.names().any(|name| room(next, name) > room(current, name))
 }
 
 /// The capacity publisher's memory between two computations: when each pool last published
@@ -423,7 +446,13 @@ impl Publisher {
 
     /// Sends each pool's `next` capacity that is due, at `now`. The first computation always
     /// goes out (consumers wait for it), whatever it is.
-    fn publish(&mut self, senders: &[watch::Sender<PoolCapacity>], nexts: Vec<PoolCapacity>, now: Instant) {
+    fn publish(
+        &mut self,
+        senders: &[watch::Sender<PoolCapacity>],
+        nexts: Vec<PoolCapacity>,
+        now: Instant,
+        wanted: bool,
+    ) {
         let first = !self.computed;
         self.computed = true;
         for (i, (tx, next)) in senders.iter().zip(nexts).enumerate() {
@@ -432,7 +461,7 @@ impl Publisher {
                 continue;
             }
             let since = now.duration_since(self.published[i]);
-            let sent = tx.send_if_modified(|cur| match publication(cur, &next, since) {
+            let sent = tx.send_if_modified(|cur| match publication(cur, &next, since, wanted) {
                 Publication::Unchanged => {
                     self.deferred[i] = false;
                     false
@@ -496,7 +525,7 @@ where
         for (pool, next) in pools.iter().zip(&nexts) {
             metrics().set_pool(member.as_str(), &pool.name, &next.capacity, &next.used, &next.deficit());
         }
-        state.publish(&senders, nexts, Instant::now());
+        state.publish(&senders, nexts, Instant::now(), wakeups.wanted.load(Ordering::Relaxed));
         metrics().observe_sync("capacity", started.elapsed());
         state.computed(started, started.elapsed(), short);
     }
@@ -525,7 +554,7 @@ impl Session {
         let (conflict_tx, conflict_rx) = watch::channel(None);
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
-        let (member, stop) = (name.clone(), cancelled.clone());
+        let (member, stop, wakeups) = (name.clone(), cancelled.clone(), caches.wakeups.clone());
         tokio::spawn(
             async move {
                 let compute = || caches.compute(&spans, &policy, &conflict_tx);
@@ -551,6 +580,7 @@ impl Session {
             health,
             stats: options.stats,
             priority_conflict: conflict_rx,
+            wakeups,
         };
         Session { handle: Arc::new(handle), fingerprint, health: health_tx }
     }
@@ -629,24 +659,33 @@ impl<K, V> Default for ViewCache<K, V> {
     }
 }
 
-impl<K: Eq + Hash, V> ViewCache<K, V> {
-    pub fn apply(&mut self, event: watcher::Event<(K, V)>) {
+impl<K: Eq + Hash, V: PartialEq> ViewCache<K, V> {
+    /// Applies one event; true when the views changed. Most events of a steady member change
+    /// nothing a view keeps (a node's heartbeat, a pod's status probe): those wake no one.
+    pub fn apply(&mut self, event: watcher::Event<(K, V)>) -> bool {
         match event {
             watcher::Event::Apply((k, v)) => {
+                if self.live.get(&k) == Some(&v) {
+                    return false;
+                }
                 self.live.insert(k, v);
+                true
             }
-            watcher::Event::Delete((k, _)) => {
-                self.live.remove(&k);
+            watcher::Event::Delete((k, _)) => self.live.remove(&k).is_some(),
+            watcher::Event::Init => {
+                self.relist = Some(HashMap::new());
+                false
             }
-            watcher::Event::Init => self.relist = Some(HashMap::new()),
             watcher::Event::InitApply((k, v)) => {
                 self.relist.get_or_insert_with(HashMap::new).insert(k, v);
+                false
             }
             watcher::Event::InitDone => {
                 if let Some(fresh) = self.relist.take() {
                     self.live = fresh;
                 }
                 self.synced = true;
+                true
             }
         }
     }
@@ -676,7 +715,7 @@ fn view_event<T, K, V>(event: watcher::Event<T>, view: fn(&T) -> Option<(K, V)>)
 }
 
 /// Keeps `cache` in step with `events` until `cancelled`, waking the capacity publisher on
-/// every event (and flagging `online_demand` changes). A poisoned cache ends the watch, with
+/// every event that changes a view (and flagging `online_demand` changes). A poisoned cache ends the watch, with
 /// an error logged: the publisher meets the same lock and stops too.
 fn spawn_cache<T, K, V, S>(
     events: S,
@@ -690,7 +729,7 @@ fn spawn_cache<T, K, V, S>(
     S: Stream<Item = Result<watcher::Event<T>, watcher::Error>> + Send + 'static,
     T: Send + 'static,
     K: Eq + Hash + Send + 'static,
-    V: Send + 'static,
+    V: PartialEq + Send + 'static,
 {
     let (cache, wakeups) = (cache.clone(), wakeups.clone());
     let mut events = Box::pin(events.take_until(cancelled.clone().cancelled_owned()));
@@ -704,21 +743,22 @@ fn spawn_cache<T, K, V, S>(
                         continue;
                     }
                 };
-                if let Some(e) = view_event(event, view) {
-                    if let watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) = &e
-                        && online_demand(v)
-                    {
+                let Some(e) = view_event(event, view) else { continue };
+                let demand =
+                    matches!(&e, watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) if online_demand(v));
+                let changed = match locked(&cache, "member view") {
+                    Ok(mut c) => c.apply(e),
+                    Err(e) => {
+                        error!(error = %e, "member watch stopped");
+                        return;
+                    }
+                };
+                if changed {
+                    if demand {
                         wakeups.demand.store(true, Ordering::Relaxed);
                     }
-                    match locked(&cache, "member view") {
-                        Ok(mut c) => c.apply(e),
-                        Err(e) => {
-                            error!(error = %e, "member watch stopped");
-                            return;
-                        }
-                    }
+                    wakeups.changed.notify_one();
                 }
-                wakeups.changed.notify_one();
             }
         }
         .instrument(span),
@@ -814,7 +854,21 @@ mod tests {
             ("a new deficit goes out at once", pool("100", "8", "9"), recent, Publication::Publish),
         ];
         for (name, next, since, want) in cases {
-            assert_eq!(publication(&published, &next, since), want, "{name}");
+            assert_eq!(publication(&published, &next, since, false), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn while_a_gang_waits_room_that_grows_goes_out_at_once() {
+        let published = pool("100", "8", "2");
+        let recent = Duration::from_millis(100);
+        let cases = [
+            ("more cpu, however little", pool("100.5", "8", "2"), Publication::Publish),
+            ("less cpu still waits", pool("99.5", "8", "2"), Publication::Defer),
+            ("the same is not sent again", published.clone(), Publication::Unchanged),
+        ];
+        for (name, next, want) in cases {
+            assert_eq!(publication(&published, &next, recent, true), want, "{name}");
         }
     }
 
@@ -971,6 +1025,20 @@ mod tests {
         // computation follows sooner, cost permitting.
         assert_eq!(coalesce_after(Duration::from_millis(1), true), COALESCE_SHORT);
         assert_eq!(coalesce_after(Duration::from_millis(30), true), Duration::from_millis(300));
+    }
+
+    #[test]
+    fn only_events_that_change_a_view_wake_the_publisher() {
+        let mut c = ViewCache::<&str, u32>::default();
+        assert!(!c.apply(watcher::Event::Init));
+        assert!(!c.apply(watcher::Event::InitApply(("a", 1))));
+        assert!(c.apply(watcher::Event::InitDone), "the first list is news");
+        // A node's heartbeat or a pod's probe: the object changed, its view did not.
+        assert!(!c.apply(watcher::Event::Apply(("a", 1))));
+        assert!(c.apply(watcher::Event::Apply(("a", 2))));
+        assert!(c.apply(watcher::Event::Apply(("b", 1))));
+        assert!(c.apply(watcher::Event::Delete(("b", 1))));
+        assert!(!c.apply(watcher::Event::Delete(("b", 1))), "already gone");
     }
 
     #[test]
