@@ -8,6 +8,7 @@
 mod bad_input;
 mod chart;
 mod credentials;
+mod deletion;
 mod deploy;
 mod dispatcher;
 mod drain;

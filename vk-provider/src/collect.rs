@@ -111,7 +111,7 @@ async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &OffloadPod) {
     }
     // No deletion with a grace period reached this pod from training: it gets its own, as
     // a kubelet gives a pod deleted under it.
-    match delete_offload(&watch.member, pod, None).await {
+    match delete_offload(watch, pod, None).await {
         Ok(()) => {
             info!(member = %watch.member.name, pod = %name, namespace, "orphan offload pod deleted: its training pod is gone")
         }

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
@@ -16,7 +16,7 @@ use tidepool_api::sync::{Locked, Poisoned};
 use tidepool_api::{BridgeConfig, MemberName};
 use tidepool_federation::{MemberHandle, Members, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, mpsc, watch};
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::copies::{self, MemberCopies, MetaStores};
 use crate::handover::Handovers;
@@ -90,6 +90,39 @@ pub(crate) struct OffloadWatch {
     pub(crate) collect: mpsc::Sender<CollectRequest>,
     /// Bounds the writes to this member in flight (see [`WRITES_IN_FLIGHT`]).
     pub(crate) writes: Arc<Semaphore>,
+    /// Deletions of offload pods sent and perhaps not yet seen by `store`.
+    pub(crate) deletions: Arc<SentDeletions>,
+}
+
+/// How long a deletion sent to a member keeps a second one of the same pod from being sent:
+/// longer than the offload watch takes to show it under a mass deletion, short enough that a
+/// deletion lost on the way is sent again soon.
+pub(crate) const DELETION_MEMORY: Duration = Duration::from_secs(10);
+
+/// The offload pods (by UID) whose deletion was sent in the last [`DELETION_MEMORY`]. Under
+/// a mass deletion the offload watch lags behind the deletions; a sync that reads a copy not
+/// yet shown as deleting must not delete it again: it may already be gone (a DELETE answered
+/// 404, a member call for nothing).
+#[derive(Debug, Default)]
+pub(crate) struct SentDeletions(Mutex<HashMap<String, Instant>>);
+
+impl SentDeletions {
+    /// Whether the deletion of the pod `uid` is to be sent at `now`; records it if so.
+    pub(crate) fn claim(&self, uid: &str, now: Instant) -> Result<bool, Poisoned> {
+        let mut sent = self.0.locked("sent deletions")?;
+        sent.retain(|_, at| now.saturating_duration_since(*at) < DELETION_MEMORY);
+        if sent.contains_key(uid) {
+            return Ok(false);
+        }
+        sent.insert(uid.to_owned(), now);
+        Ok(true)
+    }
+
+    /// The deletion of `uid` did not reach the member: the next look may send it again.
+    pub(crate) fn release(&self, uid: &str) -> Result<(), Poisoned> {
+        self.0.locked("sent deletions")?.remove(uid);
+        Ok(())
+    }
 }
 
 impl Context {
@@ -226,7 +259,15 @@ impl Context {
     }
 }
 
-pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
+/// Deletes the offload pod `copy` (of this UID only) with `grace` seconds, unless its
+/// deletion was sent already (see [`SentDeletions`]).
+pub(crate) async fn delete_offload(watch: &OffloadWatch, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
+    let member = &watch.member;
+    let uid = copy.uid().unwrap_or_default();
+    if !watch.deletions.claim(&uid, Instant::now())? {
+        debug!(member = %member.name, "offload pod deletion already sent; waiting for the member's watch");
+        return Ok(());
+    }
     let ns = copy.namespace().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: grace,
@@ -242,6 +283,26 @@ pub(crate) async fn delete_offload(member: &MemberHandle, copy: &OffloadPod, gra
             info!(member = %member.name, ?grace, "offload pod deletion requested");
             Ok(())
         }
-        Err(e) => Err(Error::member(&member.name, "delete offload pod", e)),
+        Err(e) => {
+            watch.deletions.release(&uid)?;
+            Err(Error::member(&member.name, "delete offload pod", e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deletion_is_sent_once_until_it_is_old_or_did_not_go_out() {
+        let sent = SentDeletions::default();
+        let t0 = Instant::now();
+        assert!(sent.claim("a", t0).unwrap());
+        assert!(!sent.claim("a", t0 + Duration::from_secs(1)).unwrap(), "the watch has not caught up yet");
+        assert!(sent.claim("b", t0).unwrap(), "another pod is another deletion");
+        assert!(sent.claim("a", t0 + DELETION_MEMORY).unwrap(), "a deletion the watch never showed goes again");
+        sent.release("b").unwrap();
+        assert!(sent.claim("b", t0 + Duration::from_secs(1)).unwrap(), "a deletion that failed goes again");
     }
 }

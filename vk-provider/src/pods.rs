@@ -294,6 +294,7 @@ fn start_offload_watch(
         copies,
         collect: collect_tx.clone(),
         writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
+        deletions: Arc::default(),
     };
     // Copies coming and going change which Services are mirrored, and which Events relayed.
     let (mirror_tx, mirror_rx) = mpsc::channel::<()>(1);
@@ -489,7 +490,7 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
         }
         (Step::DeleteCopy { grace, then }, Some(copy)) => {
             let _slot = slot(&watch.writes).await;
-            delete_offload(&watch.member, copy, grace).await?;
+            delete_offload(watch, copy, grace).await?;
             Ok(match then {
                 Then::LookAgain => Action::requeue(step::DELETING),
                 Then::Wait => Action::await_change(),
