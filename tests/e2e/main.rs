@@ -13,6 +13,7 @@ mod dispatcher;
 mod drain;
 mod elastic;
 mod failover;
+mod gang_scheduler;
 mod harness;
 mod kubelet_api;
 mod member_disruption;
