@@ -284,7 +284,13 @@ async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
 
 /// Records `pod`'s placement on `node` with its band, its role and the size of its gang's
 /// core (`core`, for a member's gang scheduler: see [`keys::ANNOTATION_GANG_CORE`]).
-async fn record_placement(ctx: &Context, pod: &PodLite, node: &str, band: Band, core: usize) -> Result<(), kube::Error> {
+async fn record_placement(
+    ctx: &Context,
+    pod: &PodLite,
+    node: &str,
+    band: Band,
+    core: usize,
+) -> Result<(), kube::Error> {
     ctx.wrote();
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();

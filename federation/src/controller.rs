@@ -709,6 +709,23 @@ mod tests {
                     no("BootstrapFailed", "https://member:6443/: cannot create offload PriorityClasses: forbidden"),
                 ),
             ),
+            (
+                "a gang scheduler whose PodGroups the member does not serve: reachable and valid, not ready",
+                NotReady::GangSchedulerMissing {
+                    server: server(),
+                    scheduler: "volcano",
+                    api: "podgroups.scheduling.volcano.sh/v1beta1".into(),
+                },
+                (
+                    valid.clone(),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no(
+                        "GangSchedulerMissing",
+                        "https://member:6443/: spec.gangScheduler is volcano but the member does not serve \
+                         podgroups.scheduling.volcano.sh/v1beta1 (is its CRD installed?)",
+                    ),
+                ),
+            ),
         ];
         for (name, why, (credentials, reachable, ready)) in cases {
             let v = verdict(&Outcome::NotReady(why), 300);

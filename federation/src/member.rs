@@ -621,7 +621,10 @@ pub async fn bootstrap(client: &Client) -> Result<(), kube::Error> {
 /// Whether the member serves the PodGroups of `scheduler` (its CRD is installed): `Ok(false)`
 /// when the API group or the resource is unknown there. Read through discovery, which every
 /// authenticated identity may read, so tidepool needs no right on CRDs.
-pub async fn serves_pod_groups(client: &Client, scheduler: tidepool_api::crd::GangScheduler) -> Result<bool, kube::Error> {
+pub async fn serves_pod_groups(
+    client: &Client,
+    scheduler: tidepool_api::crd::GangScheduler,
+) -> Result<bool, kube::Error> {
     let (group, version, plural) = scheduler.pod_group_api();
     match client.list_api_group_resources(&format!("{group}/{version}")).await {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),

@@ -140,15 +140,26 @@ async fn gang_path(scheduler: GangScheduler, test: &str) {
     assert_eq!(pg.data["spec"]["minMember"], 3, "minMember is the gang's core: {pg:?}");
     let want_scheduler = scheduler.default_scheduler_name();
     for copy in &made {
-        assert_eq!(group_of(copy, scheduler).as_deref(), Some(group.as_str()), "{} joins the gang's group", copy.name_any());
+        assert_eq!(
+            group_of(copy, scheduler).as_deref(),
+            Some(group.as_str()),
+            "{} joins the gang's group",
+            copy.name_any()
+        );
         let spec = copy.spec.as_ref().unwrap();
-        assert_eq!(spec.scheduler_name.as_deref(), Some(want_scheduler), "{} goes to the gang scheduler", copy.name_any());
+        assert_eq!(
+            spec.scheduler_name.as_deref(),
+            Some(want_scheduler),
+            "{} goes to the gang scheduler",
+            copy.name_any()
+        );
         assert!(revision(&pg.metadata) < revision(&copy.metadata), "the PodGroup was made before {}", copy.name_any());
     }
 
     // 2. A tenant of another namespace names that group on a pod bound by hand.
     let intruder = format!("intruder-{id}");
-    let meta = json!({"labels": {keys::LABEL_POD_GROUP: group}, "annotations": {keys::ANNOTATION_VOLCANO_GROUP: group}});
+    let meta =
+        json!({"labels": {keys::LABEL_POD_GROUP: group}, "annotations": {keys::ANNOTATION_VOLCANO_GROUP: group}});
     let spec = json!({"nodeName": node, "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}]});
     let other = Api::<Pod>::namespaced(training.clone(), &other_ns);
     other.create(&PostParams::default(), &pod(&intruder, meta, spec)).await.unwrap();

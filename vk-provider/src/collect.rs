@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
-use crate::{copies, gang_group};
 use crate::offload::OffloadPod;
+use crate::{copies, gang_group};
 use tidepool_api::sync::Locked;
 use tidepool_federation::training::listed;
 

@@ -63,12 +63,9 @@ pub fn group_name(cluster: &str, namespace: &str, kind: &str, gang: &str) -> Str
         h.update([0]);
     }
     let digest: String = h.finalize().iter().take(DIGEST_HEX / 2).map(|b| format!("{b:02x}")).collect();
-    let room = MAX_NAME - "tp-".len() - kind.len() - 2 - DIGEST_HEX;
-    let readable: String = gang
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
-        .take(room)
-        .collect();
+    let room = MAX_NAME.saturating_sub("tp-".len() + kind.len() + 2 + DIGEST_HEX);
+    let readable: String =
+        gang.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(room).collect();
     let readable = readable.trim_matches('-');
     if readable.is_empty() { format!("tp-{kind}-{digest}") } else { format!("tp-{kind}-{readable}-{digest}") }
 }
@@ -102,7 +99,13 @@ pub fn api_resource(scheduler: GangScheduler) -> ApiResource {
 /// The PodGroup object of `group` in member namespace `namespace`, labelled like every
 /// object tidepool makes in a member (managed-by, origin cluster, member), which is what the
 /// collector selects by.
-pub fn pod_group(scheduler: GangScheduler, group: &MemberGroup, namespace: &str, cluster: &str, member: &str) -> DynamicObject {
+pub fn pod_group(
+    scheduler: GangScheduler,
+    group: &MemberGroup,
+    namespace: &str,
+    cluster: &str,
+    member: &str,
+) -> DynamicObject {
     let labels = BTreeMap::from([
         (keys::LABEL_MANAGED_BY.to_owned(), keys::MANAGED_BY.to_owned()),
         (keys::LABEL_ORIGIN_CLUSTER.to_owned(), cluster.to_owned()),
@@ -214,7 +217,12 @@ pub(crate) async fn list(
 }
 
 /// Deletes group `name` of member namespace `namespace`; one already gone is fine.
-pub(crate) async fn delete(member: &MemberHandle, scheduler: GangScheduler, namespace: &str, name: &str) -> Result<(), Error> {
+pub(crate) async fn delete(
+    member: &MemberHandle,
+    scheduler: GangScheduler,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
     let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &api_resource(scheduler));
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {
@@ -245,7 +253,11 @@ mod tests {
         training(
             namespace,
             &[(keys::LABEL_ROLE, keys::ROLE_CORE)],
-            &[(keys::ANNOTATION_GANG, "job"), (keys::ANNOTATION_PLACEMENT, "tidepool-b"), (keys::ANNOTATION_GANG_CORE, core)],
+            &[
+                (keys::ANNOTATION_GANG, "job"),
+                (keys::ANNOTATION_PLACEMENT, "tidepool-b"),
+                (keys::ANNOTATION_GANG_CORE, core),
+            ],
         )
     }
 

@@ -44,7 +44,8 @@ impl From<Pod> for OffloadPod {
         let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
         let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
         let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
-        let pod_group = labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
+        let pod_group =
+            labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
         metadata.owner_references = None;
         metadata.generate_name = None;
         OffloadPod {
