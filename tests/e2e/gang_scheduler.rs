@@ -18,6 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tidepool_api::crd::GangScheduler;
 use tidepool_api::keys;
+use tidepool_vk::collect::COLLECT_INTERVAL;
 use tidepool_vk::gang_group;
 
 use crate::harness::*;
@@ -75,9 +76,10 @@ async fn copies(member: &Client, ns: &str, names: &[String]) -> Vec<Pod> {
     .await
 }
 
+/// Waits until PodGroup `name` is gone, for less than the collector's periodic pass: what
+/// deletes it is the event (the last copy going, tidepool starting), not the safety net.
 async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) {
-    wait_for(Duration::from_secs(90), what, || async move { api.get_opt(name).await.ok()?.is_none().then_some(()) })
-        .await;
+    wait_for(COLLECT_INTERVAL / 2, what, || async move { api.get_opt(name).await.ok()?.is_none().then_some(()) }).await;
 }
 
 /// A resourceVersion as etcd's revision: one etcd per local cluster, so a later write has a
