@@ -138,7 +138,14 @@ async fn gang_path(scheduler: GangScheduler, test: &str) {
     let member_ns = format!("tp-{ns}");
     let made = copies(&member, &member_ns, &names).await;
     let group = gang_group::group_name("training", &ns, "gang", &gang);
-    let pg = groups(&member, scheduler, &member_ns).get(&group).await.unwrap();
+    // Waited for rather than read at once, so a group made after its copies fails on the
+    // order below, not on its absence.
+    let pg = wait_for(Duration::from_secs(30), "the gang's PodGroup", || {
+        let api = groups(&member, scheduler, &member_ns);
+        let group = group.clone();
+        async move { api.get_opt(&group).await.ok()? }
+    })
+    .await;
     assert_eq!(pg.data["spec"]["minMember"], 3, "minMember is the gang's core: {pg:?}");
     let want_scheduler = scheduler.default_scheduler_name();
     for copy in &made {
