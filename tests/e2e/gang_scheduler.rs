@@ -268,10 +268,13 @@ async fn a_member_without_the_podgroup_crd_is_not_ready_with_the_reason() {
     let mut mc = member_cluster(&name, test, ns, "member-a");
     mc.spec.gang_scheduler = Some(GangScheduler::Coscheduling);
     apply_member_cluster(&training, &mc).await;
+    // A virtual node an earlier, killed run left would hide what this one offers.
+    let lp = ListParams::default().labels(&format!("{}={name}", keys::LABEL_MEMBER));
+    let nodes = Api::<Node>::all(training.clone());
+    nodes.delete_collection(&DeleteParams::default(), &lp).await.unwrap();
     let _tidepool = Tidepool::start(&env, test, ns);
     let message = wait_reason(&training, &name, "False", keys::REASON_GANG_SCHEDULER_MISSING).await;
     assert!(message.contains("podgroups.scheduling.x-k8s.io/v1alpha1"), "{message}");
-    let lp = ListParams::default().labels(&format!("{}={name}", keys::LABEL_MEMBER));
-    let nodes = Api::<Node>::all(training.clone()).list(&lp).await.unwrap();
+    let nodes = nodes.list(&lp).await.unwrap();
     assert!(nodes.items.is_empty(), "a member that is not Ready offers no virtual node: {:?}", nodes.items.len());
 }

@@ -181,7 +181,8 @@ pub(crate) async fn ensure(
 ) -> Result<Ensured, Error> {
     let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &api_resource(scheduler));
     let object = pod_group(scheduler, group, namespace, cluster, member.name.as_str());
-    match api.create(&PostParams::default(), &object).await {
+    let pp = PostParams { field_manager: Some(keys::MANAGER_VK.to_owned()), ..Default::default() };
+    match api.create(&pp, &object).await {
         Ok(_) => {
             tracing::info!(member = %member.name, namespace, group = %group.name, min_member = group.min_member, "PodGroup created");
             Ok(Ensured::Ready)
