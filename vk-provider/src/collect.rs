@@ -1,6 +1,7 @@
 //! Garbage collection in members: offload pods whose training pod is gone (orphans, left by
 //! a force deletion, a node deletion, or anything that happened while tidepool was down),
-//! and reflected copies no pod uses any more.
+//! reflected copies no pod uses any more, and, for a member with a gang scheduler, PodGroups no
+//! copy needs any more ([`crate::gang_group`]).
 //!
 //! One collector per member session. It runs a full pass as soon as its caches are filled
 //! (so a restart cleans up at once), then every [`COLLECT_INTERVAL`]. Between passes it acts
