@@ -177,10 +177,37 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
 /// member joined and no live training pod bound to one of its virtual nodes will join (its
 /// copy may be on its way: the group is made before it). Terminating copies keep their
 /// group; their going away triggers this again.
+///
+/// The groups are listed first and the caches read after: a group the pod sync made is then
+/// always seen with the bound training pod it was made for, never against a cache read
+/// before that pod was bound.
 async fn collect_groups(ctx: &Context, watch: &OffloadWatch, only: Option<&str>) {
     let member = &watch.member;
     let Some((scheduler, _)) = member.gang_scheduling else { return };
     let cluster = &ctx.config.cluster_name;
+    let namespaces = only.map_or_else(|| watch.copies.namespaces(), |ns| vec![ns.to_owned()]);
+    let mut existing = Vec::new();
+    for ns in namespaces {
+        match gang_group::list(member, scheduler, &ns, cluster).await {
+            Ok(groups) => existing.extend(groups),
+            Err(e) => warn!(member = %member.name, namespace = ns, error = %e, "cannot list PodGroups; next pass"),
+        }
+    }
+    if existing.is_empty() {
+        return;
+    }
+    let needed = needed_groups(ctx, watch);
+    for (ns, name) in gang_group::unused(&existing, &needed) {
+        if let Err(e) = gang_group::delete(member, scheduler, ns, name).await {
+            warn!(member = %member.name, namespace = ns, group = name, error = %e, "cannot delete unused PodGroup");
+        }
+    }
+}
+
+/// The PodGroups (`(member namespace, name)`) the member's copies joined, and those the live
+/// training pods bound to its virtual nodes join, as the caches hold them now.
+fn needed_groups(ctx: &Context, watch: &OffloadWatch) -> BTreeSet<(String, String)> {
+    let member = &watch.member;
     let mut needed: BTreeSet<(String, String)> = BTreeSet::new();
     for pod in watch.store.state() {
         if let (Some(ns), Some(group)) = (pod.namespace(), pod.pod_group()) {
@@ -192,25 +219,11 @@ async fn collect_groups(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
         if member.pool_for_node(node).is_none() {
             continue;
         }
-        if let Some(group) = gang_group::member_group(&pod.metadata, cluster, node) {
+        if let Some(group) = gang_group::member_group(&pod.metadata, &ctx.config.cluster_name, node) {
             needed.insert((translate::member_namespace(&member.namespace_prefix, origin_ns), group.name));
         }
     }
-    let namespaces = only.map_or_else(|| watch.copies.namespaces(), |ns| vec![ns.to_owned()]);
-    for ns in namespaces {
-        let existing = match gang_group::list(member, scheduler, &ns, cluster).await {
-            Ok(groups) => groups,
-            Err(e) => {
-                warn!(member = %member.name, namespace = ns, error = %e, "cannot list PodGroups; next pass");
-                continue;
-            }
-        };
-        for (ns, name) in gang_group::unused(&existing, &needed) {
-            if let Err(e) = gang_group::delete(member, scheduler, ns, name).await {
-                warn!(member = %member.name, namespace = ns, group = name, error = %e, "cannot delete unused PodGroup");
-            }
-        }
-    }
+    needed
 }
 
 #[cfg(test)]
