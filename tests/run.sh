@@ -3,7 +3,7 @@
 # against real local clusters (one training and two member control planes, built from source
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
 # real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
-# metrics-server from tests/metrics/build.sh, images
+# metrics-server from tests/metrics/build.sh, the PodGroup CRDs from tests/gang/crds.sh, images
 # from tests/images/build.sh, tidepool's own image from its release binary). The clusters are
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
@@ -32,6 +32,10 @@ export CP_NODE_BIN
 echo "== building metrics-server, run in each local cluster (cached after the first run)" >&2
 CP_METRICS_BIN=$(bash tests/metrics/build.sh | tail -n 1)
 export CP_METRICS_BIN
+
+echo "== fetching the member gang schedulers' PodGroup CRDs (cached after the first run)" >&2
+TIDEPOOL_GANG_CRDS=$(bash tests/gang/crds.sh | tail -n 1)
+export TIDEPOOL_GANG_CRDS
 
 echo "== building tidepool and its tests" >&2
 cargo build --workspace --all-targets --locked

@@ -85,6 +85,67 @@ pub struct MemberClusterSpec {
     /// Unset bands: no bound.
     #[serde(default, skip_serializing_if = "TerminationGraceLimits::is_empty")]
     pub max_termination_grace_seconds: TerminationGraceLimits,
+
+    /// The member's own gang scheduler, if it runs one. Set, tidepool creates a member-side
+    /// PodGroup for each gang's copies (before the first copy, `minMember` the gang's core)
+    /// and hands the copies to that scheduler, so the member places a gang all or nothing.
+    /// The PodGroup CRD must be installed in the member: without it the member is not Ready.
+    /// Default none: the member's default scheduler places each copy alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_scheduler: Option<GangScheduler>,
+
+    /// `schedulerName` of the copies in a gang, when `gangScheduler` is set. Default: the
+    /// name a second scheduler of scheduler-plugins runs as (`scheduler-plugins-scheduler`)
+    /// for `coscheduling`, `volcano` for `volcano`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_scheduler_name: Option<String>,
+}
+
+/// A gang scheduler a member may run, by the PodGroup API it reads.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GangScheduler {
+    /// sig-scheduling's Coscheduling plugin (scheduler-plugins): `scheduling.x-k8s.io/v1alpha1`
+    /// PodGroups, members by label `scheduling.x-k8s.io/pod-group`.
+    Coscheduling,
+    /// Volcano: `scheduling.volcano.sh/v1beta1` PodGroups, members by annotation
+    /// `scheduling.k8s.io/group-name`.
+    Volcano,
+}
+
+impl GangScheduler {
+    /// As `spec.gangScheduler` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Coscheduling => "coscheduling",
+            Self::Volcano => "volcano",
+        }
+    }
+
+    /// The `schedulerName` its copies get unless `spec.gangSchedulerName` says otherwise.
+    pub fn default_scheduler_name(self) -> &'static str {
+        match self {
+            Self::Coscheduling => "scheduler-plugins-scheduler",
+            Self::Volcano => "volcano",
+        }
+    }
+
+    /// API group, version and plural of its PodGroups.
+    pub fn pod_group_api(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Coscheduling => ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
+            Self::Volcano => ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+        }
+    }
+}
+
+impl MemberClusterSpec {
+    /// The member's gang scheduler and the `schedulerName` its gangs' copies get, if any.
+    pub fn gang_scheduling(&self) -> Option<(GangScheduler, String)> {
+        let kind = self.gang_scheduler?;
+        let name = self.gang_scheduler_name.clone().unwrap_or_else(|| kind.default_scheduler_name().to_owned());
+        Some((kind, name))
+    }
 }
 
 /// Per-band upper bounds (seconds) on offload copies' `terminationGracePeriodSeconds`.
@@ -372,6 +433,13 @@ impl MemberClusterSpec {
         if self.namespace_mode == Some(NamespaceMode::SameName) && self.namespace_prefix.is_some() {
             errors.push(FieldError::new("spec.namespacePrefix", "must be unset with namespaceMode: SameName"));
         }
+        if let Some(n) = &self.gang_scheduler_name {
+            if self.gang_scheduler.is_none() {
+                errors.push(FieldError::new("spec.gangSchedulerName", "must be unset without gangScheduler"));
+            } else if !is_dns_subdomain(n) {
+                errors.push(FieldError::new("spec.gangSchedulerName", "must be a scheduler name (DNS-1123 subdomain)"));
+            }
+        }
         let c = &self.capacity;
         for (k, v) in &c.reserve {
             if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
@@ -560,6 +628,28 @@ mod tests {
         s.namespace_prefix = None;
         assert!(s.validate("member-a").is_empty());
         assert_eq!(s.effective_namespace_prefix("tp-"), "");
+    }
+
+    #[test]
+    fn a_gang_scheduler_picks_its_copies_scheduler_name_unless_the_admin_names_one() {
+        let mut s = spec();
+        assert_eq!(s.gang_scheduling(), None, "default: no gang scheduler");
+        s.gang_scheduler = Some(GangScheduler::Coscheduling);
+        assert_eq!(s.gang_scheduling(), Some((GangScheduler::Coscheduling, "scheduler-plugins-scheduler".into())));
+        s.gang_scheduler = Some(GangScheduler::Volcano);
+        assert_eq!(s.gang_scheduling(), Some((GangScheduler::Volcano, "volcano".into())));
+        s.gang_scheduler_name = Some("gang-scheduler".into());
+        assert_eq!(s.gang_scheduling(), Some((GangScheduler::Volcano, "gang-scheduler".into())));
+        assert!(s.validate("member-a").is_empty());
+        s.gang_scheduler_name = Some("Not A Name".into());
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.gangSchedulerName"]);
+        s.gang_scheduler = None;
+        s.gang_scheduler_name = Some("gang-scheduler".into());
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.gangSchedulerName"], "a name without a gang scheduler means nothing");
+        let parsed: GangScheduler = serde_json::from_str("\"coscheduling\"").expect("parses");
+        assert_eq!(parsed, GangScheduler::Coscheduling);
     }
 
     #[test]

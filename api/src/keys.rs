@@ -142,6 +142,10 @@ pub const ANNOTATION_PLACED_AT: &str = "tidepool.io/placed-at";
 pub const LABEL_ROLE: &str = "tidepool.io/role";
 pub const ROLE_CORE: &str = "core";
 pub const ROLE_ELASTIC: &str = "elastic";
+/// On each core pod of a placed gang, written with its placement: how many core pods the
+/// gang was placed with (its `minMember`). A member with a gang scheduler gets a PodGroup of
+/// that size; trusted, like the role, only on a pod whose placement names its node.
+pub const ANNOTATION_GANG_CORE: &str = "tidepool.io/gang-core";
 /// On a failed core pod once its gang's restart is under way (RFC 3339): the pods that
 /// replace it form a new gang, which this failure must not restart again.
 pub const ANNOTATION_GANG_RESTARTED: &str = "tidepool.io/gang-restarted";
@@ -232,6 +236,8 @@ pub const REASON_REACHABLE: &str = "Reachable";
 pub const REASON_UNREACHABLE: &str = "Unreachable";
 /// `Ready` False: the offload PriorityClasses cannot be created in the member.
 pub const REASON_BOOTSTRAP_FAILED: &str = "BootstrapFailed";
+/// `Ready` False: `spec.gangScheduler` is set but the member does not serve its PodGroups.
+pub const REASON_GANG_SCHEDULER_MISSING: &str = "GangSchedulerMissing";
 /// `Ready` True: the session runs and its pools are offered.
 pub const REASON_CONNECTED: &str = "Connected";
 /// `Ready` False while a deleted `MemberCluster` is drained (the session is held unusable).

@@ -258,7 +258,8 @@ async fn place(ctx: &Context, key: &GangKey, node: &str, member: &str, pods: &[(
     info!(gang = %key, node, pods = pods.len(), "gang placed");
     for chunk in pods.chunks(BIND_CONCURRENCY) {
         let recorded =
-            futures::future::join_all(chunk.iter().map(|(p, band)| record_placement(ctx, p, node, *band))).await;
+            futures::future::join_all(chunk.iter().map(|(p, band)| record_placement(ctx, p, node, *band, pods.len())))
+                .await;
         if let Some(Err(e)) = recorded.into_iter().find(Result::is_err) {
             warn!(gang = %key, error = %e, "cannot record placement; will retry");
             return Ok(());
@@ -292,13 +293,23 @@ async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
     }
 }
 
-async fn record_placement(ctx: &Context, pod: &PodLite, node: &str, band: Band) -> Result<(), kube::Error> {
+/// Records `pod`'s placement on `node` with its band, its role and the size of its gang's
+/// core (`core`, for a member's gang scheduler: see [`keys::ANNOTATION_GANG_CORE`]).
+async fn record_placement(
+    ctx: &Context,
+    pod: &PodLite,
+    node: &str,
+    band: Band,
+    core: usize,
+) -> Result<(), kube::Error> {
     ctx.wrote();
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({ "metadata": {
         "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: keys::ROLE_CORE },
-        "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now },
+        "annotations": {
+            keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now, keys::ANNOTATION_GANG_CORE: core.to_string(),
+        },
     } });
     api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(())

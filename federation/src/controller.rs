@@ -71,6 +71,9 @@ pub(crate) enum NotReady {
     NoAnswer { server: String },
     #[error("{server}: cannot create offload PriorityClasses: {error}")]
     Bootstrap { server: String, error: String },
+    /// `spec.gangScheduler` is set but the member does not serve its PodGroups.
+    #[error("{server}: spec.gangScheduler is {scheduler} but the member does not serve {api} (is its CRD installed?)")]
+    GangSchedulerMissing { server: String, scheduler: &'static str, api: String },
 }
 
 impl NotReady {
@@ -85,6 +88,7 @@ impl NotReady {
             Self::Unauthorized { .. } => keys::REASON_UNAUTHORIZED,
             Self::Unreachable { .. } | Self::NoAnswer { .. } => keys::REASON_UNREACHABLE,
             Self::Bootstrap { .. } => keys::REASON_BOOTSTRAP_FAILED,
+            Self::GangSchedulerMissing { .. } => keys::REASON_GANG_SCHEDULER_MISSING,
         }
     }
 }
@@ -162,7 +166,9 @@ fn not_ready_verdict(why: &NotReady) -> Verdict {
         | NotReady::Client(_) => (Some(ready.clone()), None),
         NotReady::Unauthorized { server, .. } => (Some(ready.clone()), answered(server)),
         NotReady::Unreachable { .. } | NotReady::NoAnswer { .. } => (valid(), Some(ready.clone())),
-        NotReady::Bootstrap { server, .. } => (valid(), answered(server)),
+        NotReady::Bootstrap { server, .. } | NotReady::GangSchedulerMissing { server, .. } => {
+            (valid(), answered(server))
+        }
     };
     Verdict { credentials, reachable, ready, live: false }
 }
@@ -315,10 +321,28 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     if let Err(e) = crate::member::bootstrap(&dialed.client).await {
         return Err(NotReady::Bootstrap { server: dialed.server, error: e.to_string() }.into());
     }
+    check_gang_scheduler(mc, &dialed).await?;
 
     // 7. Start (or replace) the session and publish it.
     let handle = start_session(mc, name, ctx, dialed, fingerprint).await?;
     Ok(Outcome::Started { pools: handle.pools.len() })
+}
+
+/// Step 6, for a member with `spec.gangScheduler`: its PodGroup API must be served, or
+/// nothing is placed there (a gang's copies would have no group to join).
+async fn check_gang_scheduler(mc: &MemberCluster, dialed: &Dialed) -> Result<(), NotReady> {
+    let Some(scheduler) = mc.spec.gang_scheduler else { return Ok(()) };
+    let (group, version, plural) = scheduler.pod_group_api();
+    let missing = || NotReady::GangSchedulerMissing {
+        server: dialed.server.clone(),
+        scheduler: scheduler.as_str(),
+        api: format!("{plural}.{group}/{version}"),
+    };
+    match crate::member::serves_pod_groups(&dialed.client, scheduler).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(missing()),
+        Err(e) => Err(NotReady::Unreachable { server: dialed.server.clone(), error: format!("discovery: {e}") }),
+    }
 }
 
 /// The kubeconfig a `MemberCluster` points at.
@@ -392,6 +416,7 @@ async fn start_session(
         copy_labels: mc.spec.copy_labels.clone(),
         copy_annotations: mc.spec.copy_annotations.clone(),
         max_termination_grace: mc.spec.max_termination_grace_seconds,
+        gang_scheduling: mc.spec.gang_scheduling(),
         paused: mc.spec.paused,
         loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
         stats: dialed.stats,
@@ -682,6 +707,23 @@ mod tests {
                     valid.clone(),
                     yes("Reachable", "https://member:6443/ answered"),
                     no("BootstrapFailed", "https://member:6443/: cannot create offload PriorityClasses: forbidden"),
+                ),
+            ),
+            (
+                "a gang scheduler whose PodGroups the member does not serve: reachable and valid, not ready",
+                NotReady::GangSchedulerMissing {
+                    server: server(),
+                    scheduler: "volcano",
+                    api: "podgroups.scheduling.volcano.sh/v1beta1".into(),
+                },
+                (
+                    valid.clone(),
+                    yes("Reachable", "https://member:6443/ answered"),
+                    no(
+                        "GangSchedulerMissing",
+                        "https://member:6443/: spec.gangScheduler is volcano but the member does not serve \
+                         podgroups.scheduling.volcano.sh/v1beta1 (is its CRD installed?)",
+                    ),
                 ),
             ),
         ];

@@ -152,6 +152,8 @@ pub struct MemberHandle {
     pub copy_annotations: Vec<String>,
     /// `spec.maxTerminationGraceSeconds`: per-band bounds on the copies' grace.
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
+    /// `spec.gangScheduler` and the `schedulerName` its gangs' copies get, if set.
+    pub gang_scheduling: Option<(tidepool_api::crd::GangScheduler, String)>,
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
@@ -212,6 +214,8 @@ pub(crate) struct SessionOptions {
     pub copy_annotations: Vec<String>,
     /// `spec.maxTerminationGraceSeconds`.
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
+    /// `spec.gangScheduler`, with the scheduler name.
+    pub gang_scheduling: Option<(tidepool_api::crd::GangScheduler, String)>,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -574,6 +578,7 @@ impl Session {
             copy_labels: options.copy_labels,
             copy_annotations: options.copy_annotations,
             max_termination_grace: options.max_termination_grace,
+            gang_scheduling: options.gang_scheduling,
             pools: handles,
             cancelled,
             paused: options.paused,
@@ -641,6 +646,21 @@ pub async fn bootstrap(client: &Client) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+/// Whether the member serves the PodGroups of `scheduler` (its CRD is installed): `Ok(false)`
+/// when the API group or the resource is unknown there. Read through discovery, which every
+/// authenticated identity may read, so tidepool needs no right on CRDs.
+pub async fn serves_pod_groups(
+    client: &Client,
+    scheduler: tidepool_api::crd::GangScheduler,
+) -> Result<bool, kube::Error> {
+    let (group, version, plural) = scheduler.pod_group_api();
+    match client.list_api_group_resources(&format!("{group}/{version}")).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
+        Err(e) if crate::api_code(&e, &[404]) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// A map of trimmed views kept in step with a watch, re-listed atomically: the views from a

@@ -14,6 +14,7 @@ mod dispatcher;
 mod drain;
 mod elastic;
 mod failover;
+mod gang_scheduler;
 mod harness;
 mod kubelet_api;
 mod member_disruption;

@@ -1,6 +1,7 @@
 //! Garbage collection in members: offload pods whose training pod is gone (orphans, left by
 //! a force deletion, a node deletion, or anything that happened while tidepool was down),
-//! and reflected copies no pod uses any more.
+//! reflected copies no pod uses any more, and, for a member with a gang scheduler, PodGroups no
+//! copy needs any more ([`crate::gang_group`]).
 //!
 //! One collector per member session. It runs a full pass as soon as its caches are filled
 //! (so a restart cleans up at once), then every [`COLLECT_INTERVAL`]. Between passes it acts
@@ -12,7 +13,7 @@
 //! A pod looks orphaned when its origin UID is not in the training cache; before deleting
 //! it, the collector asks the training API, so a cache that lags cannot cost a running pod.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +24,8 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
-use crate::copies;
 use crate::offload::OffloadPod;
+use crate::{copies, gang_group};
 use tidepool_api::sync::Locked;
 use tidepool_federation::training::listed;
 
@@ -71,9 +72,13 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
             _ = tick.tick() => {
                 collect_orphans(&ctx, &watch).await;
                 collect_copies(&ctx, &watch, None).await;
+                collect_groups(&ctx, &watch, None).await;
             }
             Some(request) = requests.recv() => match request {
-                Request::Copies(namespace) => collect_copies(&ctx, &watch, Some(&namespace)).await,
+                Request::Copies(namespace) => {
+                    collect_copies(&ctx, &watch, Some(&namespace)).await;
+                    collect_groups(&ctx, &watch, Some(&namespace)).await;
+                }
                 Request::Gone { offload, uid } => {
                     let copy = watch.store.get(&offload).filter(|p| p.origin_uid() == Some(uid.as_str()));
                     if let Some(copy) = copy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
@@ -166,6 +171,59 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
             warn!(member = %member.name, kind = %kind, name, namespace = ns, error = %e, "cannot delete unused reflected copy");
         }
     }
+}
+
+/// Deletes this member's PodGroups (in `only` namespace, or all) that no offload pod in the
+/// member joined and no live training pod bound to one of its virtual nodes will join (its
+/// copy may be on its way: the group is made before it). Terminating copies keep their
+/// group; their going away triggers this again.
+///
+/// The groups are listed first and the caches read after: a group the pod sync made is then
+/// always seen with the bound training pod it was made for, never against a cache read
+/// before that pod was bound.
+async fn collect_groups(ctx: &Context, watch: &OffloadWatch, only: Option<&str>) {
+    let member = &watch.member;
+    let Some((scheduler, _)) = member.gang_scheduling else { return };
+    let cluster = &ctx.config.cluster_name;
+    let namespaces = only.map_or_else(|| watch.copies.namespaces(), |ns| vec![ns.to_owned()]);
+    let mut existing = Vec::new();
+    for ns in namespaces {
+        match gang_group::list(member, scheduler, &ns, cluster).await {
+            Ok(groups) => existing.extend(groups),
+            Err(e) => warn!(member = %member.name, namespace = ns, error = %e, "cannot list PodGroups; next pass"),
+        }
+    }
+    if existing.is_empty() {
+        return;
+    }
+    let needed = needed_groups(ctx, watch);
+    for (ns, name) in gang_group::unused(&existing, &needed) {
+        if let Err(e) = gang_group::delete(member, scheduler, ns, name).await {
+            warn!(member = %member.name, namespace = ns, group = name, error = %e, "cannot delete unused PodGroup");
+        }
+    }
+}
+
+/// The PodGroups (`(member namespace, name)`) the member's copies joined, and those the live
+/// training pods bound to its virtual nodes join, as the caches hold them now.
+fn needed_groups(ctx: &Context, watch: &OffloadWatch) -> BTreeSet<(String, String)> {
+    let member = &watch.member;
+    let mut needed: BTreeSet<(String, String)> = BTreeSet::new();
+    for pod in watch.store.state() {
+        if let (Some(ns), Some(group)) = (pod.namespace(), pod.pod_group()) {
+            needed.insert((ns, group.to_owned()));
+        }
+    }
+    for pod in ctx.pods.state().iter().filter(|p| p.is_live()) {
+        let (Some(node), Some(origin_ns)) = (pod.node_name(), pod.metadata.namespace.as_deref()) else { continue };
+        if member.pool_for_node(node).is_none() {
+            continue;
+        }
+        if let Some(group) = gang_group::member_group(&pod.metadata, &ctx.config.cluster_name, node) {
+            needed.insert((translate::member_namespace(&member.namespace_prefix, origin_ns), group.name));
+        }
+    }
+    needed
 }
 
 #[cfg(test)]

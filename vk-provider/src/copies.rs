@@ -170,6 +170,11 @@ impl MemberCopies {
         copies
     }
 
+    /// This instance's offload namespaces in the member, as its namespace watch lists them.
+    pub(crate) fn namespaces(&self) -> Vec<String> {
+        self.namespaces.state().iter().filter_map(|ns| ns.metadata.name.clone()).collect()
+    }
+
     /// Makes this session's identity able to work in offload namespace `namespace` (binding
     /// it to the offload role there) and watches the copies in it; once per namespace.
     pub(crate) async fn enter(&self, namespace: &str) {

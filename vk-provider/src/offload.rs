@@ -24,6 +24,9 @@ pub struct OffloadPod {
     origin: Option<(Box<str>, Box<str>)>,
     /// Annotation `tidepool.io/reclaim-deadline`, once the notice was copied down.
     reclaim_deadline: Option<Box<str>>,
+    /// The member PodGroup it joined (see [`crate::gang_group::join`]): label
+    /// `scheduling.x-k8s.io/pod-group` or annotation `scheduling.k8s.io/group-name`.
+    pod_group: Option<Box<str>>,
     /// The ConfigMaps and Secrets its spec references.
     pub references: References,
     /// The member's status, as JSON.
@@ -41,6 +44,8 @@ impl From<Pod> for OffloadPod {
         let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
         let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
         let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
+        let pod_group =
+            labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
         metadata.owner_references = None;
         metadata.generate_name = None;
         OffloadPod {
@@ -48,6 +53,7 @@ impl From<Pod> for OffloadPod {
             origin_uid: labels.remove(keys::LABEL_ORIGIN_UID).map(String::into_boxed_str),
             origin,
             reclaim_deadline,
+            pod_group: pod_group.map(String::into_boxed_str),
             references: spec.as_ref().map(referenced::references).unwrap_or_default(),
             status: status.and_then(|s| serde_json::to_string(&s).ok()).map(String::into_boxed_str),
         }
@@ -63,6 +69,11 @@ impl OffloadPod {
     /// The training pod's UID, from the origin label.
     pub fn origin_uid(&self) -> Option<&str> {
         self.origin_uid.as_deref()
+    }
+
+    /// The member PodGroup it is a member of, if any.
+    pub fn pod_group(&self) -> Option<&str> {
+        self.pod_group.as_deref()
     }
 
     /// The namespace and name of the training pod it copies, from its origin annotations.

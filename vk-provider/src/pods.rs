@@ -45,11 +45,13 @@ use crate::offload::OffloadPod;
 use crate::referenced::{self, Source};
 use crate::step::{self, Cause, Facts, Step, Then};
 use crate::translate::{self, Target};
-use crate::{Error, collect, policy};
+use crate::{Error, collect, gang_group, policy};
 
 /// Retry of a pod waiting for a ConfigMap or Secret it needs; their creation triggers it
 /// sooner.
 const MISSING_RETRY: Duration = Duration::from_secs(30);
+/// How soon a copy whose member does not serve its gang scheduler's PodGroups looks again.
+const GANG_API_RETRY: Duration = Duration::from_secs(30);
 /// How long other new conditions of a still-Pending offload pod wait before they are
 /// copied up: usually the pod runs within it, and one status write says both. See
 /// [`translate::status_settles_in`].
@@ -618,7 +620,39 @@ impl PodSync<'_> {
         if let Some(wait) = self.reflect(&mut offload).await? {
             return Ok(wait);
         }
+        if let Some(wait) = self.join_gang(&whole, &mut offload, pool).await? {
+            return Ok(wait);
+        }
         self.create(&offload).await
+    }
+
+    /// In a member with a gang scheduler: the gang's PodGroup first, then the copy joins it
+    /// (see [`gang_group`]); `Some` when the copy must wait. A member that does not serve the
+    /// PodGroup API gets no copy at all: a gang half in a group it cannot have would be placed
+    /// pod by pod.
+    async fn join_gang(&self, whole: &Pod, offload: &mut Pod, pool: &PoolHandle) -> Result<Option<Action>, Error> {
+        let member = self.member();
+        let Some((scheduler, scheduler_name)) = member.gang_scheduling.as_ref() else { return Ok(None) };
+        let cluster = &self.ctx.config.cluster_name;
+        let Some(group) = gang_group::member_group(&whole.metadata, cluster, pool.node.as_str()) else {
+            return Ok(None);
+        };
+        match gang_group::ensure(member, *scheduler, &group, &self.member_ns, cluster).await? {
+            gang_group::Ensured::Ready => {
+                gang_group::join(offload, *scheduler, scheduler_name, &group.name);
+                Ok(None)
+            }
+            gang_group::Ensured::ApiMissing => {
+                let (group_api, version, _) = scheduler.pod_group_api();
+                let msg = format!(
+                    "not offloaded to member {}: it has gangScheduler {} but does not serve PodGroups of {group_api}/{version}",
+                    member.name,
+                    scheduler.as_str()
+                );
+                publish(self.ctx, self.pod, EventType::Warning, keys::REASON_GANG_SCHEDULER_MISSING, &msg).await;
+                Ok(Some(Action::requeue(GANG_API_RETRY)))
+            }
+        }
     }
 
     fn target<'t>(&'t self, whole: &Pod, pool: &'t PoolHandle) -> Target<'t> {

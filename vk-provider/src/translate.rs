@@ -194,6 +194,8 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     let mut annotations = copied_metadata(meta.annotations.as_ref(), &COPIED_ANNOTATIONS, target.copy_annotations);
     annotations.insert(keys::ANNOTATION_ORIGIN_NAMESPACE.to_owned(), namespace.clone());
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
+    // A copy's PodGroup is tidepool's to name (see crate::gang_group), never the tenant's.
+    crate::gang_group::drop_tenant_membership(&mut labels, &mut annotations);
 
     Ok(Pod {
         metadata: ObjectMeta {

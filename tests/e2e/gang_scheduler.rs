@@ -1,0 +1,280 @@
+//! The member's own gang scheduler (`spec.gangScheduler`) end to end, against the real
+//! PodGroup CRDs (fetched by `tests/gang/crds.sh`, installed in member-b): a gang's copies join
+//! a PodGroup made before them with the gang's core as `minMember` and go to the gang
+//! scheduler; the group goes with the last copy, a group a restart left is collected, a tenant
+//! cannot join a group of another namespace, and a member without the CRD is not Ready.
+//!
+//! The scheduler-plugins scheduler does not build from the module proxy (see
+//! `tests/gang/crds.sh`), so no gang scheduler runs: the copies stay Pending, which is all the
+//! object checks need.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tidepool_api::crd::GangScheduler;
+use tidepool_api::keys;
+use tidepool_vk::collect::COLLECT_INTERVAL;
+use tidepool_vk::gang_group;
+
+use crate::harness::*;
+
+/// The PodGroup CRD of `scheduler`, from the directory `tests/gang/crds.sh` printed
+/// (`TIDEPOOL_GANG_CRDS`), applied to `client`'s cluster and Established.
+async fn install_pod_group_crd(client: &Client, scheduler: GangScheduler) {
+    let dir = std::env::var("TIDEPOOL_GANG_CRDS").unwrap_or_else(|_| {
+        panic!("TIDEPOOL_GANG_CRDS is not set: run tests/run.sh, or export it to the directory bash tests/gang/crds.sh prints")
+    });
+    let path = std::path::Path::new(&dir).join(format!("{}.yaml", scheduler.as_str()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let name = crd.name_any();
+    api.patch(&name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&crd)).await.unwrap();
+    wait_for(Duration::from_secs(30), &format!("CRD {name} established"), || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        }
+    })
+    .await;
+}
+
+/// The test's training pods in `ns` bound to `node` by hand or placed by the dispatcher.
+fn pod(name: &str, meta: serde_json::Value, spec: serde_json::Value) -> Pod {
+    let mut spec = spec;
+    spec["containers"] = json!([{"name": "main", "image": "example.invalid/trainer:1",
+                                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]);
+    let mut meta = meta;
+    meta["name"] = json!(name);
+    serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
+}
+
+/// Member-side PodGroups of `scheduler` in `ns`.
+fn groups(member: &Client, scheduler: GangScheduler, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(member.clone(), ns, &gang_group::api_resource(scheduler))
+}
+
+/// The copies of `names` once all exist in member namespace `ns`.
+async fn copies(member: &Client, ns: &str, names: &[String]) -> Vec<Pod> {
+    let api = Api::<Pod>::namespaced(member.clone(), ns);
+    wait_for(Duration::from_secs(60), &format!("copies of {names:?} in {ns}"), || {
+        let api = api.clone();
+        async move {
+            let mut found = Vec::new();
+            for n in names {
+                found.push(api.get_opt(n).await.ok()??);
+            }
+            Some(found)
+        }
+    })
+    .await
+}
+
+/// Waits until PodGroup `name` is gone, for less than the collector's periodic pass: what
+/// deletes it is the event (the last copy going, tidepool starting), not the safety net.
+async fn wait_gone(api: &Api<DynamicObject>, name: &str, what: &str) {
+    wait_for(COLLECT_INTERVAL / 2, what, || async move { api.get_opt(name).await.ok()?.is_none().then_some(()) }).await;
+}
+
+/// A resourceVersion as etcd's revision: one etcd per local cluster, so a later write has a
+/// larger one. Opaque to clients in general; here it orders two creations without a clock.
+fn revision(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version.as_deref().unwrap().parse().unwrap()
+}
+
+/// The group `copy` names for `scheduler` (label or annotation).
+fn group_of(copy: &Pod, scheduler: GangScheduler) -> Option<String> {
+    let (labels, annotations) = (copy.labels(), copy.annotations());
+    match scheduler {
+        GangScheduler::Coscheduling => labels.get(keys::LABEL_POD_GROUP).cloned(),
+        GangScheduler::Volcano => annotations.get(keys::ANNOTATION_VOLCANO_GROUP).cloned(),
+    }
+}
+
+/// A gang of 3 placed on member-b with `scheduler`: its PodGroup (minMember 3) is made before
+/// its copies, which join it and name the gang scheduler; a tenant of another namespace whose
+/// pod names that group (the member letting the keys travel) gets a group of its own instead;
+/// deleting the pods deletes the groups, and a stray group found after a restart goes too.
+async fn gang_path(scheduler: GangScheduler, test: &str) {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-b").await;
+    install_pod_group_crd(&member, scheduler).await;
+    let ns = format!("e2e-{test}");
+    let other_ns = format!("e2e-{test}-b");
+    prepare(&env, &training, test, &ns).await;
+    ensure_namespace(&training, &other_ns).await;
+    clear_pods(&training, &other_ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(&training, &ns, "member-b", &kubeconfig).await;
+    let mc_name = format!("{test}-member-b");
+    let mut mc = member_cluster(&mc_name, test, &ns, "member-b");
+    mc.spec.gang_scheduler = Some(scheduler);
+    // The member lets the group keys through: tidepool must still not let a tenant pick one.
+    mc.spec.copy_labels = vec!["scheduling.x-k8s.io/*".into()];
+    mc.spec.copy_annotations = vec!["scheduling.k8s.io/*".into()];
+    apply_member_cluster(&training, &mc).await;
+    let mut tidepool = Tidepool::start(&env, test, &ns);
+    let node = format!("tidepool-{mc_name}");
+    wait_node(&training, &node).await;
+
+    // 1. A gang of three through the dispatcher.
+    let id = run_id();
+    let gang = format!("job-{id}");
+    let names: Vec<String> = (0..3).map(|i| format!("{gang}-{i}")).collect();
+    let pods = Api::<Pod>::namespaced(training.clone(), &ns);
+    for n in &names {
+        let meta = json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: "3"}});
+        pods.create(&PostParams::default(), &pod(n, meta, json!({"schedulerName": scheduler_name(test)})))
+            .await
+            .unwrap();
+    }
+    let member_ns = format!("tp-{ns}");
+    let made = copies(&member, &member_ns, &names).await;
+    let group = gang_group::group_name("training", &ns, "gang", &gang);
+    // Waited for rather than read at once, so a group made after its copies fails on the
+    // order below, not on its absence.
+    let pg = wait_for(Duration::from_secs(30), "the gang's PodGroup", || {
+        let api = groups(&member, scheduler, &member_ns);
+        let group = group.clone();
+        async move { api.get_opt(&group).await.ok()? }
+    })
+    .await;
+    assert_eq!(pg.data["spec"]["minMember"], 3, "minMember is the gang's core: {pg:?}");
+    let want_scheduler = scheduler.default_scheduler_name();
+    for copy in &made {
+        assert_eq!(
+            group_of(copy, scheduler).as_deref(),
+            Some(group.as_str()),
+            "{} joins the gang's group",
+            copy.name_any()
+        );
+        let spec = copy.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.scheduler_name.as_deref(),
+            Some(want_scheduler),
+            "{} goes to the gang scheduler",
+            copy.name_any()
+        );
+        assert!(revision(&pg.metadata) < revision(&copy.metadata), "the PodGroup was made before {}", copy.name_any());
+    }
+
+    // 2. A tenant of another namespace names that group on a pod bound by hand.
+    let intruder = format!("intruder-{id}");
+    let meta =
+        json!({"labels": {keys::LABEL_POD_GROUP: group}, "annotations": {keys::ANNOTATION_VOLCANO_GROUP: group}});
+    let spec = json!({"nodeName": node, "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}]});
+    let other = Api::<Pod>::namespaced(training.clone(), &other_ns);
+    other.create(&PostParams::default(), &pod(&intruder, meta, spec)).await.unwrap();
+    let other_member_ns = format!("tp-{other_ns}");
+    let intruding = copies(&member, &other_member_ns, std::slice::from_ref(&intruder)).await.remove(0);
+    let own = gang_group::group_name("training", &other_ns, "podgroup", &group);
+    assert_ne!(own, group);
+    assert_eq!(group_of(&intruding, scheduler).as_deref(), Some(own.as_str()), "the tenant's copy has its own group");
+    let (labels, annotations) = (intruding.labels(), intruding.annotations());
+    assert!(labels.get(keys::LABEL_POD_GROUP).is_none_or(|g| *g == own), "{labels:?}");
+    assert!(annotations.get(keys::ANNOTATION_VOLCANO_GROUP).is_none_or(|g| *g == own), "{annotations:?}");
+    let own_pg = groups(&member, scheduler, &other_member_ns).get(&own).await.unwrap();
+    assert_eq!(own_pg.data["spec"]["minMember"], 1, "a pod bound by hand sizes no gang");
+    assert!(groups(&member, scheduler, &other_member_ns).get_opt(&group).await.unwrap().is_none());
+    let pg = groups(&member, scheduler, &member_ns).get(&group).await.unwrap();
+    assert_eq!(pg.data["spec"]["minMember"], 3, "the gang's group is untouched");
+
+    // 3. The group goes with the last copy.
+    let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    for n in &names[..2] {
+        pods.delete(n, &dp).await.unwrap();
+    }
+    let member_pods = Api::<Pod>::namespaced(member.clone(), &member_ns);
+    wait_for(Duration::from_secs(60), "two copies gone", || {
+        let member_pods = member_pods.clone();
+        let names = names.clone();
+        async move {
+            for n in &names[..2] {
+                member_pods.get_opt(n).await.ok()?.is_none().then_some(())?;
+            }
+            Some(())
+        }
+    })
+    .await;
+    assert!(groups(&member, scheduler, &member_ns).get_opt(&group).await.unwrap().is_some(), "one copy left needs it");
+    pods.delete(&names[2], &dp).await.unwrap();
+    wait_gone(&groups(&member, scheduler, &member_ns), &group, "the gang's PodGroup gone with its last copy").await;
+    other.delete(&intruder, &dp).await.unwrap();
+    wait_gone(&groups(&member, scheduler, &other_member_ns), &own, "the tenant's PodGroup gone with its copy").await;
+
+    // 4. A group left while tidepool was down (no copy needs it) is collected when it starts.
+    tidepool.kill();
+    let stray = format!("tp-gang-stray-{id}");
+    let labels = BTreeMap::from([
+        (keys::LABEL_MANAGED_BY.to_owned(), keys::MANAGED_BY.to_owned()),
+        (keys::LABEL_ORIGIN_CLUSTER.to_owned(), "training".to_owned()),
+        (keys::LABEL_ORIGIN_MEMBER.to_owned(), mc_name.clone()),
+    ]);
+    let mut left = DynamicObject::new(&stray, &gang_group::api_resource(scheduler)).within(&member_ns);
+    left.metadata.labels = Some(labels);
+    left.data = json!({"spec": {"minMember": 2}});
+    groups(&member, scheduler, &member_ns).create(&PostParams::default(), &left).await.unwrap();
+    let _tidepool = Tidepool::start(&env, test, &ns);
+    wait_gone(&groups(&member, scheduler, &member_ns), &stray, "the stray PodGroup collected after the restart").await;
+}
+
+async fn wait_node(training: &Client, node: &str) {
+    let nodes = Api::<Node>::all(training.clone());
+    wait_for(Duration::from_secs(60), &format!("virtual node {node} Ready"), || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get_opt(node).await.ok()??;
+            n.status?.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_gangs_copies_join_a_coscheduling_podgroup_made_before_them_and_it_goes_with_the_last() {
+    gang_path(GangScheduler::Coscheduling, "gang-cosched").await;
+}
+
+#[tokio::test]
+async fn a_gangs_copies_join_a_volcano_podgroup_made_before_them_and_it_goes_with_the_last() {
+    gang_path(GangScheduler::Volcano, "gang-volcano").await;
+}
+
+/// member-a serves no PodGroups: a MemberCluster asking for a gang scheduler there is not Ready,
+/// with the reason, so nothing is placed on it.
+#[tokio::test]
+async fn a_member_without_the_podgroup_crd_is_not_ready_with_the_reason() {
+    let env = Env::load();
+    let test = "gang-no-crd";
+    let ns = "e2e-gang-no-crd";
+    let training = env.client("training").await;
+    let member_a = env.client("member-a").await;
+    let crds = Api::<CustomResourceDefinition>::all(member_a);
+    assert!(
+        crds.get_opt("podgroups.scheduling.x-k8s.io").await.unwrap().is_none(),
+        "this test needs member-a without the coscheduling CRD"
+    );
+    prepare(&env, &training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
+    let name = format!("{test}-member-a");
+    let mut mc = member_cluster(&name, test, ns, "member-a");
+    mc.spec.gang_scheduler = Some(GangScheduler::Coscheduling);
+    apply_member_cluster(&training, &mc).await;
+    // A virtual node an earlier, killed run left would hide what this one offers.
+    let lp = ListParams::default().labels(&format!("{}={name}", keys::LABEL_MEMBER));
+    let nodes = Api::<Node>::all(training.clone());
+    nodes.delete_collection(&DeleteParams::default(), &lp).await.unwrap();
+    let _tidepool = Tidepool::start(&env, test, ns);
+    let message = wait_reason(&training, &name, "False", keys::REASON_GANG_SCHEDULER_MISSING).await;
+    assert!(message.contains("podgroups.scheduling.x-k8s.io/v1alpha1"), "{message}");
+    let nodes = nodes.list(&lp).await.unwrap();
+    assert!(nodes.items.is_empty(), "a member that is not Ready offers no virtual node: {:?}", nodes.items.len());
+}
