@@ -335,7 +335,7 @@ pub enum ConfigError {
     Parse {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_saphyr::Error,
     },
     #[error("{path}: {}", crate::describe(.errors))]
     Invalid { path: PathBuf, errors: Vec<FieldError> },
@@ -355,7 +355,7 @@ impl BridgeConfig {
         let config: BridgeConfig = if text.trim().is_empty() {
             Self::default()
         } else {
-            serde_yaml::from_str(text).map_err(ParseError::Yaml)?
+            serde_saphyr::from_str(text).map_err(ParseError::Yaml)?
         };
         let errors = config.validate();
         if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
@@ -418,7 +418,7 @@ impl BridgeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
     #[error(transparent)]
-    Yaml(serde_yaml::Error),
+    Yaml(serde_saphyr::Error),
     #[error("{}", crate::describe(.0))]
     Invalid(Vec<FieldError>),
 }
