@@ -81,9 +81,8 @@ async fn a_member_one_minor_older_is_bridged_capacity_pods_status_logs_and_exec(
     // A pod offloaded to the old kubelet: running, its logs and exec come back, then its exit.
     let id = run_id();
     let name = format!("skew-{id}");
-    let script = format!(
-        "echo \"hello from {id}\"; while [ ! -f /tmp/go ]; do sleep 0.2; done; echo \"bye {id}\"; exit 3"
-    );
+    let script =
+        format!("echo \"hello from {id}\"; while [ ! -f /tmp/go ]; do sleep 0.2; done; echo \"bye {id}\"; exit 3");
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -118,10 +117,19 @@ async fn a_member_one_minor_older_is_bridged_capacity_pods_status_logs_and_exec(
     assert_eq!(running.pod_ip, copy.status.unwrap().pod_ip, "the training pod shows the copy's IP");
 
     let (code, out, err) = kubectl(&env, "training", &["-n", NS, "logs", &name], None).await;
-    assert_eq!((code, out.as_str()), (0, format!("hello from {id}\n").as_str()), "logs: {err}\n{}", tidepool.log_tail());
-    let (code, out, err) =
-        kubectl(&env, "training", &["-n", NS, "exec", &name, "--", "sh", "-c", "touch /tmp/go; hostname; exit 7"], None)
-            .await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("hello from {id}\n").as_str()),
+        "logs: {err}\n{}",
+        tidepool.log_tail()
+    );
+    let (code, out, err) = kubectl(
+        &env,
+        "training",
+        &["-n", NS, "exec", &name, "--", "sh", "-c", "touch /tmp/go; hostname; exit 7"],
+        None,
+    )
+    .await;
     assert_eq!((code, out.as_str()), (7, format!("{name}\n").as_str()), "exec: {err}\n{}", tidepool.log_tail());
 
     // The exit reaches the training pod: Failed, exit code 3.
