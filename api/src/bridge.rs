@@ -341,7 +341,7 @@ pub enum ConfigError {
     /// The parser's message once (not again as a cause), with the line and column and the
     /// lines around them, headed by the file's path.
     #[error("{path}: not a valid tidepool config: {}", yaml_message(.error, .path))]
-    Parse { path: PathBuf, error: serde_saphyr::Error },
+    Parse { path: PathBuf, error: Box<serde_saphyr::Error> },
     #[error("{path}: {}", crate::describe(.errors))]
     Invalid { path: PathBuf, errors: Vec<FieldError> },
 }
@@ -360,7 +360,7 @@ impl BridgeConfig {
         let config: BridgeConfig = if text.trim().is_empty() {
             Self::default()
         } else {
-            serde_saphyr::from_str(text).map_err(ParseError::Yaml)?
+            serde_saphyr::from_str(text).map_err(|e| ParseError::Yaml(Box::new(e)))?
         };
         let errors = config.validate();
         if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
@@ -423,7 +423,7 @@ impl BridgeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
     #[error(transparent)]
-    Yaml(serde_saphyr::Error),
+    Yaml(Box<serde_saphyr::Error>),
     #[error("{}", crate::describe(.0))]
     Invalid(Vec<FieldError>),
 }
