@@ -94,7 +94,10 @@ fn is_plugin_name(file_name: &str) -> bool {
 
 /// Runs the plugin; returns the process exit code (errors are printed, kubectl-style).
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(&anyhow::Error::from(e)),
@@ -106,6 +109,14 @@ pub fn main() -> i32 {
         }
         Err(e) => fail(&e),
     }
+}
+
+/// `--help` and `--version` print and succeed; a usage error is clap's message (`error: …`)
+/// with kubectl's exit code 1, not clap's 2.
+fn usage_error(e: &clap::Error) -> i32 {
+    // Nothing more to report if stdout or stderr is gone.
+    let _ = e.print();
+    if e.use_stderr() { 1 } else { 0 }
 }
 
 fn fail(e: &anyhow::Error) -> i32 {
@@ -158,7 +169,7 @@ fn render<T: Serialize>(
     let list = serde_json::json!({ "apiVersion": API_VERSION, "kind": kind, "items": items });
     Ok(match output {
         Some(Output::Json) => format!("{}\n", serde_json::to_string_pretty(&list)?),
-        Some(Output::Yaml) => serde_yaml::to_string(&list)?,
+        Some(Output::Yaml) => serde_saphyr::to_string(&list)?,
         Some(Output::Wide) => text(items, true)?,
         None => text(items, false)?,
     })

@@ -8,7 +8,9 @@
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
-# TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters-<offset>).
+# TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters-<offset>),
+# TIDEPOOL_SKEW (default 0; 1: member-b runs the previous Kubernetes minor, built by
+# tests/controlplane/build-skew.sh, and the version_skew e2e test runs; 0 skips that test).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +22,17 @@ state=${TIDEPOOL_TEST_STATE:-${TMPDIR:-/tmp}/tidepool-test-clusters-$CP_PORT_OFF
 echo "== building the local control plane (cached after the first run)" >&2
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN
+
+skip=()
+if [[ ${TIDEPOOL_SKEW:-0} == 1 ]]; then
+  echo "== building the previous Kubernetes minor for member-b (cached after the first run)" >&2
+  CP_SKEW_BIN=$(bash tests/controlplane/build-skew.sh | tail -n 1)
+  export CP_SKEW_BIN
+else
+  unset CP_SKEW_BIN
+  echo "== TIDEPOOL_SKEW is not 1: every cluster runs one Kubernetes version; version_skew:: is skipped" >&2
+  skip=(--skip version_skew::)
+fi
 
 echo "== building helm, to render deploy/helm/tidepool (cached after the first run)" >&2
 TIDEPOOL_HELM=$(bash tests/tools/build-helm.sh | tail -n 1)
@@ -54,4 +67,4 @@ export TIDEPOOL_CLUSTER_ENV="$state/cluster.env"
 echo "== unit and property tests" >&2
 cargo test --workspace --locked --lib --bins
 echo "== end-to-end tests (one at a time: they share the member clusters' capacity)" >&2
-cargo test --locked --test e2e -- --test-threads=1 "$@"
+cargo test --locked --test e2e -- --test-threads=1 "${skip[@]}" "$@"

@@ -322,6 +322,13 @@ impl Default for KubeletConfig {
     }
 }
 
+/// A YAML error as `line L column C: what` and a snippet pointing at it under `path:L:C`.
+fn yaml_message(error: &serde_saphyr::Error, path: &std::path::Path) -> String {
+    let name = path.display().to_string();
+    let text = error.render_with_options(serde_saphyr::render_options! { source_name: Some(name.as_str()) });
+    text.strip_prefix("error: ").map(str::to_owned).unwrap_or(text)
+}
+
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -331,12 +338,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: not a valid tidepool config: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_yaml::Error,
-    },
+    /// The parser's message once (not again as a cause), with the line and column and the
+    /// lines around them, headed by the file's path.
+    #[error("{path}: not a valid tidepool config: {}", yaml_message(.error, .path))]
+    Parse { path: PathBuf, error: Box<serde_saphyr::Error> },
     #[error("{path}: {}", crate::describe(.errors))]
     Invalid { path: PathBuf, errors: Vec<FieldError> },
 }
@@ -346,7 +351,7 @@ impl BridgeConfig {
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Self::parse(&text).map_err(|e| match e {
-            ParseError::Yaml(source) => ConfigError::Parse { path: path.into(), source },
+            ParseError::Yaml(error) => ConfigError::Parse { path: path.into(), error },
             ParseError::Invalid(errors) => ConfigError::Invalid { path: path.into(), errors },
         })
     }
@@ -355,7 +360,7 @@ impl BridgeConfig {
         let config: BridgeConfig = if text.trim().is_empty() {
             Self::default()
         } else {
-            serde_yaml::from_str(text).map_err(ParseError::Yaml)?
+            serde_saphyr::from_str(text).map_err(|e| ParseError::Yaml(Box::new(e)))?
         };
         let errors = config.validate();
         if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
@@ -418,7 +423,7 @@ impl BridgeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
     #[error(transparent)]
-    Yaml(serde_yaml::Error),
+    Yaml(Box<serde_saphyr::Error>),
     #[error("{}", crate::describe(.0))]
     Invalid(Vec<FieldError>),
 }
@@ -430,6 +435,20 @@ mod tests {
     #[test]
     fn an_empty_file_is_the_default() {
         assert_eq!(BridgeConfig::parse("").unwrap(), BridgeConfig::default());
+    }
+
+    #[test]
+    fn a_yaml_error_names_the_file_line_and_column_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tidepool.yaml");
+        std::fs::write(&path, "clusterName: x\nleaseRenewSeconds: abc\n").unwrap();
+        let err = BridgeConfig::load(&path).unwrap_err();
+        assert!(std::error::Error::source(&err).is_none(), "the message would be printed twice: {err:?}");
+        let text = err.to_string();
+        let first = text.lines().next().unwrap();
+        assert_eq!(first, format!("{}: not a valid tidepool config: line 2 column 20: invalid u64", path.display()));
+        assert!(text.contains(&format!("{}:2:20", path.display())), "{text}");
+        assert!(text.contains("leaseRenewSeconds: abc"), "the snippet shows the line: {text}");
     }
 
     #[test]

@@ -302,7 +302,7 @@ pub fn metrics() -> &'static Metrics {
 
 /// Kubernetes verb of an API request, from its method and whether it is a watch.
 pub fn api_verb(method: &str, query: &str, path_has_name: bool) -> &'static str {
-    let watch = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+    let watch = form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
     match method {
         "GET" if watch => "watch",
         "GET" if path_has_name => "get",
@@ -363,6 +363,8 @@ mod tests {
         );
         assert_eq!(api_resource("/version"), ("-".into(), false));
         assert_eq!(api_verb("GET", "watch=true&resourceVersion=1", false), "watch");
+        assert_eq!(api_verb("GET", "labelSelector=a%3Db&watch=1", false), "watch");
+        assert_eq!(api_verb("GET", "watch=false", false), "list");
         assert_eq!(api_verb("GET", "", true), "get");
         assert_eq!(api_verb("GET", "labelSelector=a", false), "list");
         assert_eq!(api_verb("POST", "", false), "create");

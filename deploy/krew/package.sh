@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packages the kubectl plugin for krew: an archive holding the release binary as
-# `kubectl-tidepool` (and the license text from Cargo.toml's license field), and the krew
+# `kubectl-tidepool` with the repository's LICENSE (krew wants the license in the archive), and the krew
 # manifest for it with the archive's sha256 filled in. The archive's download address is the
 # first argument (where you publish it); the manifest is written next to the archive.
 #   bash deploy/krew/package.sh https://downloads.example.invalid/tidepool [target/release/tidepool]
@@ -17,7 +17,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$out"
 cp "$binary" "$stage/kubectl-tidepool"
-printf 'tidepool %s is licensed under the Apache License, Version 2.0.\n' "$version" >"$stage/LICENSE"
+cp "$root/LICENSE" "$stage/LICENSE"
 archive=kubectl-tidepool-linux-amd64.tar.gz
 tar -C "$stage" --owner=0 --group=0 --mtime='2026-01-01' -czf "$out/$archive" kubectl-tidepool LICENSE
 sha=$(sha256sum "$out/$archive" | cut -d' ' -f1)

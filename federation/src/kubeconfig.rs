@@ -47,8 +47,9 @@ impl KubeconfigError {
 pub async fn client_config(bytes: &[u8]) -> Result<kube::Config, KubeconfigError> {
     let text = std::str::from_utf8(bytes).map_err(|_| KubeconfigError::Syntax { line: 0 })?;
     // serde errors can quote the offending value, so only the position is kept.
-    let kubeconfig: Kubeconfig = serde_yaml::from_str(text)
-        .map_err(|e| KubeconfigError::Syntax { line: e.location().map_or(0, |l| l.line()) })?;
+    let kubeconfig: Kubeconfig = serde_saphyr::from_str(text).map_err(|e| KubeconfigError::Syntax {
+        line: e.location().map_or(0, |l| usize::try_from(l.line()).unwrap_or(usize::MAX)),
+    })?;
     vet(&kubeconfig)?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

@@ -19,6 +19,10 @@
 #   CP_NODE_BIN     containerd, ctr, shim, runc, coredns, cni/ (default: tests/nodes/build.sh)
 #   CP_IMAGES       pause.tar, workload.tar [, tidepool.tar] (default: tests/images/build.sh)
 #   CP_METRICS_BIN  metrics-server (default: tests/metrics/build.sh); with real nodes only
+#   CP_SKEW_BIN     unset (default): every cluster runs CP_BIN's Kubernetes. Set: a directory
+#                   with kube-apiserver, kube-controller-manager, kube-scheduler and kubelet of
+#                   the previous minor (tests/controlplane/build-skew.sh), which member-b
+#                   (the skew member) then runs, so the bridge is tested across versions
 #
 # Ports (127.0.0.1 only, plus CP_PORT_OFFSET):
 #   etcd 2379 (client) 2380 (peer); kube-apiserver training 6443, member-a 6444,
@@ -53,6 +57,8 @@ source "$here/realnode.sh"
 source "$here/metrics.sh"
 CLUSTERS=(training member-a member-b)
 MEMBERS=(member-a member-b)
+# The member that runs CP_SKEW_BIN's control plane and kubelet when CP_SKEW_BIN is set.
+SKEW_MEMBER=member-b SKEW_BIN=""
 
 # Fake member nodes: cluster name cpu memory gpus gpu-product pool.
 NODES=(
@@ -217,6 +223,16 @@ port_of() {  # port_of COMPONENT CLUSTER
     kubelet) base=(11250 11251 11252) ;;   # training: tidepool's; members: kwok's
   esac
   case $2 in training) echo $((base[0] + OFF)) ;; member-a) echo $((base[1] + OFF)) ;; member-b) echo $((base[2] + OFF)) ;; esac
+}
+
+# bin_of CLUSTER BINARY: the skew member's Kubernetes components come from CP_SKEW_BIN;
+# etcd, kubectl and kwok are the same everywhere.
+bin_of() {
+  case $2 in
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubelet)
+      if [[ -n $SKEW_BIN && $1 == "$SKEW_MEMBER" ]]; then echo "$SKEW_BIN/$2"; return; fi ;;
+  esac
+  echo "$BIN/$2"
 }
 
 # Address of a cluster's kubelet API: its nodes' InternalIP (the apiserver dials it).
@@ -409,7 +425,7 @@ start_apiserver() {
   # One etcd, disjoint prefixes. Loopback advertise address needs the endpoint reconciler
   # off (it may not write 127/8 into Endpoints). InternalIP first, because tidepool's node
   # reports a Hostname that does not resolve (§4).
-  start "$c-apiserver" "$BIN/kube-apiserver" \
+  start "$c-apiserver" "$(bin_of "$c" kube-apiserver)" \
     --etcd-servers="http://127.0.0.1:$((2379 + OFF))" --etcd-prefix="/$c" \
     --bind-address=127.0.0.1 --secure-port="$port" \
     --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
@@ -451,14 +467,14 @@ start_kcm_and_scheduler() {
     signing=(--cluster-signing-kubelet-serving-cert-file="$PKI/ca.crt"
              --cluster-signing-kubelet-serving-key-file="$PKI/ca.key")
   fi
-  start "$c-kcm" "$BIN/kube-controller-manager" "${signing[@]}" \
+  start "$c-kcm" "$(bin_of "$c" kube-controller-manager)" "${signing[@]}" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of kcm "$c")" "${tls[@]}" \
     --leader-elect=false --cluster-name="$c" --controllers='*' \
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa-$c.key" \
     --use-service-account-credentials=false --node-monitor-grace-period=50s \
     --profiling=false
-  start "$c-scheduler" "$BIN/kube-scheduler" \
+  start "$c-scheduler" "$(bin_of "$c" kube-scheduler)" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of scheduler "$c")" "${tls[@]}" \
     --leader-elect=false --profiling=false
@@ -581,6 +597,13 @@ resolve_bin() {
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
     [[ -x $BIN/$b ]] || fail "$BIN/$b is missing or not executable"
   done
+  SKEW_BIN=${CP_SKEW_BIN:-}
+  [[ -z $SKEW_BIN ]] && return
+  [[ -d $SKEW_BIN ]] || fail "CP_SKEW_BIN: $SKEW_BIN does not exist (tests/controlplane/build-skew.sh builds it)"
+  SKEW_BIN=$(cd "$SKEW_BIN" && pwd -P)
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    [[ -x $SKEW_BIN/$b ]] || fail "$SKEW_BIN/$b is missing or not executable"
+  done
 }
 
 # A state dir is wiped only if it is empty or was made by this script, so a wrong
@@ -621,6 +644,9 @@ write_env() {
       TIDEPOOL_KUBELET_CERT "$PKI/vk-serving.crt" TIDEPOOL_KUBELET_KEY "$PKI/vk-serving.key" \
       TIDEPOOL_KUBELET_CLIENT_CA "$PKI/ca.crt" KUBECTL "$BIN/kubectl"
     printf 'export %s=%q\n' CP_REAL_NODES "$REAL"
+    if [[ -n $SKEW_BIN ]]; then
+      printf 'export %s=%q\n' CP_SKEW_BIN "$SKEW_BIN" CP_SKEW_MEMBER "$SKEW_MEMBER"
+    fi
     if ((REAL)); then
       printf 'export %s=%q\n' CP_NODE_BIN "$NODE_BIN" CP_IMAGES "$IMAGES" CTR "$NODE_BIN/ctr" \
         CP_METRICS_BIN "$METRICS_BIN" \
@@ -658,6 +684,7 @@ cmd_up() {
   resolve_bin
   if ((REAL)); then resolve_node_bin; resolve_metrics_bin; fi
   log "binaries: $BIN"
+  if [[ -n $SKEW_BIN ]]; then log "$SKEW_MEMBER runs the Kubernetes of $SKEW_BIN"; fi
   check_ports
 
   t=$(now_ms)

@@ -331,7 +331,7 @@ real_nodes_up() {
         >>"$S/logs/$c-images.log" 2>&1 || fail "$c: importing the tidepool image failed" "$c-images"
     fi
     apply_coredns_rbac "$c"
-    start "$c-kubelet" env PATH="$NODE_BIN:$PATH" "$BIN/kubelet" --config="$d/kubelet.yaml" \
+    start "$c-kubelet" env PATH="$NODE_BIN:$PATH" "$(bin_of "$c" kubelet)" --config="$d/kubelet.yaml" \
       --kubeconfig="$d/kubelet.kubeconfig" --root-dir="$d/kubelet" \
       --hostname-override="$(real_node_name "$c")" --node-ip="$(real_node_ip "$c")" \
       --node-labels="$REAL_TAINT_KEY=true,tidepool.io/test-pool=real" --v=1

@@ -54,12 +54,11 @@ async fn kubectl_with(env: &Env, cluster: &str, args: &[&str], stdin: &str) -> R
     if code == 0 { Ok(out + &err) } else { Err(out + &err) }
 }
 
-/// Every document of a rendered YAML stream.
-fn documents(text: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-        .filter(|v: &serde_yaml::Value| !v.is_null())
-        .collect()
+/// Every non-empty document of a rendered YAML stream (a stream that does not parse fails the test).
+fn documents(text: &str) -> Vec<serde_json::Value> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("not a YAML stream: {e}\n{text}"));
+    docs.into_iter().filter(|v| !v.is_null()).collect()
 }
 
 #[tokio::test]
@@ -127,18 +126,18 @@ fn object_names(text: &str) -> std::collections::BTreeSet<(String, String, Strin
     documents(text)
         .iter()
         .map(|d| {
-            let field = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_owned();
+            let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
             (field(&d["kind"]), field(&d["metadata"]["namespace"]), field(&d["metadata"]["name"]))
         })
         .collect()
 }
 
-fn find<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> Option<&'a serde_yaml::Value> {
+fn find<'a>(docs: &'a [serde_json::Value], kind: &str) -> Option<&'a serde_json::Value> {
     docs.iter().find(|d| d["kind"] == kind)
 }
 
 /// The bridge config inside the rendered ConfigMap, parsed as tidepool does.
-fn bridge_config(docs: &[serde_yaml::Value]) -> BridgeConfig {
+fn bridge_config(docs: &[serde_json::Value]) -> BridgeConfig {
     let text = find(docs, "ConfigMap").and_then(|d| d["data"]["tidepool.yaml"].as_str()).expect("no ConfigMap");
     BridgeConfig::parse(text).unwrap_or_else(|e| panic!("chart config refused: {e:?}\n{text}"))
 }
@@ -153,10 +152,10 @@ fn checksum(text: &str) -> String {
 }
 
 /// The env of the tidepool container: name → the whole entry.
-fn container_env(text: &str) -> std::collections::BTreeMap<String, serde_yaml::Value> {
+fn container_env(text: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
     let docs = documents(text);
     let deployment = find(&docs, "Deployment").expect("no Deployment");
-    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_sequence().expect("no env");
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("no env");
     env.iter().map(|e| (e["name"].as_str().unwrap().to_owned(), e.clone())).collect()
 }
 
@@ -278,7 +277,7 @@ fn the_service_monitor_is_rendered_only_when_enabled() {
     assert_eq!(monitor["spec"]["endpoints"][0]["port"].as_str(), Some("metrics"));
     // It selects the metrics Service, and only it.
     let service = find(&docs, "Service").unwrap();
-    let selector = monitor["spec"]["selector"]["matchLabels"].as_mapping().unwrap();
+    let selector = monitor["spec"]["selector"]["matchLabels"].as_object().unwrap();
     for (key, value) in selector {
         assert_eq!(&service["metadata"]["labels"][key], value, "the Service lacks {key:?}");
     }
@@ -318,8 +317,8 @@ fn the_pod_runs_the_image_with_probes_and_the_kubelet_api_needs_no_files() {
     let docs = documents(&text);
     let pod = &find(&docs, "Deployment").unwrap()["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let chart: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(Path::new(CHART).join("Chart.yaml")).unwrap()).unwrap();
+    let chart: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(Path::new(CHART).join("Chart.yaml")).unwrap()).unwrap();
     let app_version = chart["appVersion"].as_str().unwrap();
     assert_eq!(
         app_version,
@@ -341,12 +340,12 @@ fn the_pod_runs_the_image_with_probes_and_the_kubelet_api_needs_no_files() {
     // No TLS files: RBAC to request the serving certificate and read the client CA; no mount.
     let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
     let csr = role["rules"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|r| r["apiGroups"][0] == "certificates.k8s.io" && r["resources"][0] == "certificatesigningrequests")
         .expect("no CertificateSigningRequest rule");
-    let verbs: Vec<&str> = csr["verbs"].as_sequence().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    let verbs: Vec<&str> = csr["verbs"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
     assert_eq!(verbs, ["create", "get", "list", "watch"]);
     let reader = docs
         .iter()
@@ -776,7 +775,7 @@ async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
     let policy: Vec<String> = documents(&rendered)
         .into_iter()
         .filter(|d| d["apiVersion"] == "admissionregistration.k8s.io/v1")
-        .map(|d| serde_yaml::to_string(&d).unwrap())
+        .map(|d| serde_saphyr::to_string(&d).unwrap())
         .collect();
     if !policy.is_empty() {
         kubectl_with(&env, "training", &["apply", "-f", "-"], &policy.join("---\n")).await.unwrap();

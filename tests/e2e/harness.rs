@@ -49,6 +49,11 @@ impl Env {
         self.vars.get(key).map(String::as_str).unwrap_or_else(|| panic!("cluster.env has no {key}"))
     }
 
+    /// A variable cluster.sh writes only in some set-ups (the skew member's).
+    pub fn var_opt(&self, key: &str) -> Option<&str> {
+        self.vars.get(key).map(String::as_str)
+    }
+
     pub fn kubeconfig_path(&self, cluster: &str) -> PathBuf {
         let key = format!("{}_KUBECONFIG", cluster.to_uppercase().replace('-', "_"));
         PathBuf::from(self.var(&key))
@@ -238,10 +243,11 @@ pub async fn apply_member(client: &Client, name: &str, test: &str, secret_ns: &s
     apply_member_cluster(client, &member_cluster(name, test, secret_ns, secret)).await;
 }
 
-/// The start of a test on member-a's real node: the test's namespace prepared, member-a's
-/// kubeconfig Secret, `mc` (its pools on the real node) applied, a tidepool for the test
-/// (`dispatcher` as in [`Tidepool::start_config`]) and virtual node `node` Ready. Fails loudly
-/// when the clusters have no real nodes.
+/// The start of a test on a member's real node: the test's namespace prepared, the kubeconfig
+/// Secret of the member cluster `mc` names (Secret `<cluster>`, as [`member_cluster`] is
+/// given), `mc` (its pools on the real node) applied, a tidepool for the test (`dispatcher` as
+/// in [`Tidepool::start_config`]) and virtual node `node` Ready. Fails loudly when the clusters
+/// have no real nodes.
 pub async fn start_on_real_node(
     env: &Env,
     training: &Client,
@@ -252,8 +258,9 @@ pub async fn start_on_real_node(
 ) -> Tidepool {
     assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
     prepare(env, training, test, ns).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-    put_kubeconfig_secret(training, ns, "member-a", &kubeconfig).await;
+    let cluster = &mc.spec.kubeconfig_secret_ref.name;
+    let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
+    put_kubeconfig_secret(training, ns, cluster, &kubeconfig).await;
     apply_member_cluster(training, mc).await;
     let tidepool = Tidepool::start_config(env, test, ns, dispatcher, &kubelet_config(env));
     let nodes = Api::<Node>::all(training.clone());

@@ -32,4 +32,5 @@ mod skeleton;
 mod throttle;
 mod training;
 mod validation;
+mod version_skew;
 mod vk_features;

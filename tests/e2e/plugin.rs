@@ -144,6 +144,24 @@ async fn kubectl_tidepool_shows_a_tenant_their_gangs_and_an_admin_the_members() 
     let huge = rows.iter().find(|r| r["gang"].as_str().is_some_and(|g| g.ends_with("/huge"))).unwrap();
     assert_eq!((huge["state"].as_str(), huge["placed"].as_u64()), (Some("Waiting"), Some(0)), "{huge}");
 
+    // The same list as YAML: the documented fields, the same values.
+    let mut args = vec!["jobs", "-o", "yaml"];
+    args.extend(common);
+    let (code, out, err) = plugin(&env, dir.path(), &tenant, &args).await;
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_saphyr::from_str(&out).unwrap_or_else(|e| panic!("not YAML ({e}): {out}"));
+    assert_eq!((list["apiVersion"].as_str(), list["kind"].as_str()), (Some("tidepool.io/v1alpha1"), Some("JobList")));
+    let row = list["items"].as_array().unwrap().iter().find(|r| r["gang"] == fits["gang"]).expect("fits in YAML");
+    assert_eq!(
+        (&row["state"], &row["placed"], &row["nodes"]),
+        (&fits["state"], &fits["placed"], &fits["nodes"]),
+        "{out}"
+    );
+    // A usage error exits 1 with kubectl's `error: ` prefix, as every other error does.
+    let (code, _, err) = plugin(&env, dir.path(), &tenant, &["jobs", "-o", "xml"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+
     // In text, and `why` for one pod of each.
     let mut args = vec!["jobs"];
     args.extend(common);
