@@ -48,6 +48,32 @@ pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> 
     labels
 }
 
+/// Reason of a colocation pool's `Ready=False` while none of its nodes publishes the batch
+/// resources of its mode.
+pub const REASON_COLOCATION_MISSING: &str = "ColocationResourcesMissing";
+
+/// The health a pool's virtual node shows: the member's, or, for a pool in a colocation
+/// mode none of whose nodes publishes that system's batch resources (its agent is not
+/// installed, down, or has reset them), unusable with the reason. Nothing new is placed
+/// there until the agent publishes again. Pure.
+pub fn pool_health(member: &Health, pool: &PoolHandle, capacity: &PoolCapacity) -> Health {
+    let mut health = member.clone();
+    if let Some(colocation) = pool.mode.colocation()
+        && capacity.nodes == 0
+        && health.is_healthy()
+    {
+        let why = format!(
+            "no node of pool {} publishes {} (pool mode {}): is {} running in the member?",
+            pool.name,
+            colocation.cpu,
+            pool.mode.as_str(),
+            colocation.system
+        );
+        health.unusable = Some((REASON_COLOCATION_MISSING.to_owned(), why));
+    }
+    health
+}
+
 /// The Ready condition's (status, reason, message) for a member's health.
 pub fn readiness(health: &Health) -> (&'static str, String, String) {
     if let Some(why) = &health.unreachable {
@@ -345,7 +371,7 @@ impl NodeTask {
         self.written = None;
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &capacity);
         let member = &self.member;
         let mut node = virtual_node(&self.config, member.name.as_str(), &self.pool, &capacity, &health, member.paused);
         if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
@@ -374,7 +400,7 @@ impl NodeTask {
 
     /// Brings the Ready condition and the health taints in line with the member's health.
     async fn sync_health(&mut self) -> Result<(), Error> {
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &self.pool.capacity.borrow());
         let api = Api::<Node>::all(self.training.clone());
         let node = api.get(self.pool.node.as_str()).await.map_err(|e| Error::training("read node", e))?;
         if self.transitions.is_empty() {
@@ -408,7 +434,7 @@ impl NodeTask {
     /// node does not show: they cost no write.
     async fn patch_status(&mut self, always: bool) -> Result<(), Error> {
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &capacity);
         let advertised = (whole_units(&capacity.capacity), health);
         if !always && self.written.as_ref() == Some(&advertised) {
             return Ok(());
@@ -483,8 +509,25 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             runtime_class_names: Vec::new(),
+            mode: Default::default(),
             capacity: rx,
         }
+    }
+
+    #[test]
+    fn a_colocation_pool_without_nodes_publishing_its_resources_is_not_ready_with_the_reason() {
+        let colocated = PoolHandle { mode: tidepool_api::crd::PoolMode::KoordinatorBatch, ..pool() };
+        let none = PoolCapacity::default();
+        let some = PoolCapacity { nodes: 2, ..Default::default() };
+        let (status, reason, message) = readiness(&pool_health(&Health::default(), &colocated, &none));
+        assert_eq!((status, reason.as_str()), ("False", REASON_COLOCATION_MISSING));
+        assert!(message.contains("kubernetes.io/batch-cpu"), "{message}");
+        assert_eq!(readiness(&pool_health(&Health::default(), &colocated, &some)).0, "True");
+        // A requests pool with no nodes is the member's business as before; an unreachable
+        // member keeps its own reason.
+        assert_eq!(readiness(&pool_health(&Health::default(), &pool(), &none)).0, "True");
+        let down = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        assert_eq!(readiness(&pool_health(&down, &colocated, &none)).1, keys::REASON_MEMBER_UNREACHABLE);
     }
 
     #[test]
