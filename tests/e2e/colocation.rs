@@ -18,6 +18,7 @@ use serde_json::json;
 use tidepool_api::MemberCluster;
 use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
 use tidepool_api::keys;
+use tidepool_api::resources::parse_milli;
 
 use crate::harness::*;
 
@@ -56,11 +57,12 @@ impl Agent {
         for name in &self.names {
             self.nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
         }
-        let want = batch.map(|(milli, _)| milli.to_string());
+        // The API server writes quantities its own way (`6000` becomes `6k`).
+        let want = batch.map(|(milli, _)| i64::from(milli) * 1000);
         for name in &self.names {
             wait_for(Duration::from_secs(20), &format!("{name} publishes batch-cpu {want:?}"), || async {
                 let node = self.nodes.get(name).await.ok()?;
-                let shown = node.status?.allocatable?.get(BATCH_CPU).map(|q| q.0.clone());
+                let shown = node.status?.allocatable?.get(BATCH_CPU).map(|q| parse_milli(&q.0).unwrap_or(-1));
                 (shown == want).then_some(())
             })
             .await;
@@ -150,7 +152,7 @@ async fn lendable_cpu(training: &Client, node: &str) -> Option<i64> {
     let node = Api::<Node>::all(training.clone()).get_opt(node).await.ok()??;
     let status = node.status?;
     let ready = status.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    let cpu = status.allocatable?.get("cpu").map(|q| tidepool_api::resources::parse_milli(&q.0).unwrap_or(0))?;
+    let cpu = status.allocatable?.get("cpu").map(|q| parse_milli(&q.0).unwrap_or(0))?;
     ready.then_some(cpu)
 }
 
@@ -244,7 +246,8 @@ async fn a_job_is_lent_at_least_three_times_the_cpu_in_koordinator_batch_mode_on
         assert_eq!(spec.priority, Some(5000));
         assert_eq!(copy.labels().get("koordinator.sh/qosClass").map(String::as_str), Some("BE"));
         let requests = spec.containers[0].resources.as_ref().unwrap().requests.clone().unwrap();
-        assert_eq!(requests.get(BATCH_CPU).map(|q| q.0.as_str()), Some("1000"));
+        // 1 core as 1000 milli-cores (the API server writes it `1k`).
+        assert_eq!(requests.get(BATCH_CPU).map(|q| parse_milli(&q.0).unwrap()), Some(1000 * 1000));
         assert_eq!(requests.get(BATCH_MEMORY).map(|q| q.0.as_str()), Some("1Gi"));
         assert!(!requests.contains_key("cpu") && !requests.contains_key("memory"), "{requests:?}");
         assert!(agent.names.iter().any(|n| spec.node_name.as_deref() == Some(n.as_str())), "{:?}", spec.node_name);
@@ -364,7 +367,14 @@ async fn without_the_agent_the_pool_is_not_ready_and_a_guaranteed_pod_is_refused
     let _tp = Tidepool::start(&env, TEST, NS);
 
     // 1. The pool is NotReady, saying what is missing.
-    let message = wait_reason(&training, &vnode, "False", "ColocationResourcesMissing").await;
+    let nodes = Api::<Node>::all(training.clone());
+    let message = wait_for(Duration::from_secs(60), "virtual node NotReady, colocation resources missing", || async {
+        let conditions = nodes.get_opt(&vnode).await.ok()??.status?.conditions?;
+        let ready = conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.status == "False" && ready.reason.as_deref() == Some("ColocationResourcesMissing"))
+            .then(|| ready.message.unwrap_or_default())
+    })
+    .await;
     assert!(message.contains(BATCH_CPU), "{message}");
 
     // 2. The agent publishes: the pool is Ready and lends it.
