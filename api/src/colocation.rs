@@ -148,9 +148,12 @@ impl Colocation {
         }
     }
 
-    /// The resources a copy's status reports (allocated and current, per container), under
-    /// the training pod's names.
+    /// A copy's status as the training pod takes it: the resources it reports (allocated and
+    /// current, per container) under the training pod's names, and no QoS class. The copy
+    /// asks for no ordinary `cpu` or `memory`, so the member calls it `BestEffort`, while the
+    /// training pod keeps the class it was admitted with (the field is immutable).
     pub fn status_to_training(&self, status: &mut PodStatus) {
+        status.qos_class = None;
         let statuses =
             status.container_statuses.iter_mut().flatten().chain(status.init_container_statuses.iter_mut().flatten());
         for cs in statuses {
@@ -274,6 +277,16 @@ mod tests {
             KOORDINATOR.to_training(&member),
             list(&[("cpu", "1500m"), ("memory", "2Gi"), ("nvidia.com/gpu", "1")])
         );
+        let mut status: PodStatus = serde_json::from_value(serde_json::json!({
+            "qosClass": "BestEffort",
+            "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                                   "allocatedResources": {"kubernetes.io/batch-cpu": "1k"}}]
+        }))
+        .unwrap();
+        KOORDINATOR.status_to_training(&mut status);
+        assert_eq!(status.qos_class, None);
+        let allocated = status.container_statuses.unwrap()[0].allocated_resources.clone();
+        assert_eq!(allocated, Some(list(&[("cpu", "1")])));
     }
 
     #[test]

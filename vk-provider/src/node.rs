@@ -181,6 +181,20 @@ pub fn node_status(
     }
 }
 
+/// Resources advertised `before` that `now` lacks become `null` in the status `patch`: a
+/// strategic merge keeps the keys of a map it does not name, and the node would go on
+/// advertising a resource its pool no longer lends (a pool switched to a colocation mode, the
+/// last GPU node gone).
+pub fn remove_withdrawn(patch: &mut serde_json::Value, before: &Resources, now: &Resources) {
+    for name in before.names().filter(|n| !now.names().any(|m| m == *n)) {
+        for list in ["capacity", "allocatable"] {
+            if let Some(map) = patch["status"][list].as_object_mut() {
+                map.insert(name.to_owned(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
 /// Annotations of a virtual node: where metrics-server reads its pods' usage on the
 /// kubelet API all virtual nodes share ([`crate::kubelet`]).
 pub fn node_annotations(pool: &PoolHandle) -> BTreeMap<String, String> {
@@ -234,6 +248,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                         member: member.clone(),
                         pool: pool.clone(),
                         written: None,
+                        shown: None,
                         transitions: Transitions::new(),
                     };
                     let span = info_span!("virtual_node", member = %member.name, node = %node);
@@ -282,6 +297,9 @@ struct NodeTask {
     pool: PoolHandle,
     /// What the last status written carried: the allocatable and the health it followed.
     written: Option<(Resources, Health)>,
+    /// What the node advertised when last read or written: the resources a new status must
+    /// withdraw if it lacks them ([`remove_withdrawn`]).
+    shown: Option<Resources>,
     /// Each condition's status and since when it has had it, for `lastTransitionTime`.
     transitions: Transitions,
 }
@@ -406,6 +424,10 @@ impl NodeTask {
         if self.transitions.is_empty() {
             self.transitions = known_transitions(&node);
         }
+        if self.shown.is_none() {
+            let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+            self.shown = allocatable.and_then(|a| Resources::from_quantities(a).ok());
+        }
         let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         // Keep everyone else's taints; ours are exactly what the health says.
         let ours = [keys::TAINT_VIRTUAL, keys::TAINT_UNREACHABLE, keys::TAINT_NOT_READY, keys::TAINT_PAUSED];
@@ -446,14 +468,15 @@ impl NodeTask {
             stamp_transitions(conditions, &mut self.transitions, now);
         }
         debug!(capacity = %capacity.capacity, "virtual node status");
+        let mut patch = json!({ "status": status });
+        if let Some(before) = &self.shown {
+            remove_withdrawn(&mut patch, before, &advertised.0);
+        }
         Api::<Node>::all(self.training.clone())
-            .patch_status(
-                self.pool.node.as_str(),
-                &PatchParams::default(),
-                &Patch::Strategic(json!({ "status": status })),
-            )
+            .patch_status(self.pool.node.as_str(), &PatchParams::default(), &Patch::Strategic(patch))
             .await
             .map_err(|e| Error::training("update node status", e))?;
+        self.shown = Some(advertised.0.clone());
         self.written = Some(advertised);
         Ok(())
     }
@@ -512,6 +535,16 @@ mod tests {
             mode: Default::default(),
             capacity: rx,
         }
+    }
+
+    #[test]
+    fn a_resource_the_pool_no_longer_lends_is_removed_from_the_node() {
+        let before = Resources::from_pairs([("cpu", "4"), ("kubernetes.io/batch-cpu", "12k")]).unwrap();
+        let now = Resources::from_pairs([("cpu", "12")]).unwrap();
+        let mut patch = json!({"status": {"capacity": {"cpu": "12"}, "allocatable": {"cpu": "12"}}});
+        remove_withdrawn(&mut patch, &before, &now);
+        let want = json!({"cpu": "12", "kubernetes.io/batch-cpu": null});
+        assert_eq!(patch, json!({"status": {"capacity": want, "allocatable": want}}));
     }
 
     #[test]
