@@ -297,6 +297,40 @@ pub struct PoolSpec {
     /// runtime.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_class_names: Vec<String>,
+    /// Which node resources the pool lends (see [`PoolMode`]). Default `requests`.
+    #[serde(default, skip_serializing_if = "PoolMode::is_requests")]
+    pub mode: PoolMode,
+}
+
+/// What a pool lends: the surplus of requests, or the slack a member's colocation system
+/// measures and publishes as batch resources on its nodes (see [`crate::colocation`]).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolMode {
+    /// Node allocatable minus what online pods request.
+    #[default]
+    Requests,
+    /// Koordinator's `kubernetes.io/batch-cpu` and `batch-memory`: copies run as
+    /// `koord-batch` pods of QoS `BE`.
+    KoordinatorBatch,
+    /// Katalyst's `resource.katalyst.kubewharf.io/reclaimed_millicpu` and `reclaimed_memory`:
+    /// copies run as `reclaimed_cores` pods.
+    KatalystReclaimed,
+}
+
+impl PoolMode {
+    pub fn is_requests(&self) -> bool {
+        *self == PoolMode::Requests
+    }
+
+    /// As written in `spec.pools[].mode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Requests => "requests",
+            PoolMode::KoordinatorBatch => "koordinator-batch",
+            PoolMode::KatalystReclaimed => "katalyst-reclaimed",
+        }
+    }
 }
 
 /// A toleration every copy of a pool gets: a `core/v1` Toleration without

@@ -8,6 +8,7 @@
 //! [`resources`] for the capacity arithmetic.
 
 pub mod bridge;
+pub mod colocation;
 pub mod crd;
 pub mod cron;
 pub mod keys;

@@ -8,9 +8,12 @@
 //! that tidepool did not create. Offload pods do not reduce the capacity: it is what tidepool
 //! may use in total, and `used(P)` is measured against it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use tidepool_api::colocation::Colocation;
+pub use tidepool_api::crd::PoolMode;
 use tidepool_api::crd::PoolToleration;
 use tidepool_api::{Resources, keys};
 
@@ -383,11 +386,21 @@ pub fn pool_capacity<'a>(
     pool_capacity_under(nodes, pods, selector, &demand)
 }
 
+/// `resources` as a pool of `colocation` counts them (see [`pool_capacity_in`]).
+fn counted<'r>(colocation: Option<&Colocation>, resources: &'r Resources) -> Cow<'r, Resources> {
+    match colocation {
+        Some(c) => Cow::Owned(c.as_plain(resources)),
+        None => Cow::Borrowed(resources),
+    }
+}
+
 /// What the pool holds back before any pod is counted: the reserve, the open windows, the HPA
-/// headroom and the replicas yet to come of the workloads whose pods `could_land` in the pool.
+/// headroom and the replicas yet to come of the workloads whose pods `could_land` in the pool,
+/// a replica's requests as the pool's `colocation` system counts them ([`counted`]).
 fn announced(
     demand: &OnlineDemand<'_>,
     could_land: &impl Fn(&BTreeMap<String, String>, &[PoolToleration]) -> bool,
+    colocation: Option<&Colocation>,
 ) -> Resources {
     let mut held_back = demand.policy.reserve.clone();
     for w in &demand.policy.windows {
@@ -397,13 +410,13 @@ fn announced(
     }
     for h in demand.hpas.iter().filter(|h| could_land(&h.node_selector, &h.tolerations)) {
         let growth = i64::from((h.max_replicas - h.current_replicas).max(0));
-        for (k, v) in h.per_replica.iter() {
+        for (k, v) in counted(colocation, &h.per_replica).iter() {
             let amount = v.saturating_mul(growth).saturating_mul(i64::from(demand.policy.hpa_percent)) / 100;
             held_back.add_one(k, amount);
         }
     }
     for w in demand.to_come.iter().filter(|w| could_land(&w.node_selector, &w.tolerations)) {
-        for (k, v) in w.per_replica.iter() {
+        for (k, v) in counted(colocation, &w.per_replica).iter() {
             held_back.add_one(k, v.saturating_mul(i64::from(w.replicas.max(0))));
         }
     }
@@ -426,43 +439,63 @@ pub fn pool_capacity_under<'a>(
     selector: &BTreeMap<String, String>,
     demand: &OnlineDemand<'_>,
 ) -> PoolCapacity {
-    let mut in_pool: BTreeMap<&str, &NodeView> = BTreeMap::new();
+    pool_capacity_in(nodes, pods, selector, demand, PoolMode::Requests)
+}
+
+/// [`pool_capacity_under`] for a pool of resource `mode`. In a colocation mode a node's
+/// allocatable is what the member's agent publishes for batch work, shown as `cpu` and
+/// `memory` ([`Colocation::as_plain`]), and a pod uses of it what it requests of the batch
+/// resources: the agent has already taken online pods' usage out, so their ordinary
+/// requests do not count again. A node without the batch resources (no agent publishing
+/// there) lends nothing. GPUs and every other resource stay request-based.
+pub fn pool_capacity_in<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeView>,
+    pods: impl IntoIterator<Item = &'a PodView>,
+    selector: &BTreeMap<String, String>,
+    demand: &OnlineDemand<'_>,
+    mode: PoolMode,
+) -> PoolCapacity {
+    let colocation = mode.colocation();
+    let mut in_pool: BTreeMap<&str, (&NodeView, Cow<'a, Resources>)> = BTreeMap::new();
     for n in nodes {
-        if n.ready && !n.unschedulable && n.matches(selector) {
-            in_pool.insert(n.name.as_str(), n);
+        let advertised = colocation.is_none_or(|c| c.advertised_on(&n.allocatable));
+        if n.ready && !n.unschedulable && n.matches(selector) && advertised {
+            in_pool.insert(n.name.as_str(), (n, counted(colocation, &n.allocatable)));
         }
     }
     let mut capacity = Resources::new();
     let mut products = std::collections::BTreeSet::new();
-    for n in in_pool.values() {
-        capacity.add(&n.allocatable);
+    for (n, allocatable) in in_pool.values() {
+        capacity.add(allocatable);
         products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
     }
     let could_land = |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| {
-        in_pool.values().any(|n| n.matches(sel) && n.tolerated_by(tolerations))
+        in_pool.values().any(|(n, _)| n.matches(sel) && n.tolerated_by(tolerations))
     };
-    let mut held_back = announced(demand, &could_land);
+    let mut held_back = announced(demand, &could_land, colocation);
     let mut used = Resources::new();
     let mut placed = BTreeMap::new();
-    let mut free: BTreeMap<&str, Resources> = in_pool.iter().map(|(k, n)| (*k, n.allocatable.clone())).collect();
+    let mut free: BTreeMap<&str, Resources> =
+        in_pool.iter().map(|(k, (_, allocatable))| (*k, allocatable.clone().into_owned())).collect();
     for p in pods {
+        let requests = counted(colocation, &p.requests);
         if p.pending_online() && could_land(&p.node_selector, &p.tolerations) {
-            held_back.add(&p.requests);
+            held_back.add(&requests);
         }
         let Some(node) = p.node.as_deref() else { continue };
         if p.terminated || !in_pool.contains_key(node) {
             continue;
         }
         if p.offload {
-            used.add(&p.requests);
+            used.add(&requests);
             if let Some(uid) = &p.origin_uid {
                 placed.insert(uid.clone(), Placed { node: node.to_owned(), copy_uid: p.uid.clone() });
             }
         } else {
-            capacity.sub(&p.requests);
+            capacity.sub(&requests);
         }
         if let Some(f) = free.get_mut(node) {
-            f.sub(&p.requests);
+            f.sub(&requests);
         }
     }
     capacity.sub(&held_back);
@@ -577,6 +610,57 @@ mod tests {
 
     fn r(pairs: &[(&str, &str)]) -> Resources {
         Resources::from_pairs(pairs.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn a_koordinator_pool_lends_the_batch_allocatable_minus_what_batch_pods_request_there() {
+        // Two nodes of 16 cores. a: the agent lends 10 cores and 30 Gi, 14 cores of online
+        // requests (already out of the batch amount), 2 of another batch pod, 3 of an
+        // offload copy, 1 GPU online of 4. b: no agent publishes there, so it lends nothing.
+        let mut a = node("a", &[("cpu", "16"), ("memory", "64Gi"), ("nvidia.com/gpu", "4")]);
+        a.allocatable.add(&r(&[("kubernetes.io/batch-cpu", "10000"), ("kubernetes.io/batch-memory", "30Gi")]));
+        let b = node("b", &[("cpu", "16"), ("memory", "64Gi")]);
+        let mut copy = pod("a", &[("kubernetes.io/batch-cpu", "3000"), ("kubernetes.io/batch-memory", "4Gi")]);
+        copy.offload = true;
+        copy.origin_uid = Some("u".into());
+        let pods = [
+            pod("a", &[("cpu", "14"), ("memory", "40Gi"), ("nvidia.com/gpu", "1")]),
+            pod("a", &[("kubernetes.io/batch-cpu", "2000"), ("kubernetes.io/batch-memory", "6Gi")]),
+            copy,
+            pod("b", &[("kubernetes.io/batch-cpu", "1000")]),
+        ];
+        let policy = CapacityPolicy { reserve: r(&[("cpu", "1")]), ..Default::default() };
+        let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
+        let c = pool_capacity_in(&[a, b], &pods, &BTreeMap::new(), &demand, PoolMode::KoordinatorBatch);
+        // 10 − 2 (other batch) − 1 (reserve) = 7 cores; 30 − 6 = 24 Gi; 4 − 1 GPUs.
+        assert_eq!(c.capacity, r(&[("cpu", "7"), ("memory", "24Gi"), ("nvidia.com/gpu", "3")]));
+        assert_eq!(c.used, r(&[("cpu", "3"), ("memory", "4Gi")]));
+        assert_eq!(c.nodes, 1);
+        // Free on a: 10 − 2 − 3 cores, 30 − 6 − 4 Gi, 3 GPUs.
+        assert_eq!(c.free_per_node, vec![r(&[("cpu", "5"), ("memory", "20Gi"), ("nvidia.com/gpu", "3")])]);
+        // The same nodes in requests mode: 16 − 14 + 16 cores, the batch names untouched.
+        let plain =
+            pool_capacity_in(&[node("a", &[("cpu", "16")])], &pods[..1], &BTreeMap::new(), &demand, PoolMode::Requests);
+        assert_eq!(plain.capacity.get("cpu"), 1000);
+    }
+
+    #[test]
+    fn a_katalyst_pool_shrinks_with_the_reclaimed_allocatable_into_a_deficit() {
+        let with = |reclaimed: &str| {
+            let mut n = node("n", &[("cpu", "32")]);
+            n.allocatable.add(&r(&[("resource.katalyst.kubewharf.io/reclaimed_millicpu", reclaimed)]));
+            n
+        };
+        let mut copy = pod("n", &[("resource.katalyst.kubewharf.io/reclaimed_millicpu", "6k")]);
+        copy.offload = true;
+        let capacity = |n: NodeView| {
+            let policy = CapacityPolicy::default();
+            let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
+            pool_capacity_in(&[n], std::slice::from_ref(&copy), &BTreeMap::new(), &demand, PoolMode::KatalystReclaimed)
+        };
+        assert_eq!(capacity(with("8k")).deficit(), r(&[("cpu", "0")]));
+        // Online usage rose: the agent reclaims only 4 cores now, 2 of the copy's 6 are owed.
+        assert_eq!(capacity(with("4k")).deficit(), r(&[("cpu", "2")]));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tidepool_api::crd::{PoolSpec, PoolToleration};
+use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
 use tidepool_api::{MemberName, PoolName, VirtualNodeName};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -29,7 +29,7 @@ use tidepool_api::metrics::metrics;
 
 use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, pool_capacity_under, worth_publishing,
+    ReplicasToCome, pod_requests, pool_capacity_in, worth_publishing,
 };
 use crate::health::Health;
 use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
@@ -180,6 +180,9 @@ pub struct PoolHandle {
     pub tolerations: Vec<PoolToleration>,
     /// RuntimeClasses its offload pods may name (`spec.pools[].runtimeClassNames`).
     pub runtime_class_names: Vec<String>,
+    /// Which node resources the pool lends, and so how its copies ask for them
+    /// (`spec.pools[].mode`).
+    pub mode: PoolMode,
     pub capacity: watch::Receiver<PoolCapacity>,
 }
 
@@ -289,8 +292,9 @@ struct Wakeups {
     wanted: Arc<AtomicBool>,
 }
 
-/// A pool's selector and tolerations: which member nodes it spans.
-type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>);
+/// A pool's selector and tolerations: which member nodes it spans; and its mode: which of
+/// their resources it lends.
+type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>, PoolMode);
 
 /// Every object of kind `K` in the member, watched with backoff.
 fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
@@ -370,9 +374,9 @@ impl Caches {
             *cur = found;
             changed
         });
-        let capacity = |(selector, tolerations): &PoolNodes| {
+        let capacity = |(selector, tolerations, mode): &PoolNodes| {
             let nodes = nodes.values().filter(|node| node.tolerated_by(tolerations));
-            pool_capacity_under(nodes, pods.values(), selector, &demand)
+            pool_capacity_in(nodes, pods.values(), selector, &demand, *mode)
         };
         Ok(Some(pools.iter().map(capacity).collect()))
     }
@@ -554,7 +558,8 @@ impl Session {
         );
         let caches = Caches::watch(&client, &name, policy.hpa_percent > 0, &cancelled);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
-        let spans: Vec<PoolNodes> = pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone())).collect();
+        let spans: Vec<PoolNodes> =
+            pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone(), p.mode)).collect();
         let (conflict_tx, conflict_rx) = watch::channel(None);
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
@@ -601,6 +606,7 @@ fn pool_channel(member: &MemberName, pool: &PoolSpec) -> (PoolHandle, PoolOut) {
         node_selector: pool.node_selector.clone(),
         tolerations: pool.tolerations.clone(),
         runtime_class_names: pool.runtime_class_names.clone(),
+        mode: pool.mode,
         capacity: rx,
     };
     (handle, PoolOut { name: pool.name.clone(), tx })

@@ -31,7 +31,7 @@ async fn install_pod_group_crd(client: &Client, scheduler: GangScheduler) {
     });
     let path = std::path::Path::new(&dir).join(format!("{}.yaml", scheduler.as_str()));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     let name = crd.name_any();
     api.patch(&name, &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&crd)).await.unwrap();

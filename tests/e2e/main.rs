@@ -7,6 +7,7 @@
 
 mod bad_input;
 mod chart;
+mod colocation;
 mod credentials;
 mod deletion;
 mod deploy;

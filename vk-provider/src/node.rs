@@ -48,6 +48,32 @@ pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> 
     labels
 }
 
+/// Reason of a colocation pool's `Ready=False` while none of its nodes publishes the batch
+/// resources of its mode.
+pub const REASON_COLOCATION_MISSING: &str = "ColocationResourcesMissing";
+
+/// The health a pool's virtual node shows: the member's, or, for a pool in a colocation
+/// mode none of whose nodes publishes that system's batch resources (its agent is not
+/// installed, down, or has reset them), unusable with the reason. Nothing new is placed
+/// there until the agent publishes again. Pure.
+pub fn pool_health(member: &Health, pool: &PoolHandle, capacity: &PoolCapacity) -> Health {
+    let mut health = member.clone();
+    if let Some(colocation) = pool.mode.colocation()
+        && capacity.nodes == 0
+        && health.is_healthy()
+    {
+        let why = format!(
+            "no node of pool {} publishes {} (pool mode {}): is {} running in the member?",
+            pool.name,
+            colocation.cpu,
+            pool.mode.as_str(),
+            colocation.system
+        );
+        health.unusable = Some((REASON_COLOCATION_MISSING.to_owned(), why));
+    }
+    health
+}
+
 /// The Ready condition's (status, reason, message) for a member's health.
 pub fn readiness(health: &Health) -> (&'static str, String, String) {
     if let Some(why) = &health.unreachable {
@@ -155,6 +181,20 @@ pub fn node_status(
     }
 }
 
+/// Resources advertised `before` that `now` lacks become `null` in the status `patch`: a
+/// strategic merge keeps the keys of a map it does not name, and the node would go on
+/// advertising a resource its pool no longer lends (a pool switched to a colocation mode, the
+/// last GPU node gone).
+pub fn remove_withdrawn(patch: &mut serde_json::Value, before: &Resources, now: &Resources) {
+    for name in before.names().filter(|n| !now.names().any(|m| m == *n)) {
+        for list in ["capacity", "allocatable"] {
+            if let Some(map) = patch["status"][list].as_object_mut() {
+                map.insert(name.to_owned(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
 /// Annotations of a virtual node: where metrics-server reads its pods' usage on the
 /// kubelet API all virtual nodes share ([`crate::kubelet`]).
 pub fn node_annotations(pool: &PoolHandle) -> BTreeMap<String, String> {
@@ -208,6 +248,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                         member: member.clone(),
                         pool: pool.clone(),
                         written: None,
+                        shown: None,
                         transitions: Transitions::new(),
                     };
                     let span = info_span!("virtual_node", member = %member.name, node = %node);
@@ -256,6 +297,9 @@ struct NodeTask {
     pool: PoolHandle,
     /// What the last status written carried: the allocatable and the health it followed.
     written: Option<(Resources, Health)>,
+    /// What the node advertised when last read or written: the resources a new status must
+    /// withdraw if it lacks them ([`remove_withdrawn`]).
+    shown: Option<Resources>,
     /// Each condition's status and since when it has had it, for `lastTransitionTime`.
     transitions: Transitions,
 }
@@ -345,7 +389,7 @@ impl NodeTask {
         self.written = None;
         let api = Api::<Node>::all(self.training.clone());
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &capacity);
         let member = &self.member;
         let mut node = virtual_node(&self.config, member.name.as_str(), &self.pool, &capacity, &health, member.paused);
         if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
@@ -374,11 +418,15 @@ impl NodeTask {
 
     /// Brings the Ready condition and the health taints in line with the member's health.
     async fn sync_health(&mut self) -> Result<(), Error> {
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &self.pool.capacity.borrow());
         let api = Api::<Node>::all(self.training.clone());
         let node = api.get(self.pool.node.as_str()).await.map_err(|e| Error::training("read node", e))?;
         if self.transitions.is_empty() {
             self.transitions = known_transitions(&node);
+        }
+        if self.shown.is_none() {
+            let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+            self.shown = allocatable.and_then(|a| Resources::from_quantities(a).ok());
         }
         let current = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         // Keep everyone else's taints; ours are exactly what the health says.
@@ -408,7 +456,7 @@ impl NodeTask {
     /// node does not show: they cost no write.
     async fn patch_status(&mut self, always: bool) -> Result<(), Error> {
         let capacity = self.pool.capacity.borrow_and_update().clone();
-        let health = self.member.health.borrow().clone();
+        let health = pool_health(&self.member.health.borrow(), &self.pool, &capacity);
         let advertised = (whole_units(&capacity.capacity), health);
         if !always && self.written.as_ref() == Some(&advertised) {
             return Ok(());
@@ -420,14 +468,15 @@ impl NodeTask {
             stamp_transitions(conditions, &mut self.transitions, now);
         }
         debug!(capacity = %capacity.capacity, "virtual node status");
+        let mut patch = json!({ "status": status });
+        if let Some(before) = &self.shown {
+            remove_withdrawn(&mut patch, before, &advertised.0);
+        }
         Api::<Node>::all(self.training.clone())
-            .patch_status(
-                self.pool.node.as_str(),
-                &PatchParams::default(),
-                &Patch::Strategic(json!({ "status": status })),
-            )
+            .patch_status(self.pool.node.as_str(), &PatchParams::default(), &Patch::Strategic(patch))
             .await
             .map_err(|e| Error::training("update node status", e))?;
+        self.shown = Some(advertised.0.clone());
         self.written = Some(advertised);
         Ok(())
     }
@@ -483,8 +532,35 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             runtime_class_names: Vec::new(),
+            mode: Default::default(),
             capacity: rx,
         }
+    }
+
+    #[test]
+    fn a_resource_the_pool_no_longer_lends_is_removed_from_the_node() {
+        let before = Resources::from_pairs([("cpu", "4"), ("kubernetes.io/batch-cpu", "12k")]).unwrap();
+        let now = Resources::from_pairs([("cpu", "12")]).unwrap();
+        let mut patch = json!({"status": {"capacity": {"cpu": "12"}, "allocatable": {"cpu": "12"}}});
+        remove_withdrawn(&mut patch, &before, &now);
+        let want = json!({"cpu": "12", "kubernetes.io/batch-cpu": null});
+        assert_eq!(patch, json!({"status": {"capacity": want, "allocatable": want}}));
+    }
+
+    #[test]
+    fn a_colocation_pool_without_nodes_publishing_its_resources_is_not_ready_with_the_reason() {
+        let colocated = PoolHandle { mode: tidepool_api::crd::PoolMode::KoordinatorBatch, ..pool() };
+        let none = PoolCapacity::default();
+        let some = PoolCapacity { nodes: 2, ..Default::default() };
+        let (status, reason, message) = readiness(&pool_health(&Health::default(), &colocated, &none));
+        assert_eq!((status, reason.as_str()), ("False", REASON_COLOCATION_MISSING));
+        assert!(message.contains("kubernetes.io/batch-cpu"), "{message}");
+        assert_eq!(readiness(&pool_health(&Health::default(), &colocated, &some)).0, "True");
+        // A requests pool with no nodes is the member's business as before; an unreachable
+        // member keeps its own reason.
+        assert_eq!(readiness(&pool_health(&Health::default(), &pool(), &none)).0, "True");
+        let down = Health { unreachable: Some("timeout".into()), ..Default::default() };
+        assert_eq!(readiness(&pool_health(&down, &colocated, &none)).1, keys::REASON_MEMBER_UNREACHABLE);
     }
 
     #[test]

@@ -600,7 +600,8 @@ impl PodSync<'_> {
         let member = self.member();
         // The offload policy: a refused pod fails here, before anything reaches the member.
         let allowed = policy::check(&whole, &self.ctx.config.policy)
-            .and_then(|()| policy::check_pool(&whole, &pool.runtime_class_names));
+            .and_then(|()| policy::check_pool(&whole, &pool.runtime_class_names))
+            .and_then(|()| policy::check_mode(&whole, pool.mode));
         if let Err(violation) = allowed {
             let msg = format!("not offloaded to member {}: {violation}", member.name);
             fail_pod(self.ctx, self.pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
@@ -667,6 +668,7 @@ impl PodSync<'_> {
             copy_labels: &member.copy_labels,
             copy_annotations: &member.copy_annotations,
             max_termination_grace: member.max_termination_grace,
+            mode: pool.mode,
         }
     }
 
@@ -763,6 +765,10 @@ impl PodSync<'_> {
         };
         let ctx = self.ctx;
         let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
+        let pool = self.pod.node_name().and_then(|node| self.member().pool_for_node(node));
+        if let Some(colocation) = pool.and_then(|p| p.mode.colocation()) {
+            colocation.status_to_training(&mut desired);
+        }
         translate::keep_tidepool_conditions(&mut desired, &self.pod.status.tidepool_conditions);
         translate::hold_for_reclaim(&mut desired, &self.pod.status.tidepool_conditions);
         let synced = SyncedStatus::of(Some(&desired));

@@ -111,6 +111,18 @@ pub fn check_pool(pod: &Pod, runtime_class_names: &[String]) -> Result<(), Polic
     }
 }
 
+/// Checks `pod` against its pool's mode: in a colocation mode it runs as the member's batch
+/// work, which some pods cannot be (see [`Colocation::unexpressible`]).
+///
+/// [`Colocation::unexpressible`]: tidepool_api::colocation::Colocation::unexpressible
+pub fn check_mode(pod: &Pod, mode: tidepool_api::crd::PoolMode) -> Result<(), PolicyViolation> {
+    let (Some(colocation), Some(spec)) = (mode.colocation(), pod.spec.as_ref()) else { return Ok(()) };
+    match colocation.unexpressible(spec) {
+        Some(u) => deny(u.field, format!("{} (pool mode {})", u.reason, mode.as_str())),
+        None => Ok(()),
+    }
+}
+
 fn deny(field: impl Into<String>, reason: impl Into<String>) -> Result<(), PolicyViolation> {
     Err(PolicyViolation { field: field.into(), reason: reason.into() })
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
+use tidepool_api::colocation::Colocation;
 use tidepool_api::keys;
 use tidepool_api::pod::{StatusLite, SyncedStatus};
 
@@ -37,6 +38,9 @@ pub struct Target<'a> {
     pub copy_annotations: &'a [String],
     /// `spec.maxTerminationGraceSeconds` of the member.
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
+    /// The pool's mode: in a colocation mode the copy asks for the member's batch resources
+    /// and carries what marks it as batch work there ([`colocate`]).
+    pub mode: tidepool_api::crd::PoolMode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -196,6 +200,10 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
     // A copy's PodGroup is tidepool's to name (see crate::gang_group), never the tenant's.
     crate::gang_group::drop_tenant_membership(&mut labels, &mut annotations);
+    let mut spec = offload_spec(spec, target);
+    if let Some(colocation) = target.mode.colocation() {
+        colocate(colocation, &mut labels, &mut annotations, &mut spec);
+    }
 
     Ok(Pod {
         metadata: ObjectMeta {
@@ -205,9 +213,28 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
             annotations: Some(annotations),
             ..Default::default()
         },
-        spec: Some(offload_spec(spec, target)),
+        spec: Some(spec),
         status: None,
     })
+}
+
+/// Makes a copy batch work of `colocation`: requests and limits under its resource names,
+/// its PriorityClass, labels and annotations. A class of the colocation system decides the
+/// preemption policy itself (the API refuses a pod that names another), and the copy asks
+/// for none of the member's ordinary `cpu` and `memory`, so it cannot preempt online pods.
+fn colocate(
+    colocation: &Colocation,
+    labels: &mut BTreeMap<String, String>,
+    annotations: &mut BTreeMap<String, String>,
+    spec: &mut PodSpec,
+) {
+    colocation.convert_spec(spec);
+    if let Some(class) = colocation.priority_class {
+        spec.priority_class_name = Some(class.to_owned());
+        spec.preemption_policy = None;
+    }
+    labels.extend(colocation.labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    annotations.extend(colocation.annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
 }
 
 fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
@@ -504,6 +531,7 @@ pub fn status_settles_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
     use tidepool_api::pod::PodLite;
 
@@ -564,6 +592,7 @@ mod tests {
             copy_labels: &[],
             copy_annotations: &[],
             max_termination_grace: Default::default(),
+            mode: Default::default(),
         }
     }
 
@@ -601,6 +630,44 @@ mod tests {
         let ann = p.metadata.annotations.unwrap();
         assert_eq!(ann[keys::ANNOTATION_ORIGIN_NAMESPACE], "team-a");
         assert!(p.metadata.uid.is_none() && p.metadata.resource_version.is_none());
+    }
+
+    #[test]
+    fn a_copy_for_a_koordinator_pool_is_batch_work_and_a_katalyst_one_reclaimed_cores() {
+        use tidepool_api::crd::PoolMode;
+        let mut pod = training_pod();
+        let resources =
+            json!({"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "2", "nvidia.com/gpu": "1"}});
+        pod.spec.as_mut().unwrap().containers[0].resources = Some(serde_json::from_value(resources).unwrap());
+        let selector = BTreeMap::new();
+        let koordinator = Target { mode: PoolMode::KoordinatorBatch, ..target(&selector) };
+        let copy = offload_pod(&pod, &koordinator).unwrap();
+        let spec = copy.spec.unwrap();
+        // Koordinator's class decides preemption (the API refuses a pod that names another).
+        assert_eq!(spec.priority_class_name.as_deref(), Some("koord-batch"));
+        assert_eq!(spec.preemption_policy, None);
+        assert_eq!(copy.metadata.labels.unwrap()["koordinator.sh/qosClass"], "BE");
+        let r = spec.containers[0].resources.clone().unwrap();
+        let q =
+            |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect();
+        assert_eq!(r.requests, Some(q(&[("kubernetes.io/batch-cpu", "500"), ("kubernetes.io/batch-memory", "2Gi")])));
+        assert_eq!(r.limits, Some(q(&[("kubernetes.io/batch-cpu", "2000"), ("nvidia.com/gpu", "1")])));
+        // Katalyst keys on the annotation; the band's own class stays, never preempting.
+        let katalyst = Target { mode: PoolMode::KatalystReclaimed, ..target(&selector) };
+        let copy = offload_pod(&pod, &katalyst).unwrap();
+        assert_eq!(copy.metadata.annotations.unwrap()["katalyst.kubewharf.io/qos_level"], "reclaimed_cores");
+        let spec = copy.spec.unwrap();
+        assert_eq!(spec.priority_class_name, Some(keys::Band::Medium.priority_class()));
+        assert_eq!(spec.preemption_policy.as_deref(), Some("Never"));
+        let r = spec.containers[0].resources.clone().unwrap();
+        assert_eq!(r.requests.unwrap()["resource.katalyst.kubewharf.io/reclaimed_millicpu"], Quantity("500".into()));
+        // Requests mode: nothing of either.
+        let plain = offload_pod(&pod, &target(&selector)).unwrap();
+        assert!(!plain.metadata.labels.unwrap().contains_key("koordinator.sh/qosClass"));
+        assert_eq!(
+            plain.spec.unwrap().containers[0].resources.clone().unwrap().requests.unwrap()["cpu"],
+            Quantity("500m".into())
+        );
     }
 
     #[test]
