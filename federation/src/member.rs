@@ -176,6 +176,9 @@ pub struct PoolHandle {
     pub tolerations: Vec<PoolToleration>,
     /// RuntimeClasses its offload pods may name (`spec.pools[].runtimeClassNames`).
     pub runtime_class_names: Vec<String>,
+    /// Node label keys of its topology domains, coarse to fine (`spec.pools[].topology`):
+    /// the only keys a copy's planned domain may pin (see `ANNOTATION_PLANNED_DOMAIN`).
+    pub topology: Vec<String>,
     pub capacity: watch::Receiver<PoolCapacity>,
 }
 
@@ -272,8 +275,8 @@ struct Wakeups {
     demand: Arc<AtomicBool>,
 }
 
-/// A pool's selector and tolerations: which member nodes it spans.
-type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>);
+/// A pool's selector and tolerations (which member nodes it spans) and its topology keys.
+type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>, Vec<String>);
 
 /// Every object of kind `K` in the member, watched with backoff.
 fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
@@ -353,9 +356,11 @@ impl Caches {
             *cur = found;
             changed
         });
-        let capacity = |(selector, tolerations): &PoolNodes| {
-            let nodes = nodes.values().filter(|node| node.tolerated_by(tolerations));
-            pool_capacity_under(nodes, pods.values(), selector, &demand)
+        let capacity = |(selector, tolerations, topology): &PoolNodes| {
+            let in_pool = nodes.values().filter(|node| node.tolerated_by(tolerations));
+            let mut capacity = pool_capacity_under(in_pool, pods.values(), selector, &demand);
+            capacity.label_topology(topology, |name| nodes.get(name));
+            capacity
         };
         Ok(Some(pools.iter().map(capacity).collect()))
     }
@@ -521,7 +526,8 @@ impl Session {
         );
         let caches = Caches::watch(&client, &name, policy.hpa_percent > 0, &cancelled);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
-        let spans: Vec<PoolNodes> = pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone())).collect();
+        let spans: Vec<PoolNodes> =
+            pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone(), p.topology.clone())).collect();
         let (conflict_tx, conflict_rx) = watch::channel(None);
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
@@ -566,6 +572,7 @@ fn pool_channel(member: &MemberName, pool: &PoolSpec) -> (PoolHandle, PoolOut) {
         node_selector: pool.node_selector.clone(),
         tolerations: pool.tolerations.clone(),
         runtime_class_names: pool.runtime_class_names.clone(),
+        topology: pool.topology.clone(),
         capacity: rx,
     };
     (handle, PoolOut { name: pool.name.clone(), tx })
@@ -659,7 +666,11 @@ impl<K: Eq + Hash, V> ViewCache<K, V> {
         self.live.iter()
     }
 
-    pub fn get(&self, k: &K) -> Option<&V> {
+    pub fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.live.get(k)
     }
 }

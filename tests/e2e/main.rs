@@ -28,6 +28,7 @@ mod restart;
 mod services;
 mod skeleton;
 mod throttle;
+mod topology;
 mod training;
 mod validation;
 mod vk_features;

@@ -483,6 +483,7 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             runtime_class_names: Vec::new(),
+            topology: Vec::new(),
             capacity: rx,
         }
     }
