@@ -308,11 +308,11 @@ async fn a_gang_whose_planned_node_is_taken_before_its_copies_exist_waits_pendin
             async move {
                 for n in &names {
                     let p = pods.get(n).await.ok()?;
-                    let status = p.status?;
-                    let cond = status.conditions?.into_iter().find(|c| {
+                    let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+                    let unschedulable = conditions.into_iter().find(|c| {
                         c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-                    })?;
-                    let message = cond.message.unwrap_or_default();
+                    });
+                    let message = unschedulable.and_then(|c| c.message).unwrap_or_default();
                     if message.contains("nodes are available") {
                         return Some((n.clone(), message));
                     }
@@ -321,7 +321,9 @@ async fn a_gang_whose_planned_node_is_taken_before_its_copies_exist_waits_pendin
             }
         })
         .await;
-    assert!(message.contains("nvidia.com/gpu") || message.contains("affinity"), "{pending}: {message}");
+    // The member's own words: rack r2 is full, and the other nodes are outside the domain.
+    assert!(message.contains("Insufficient nvidia.com/gpu"), "{pending}: {message}");
+    assert!(message.contains("didn't match Pod's node affinity"), "{pending}: {message}");
     let member = env.client(MEMBER).await;
     let copies = Api::<Pod>::namespaced(member, &format!("tp-{ns}"));
     let outside: Vec<String> = copies
