@@ -1272,14 +1272,17 @@ mod tests {
 
     #[test]
     fn other_devices_lead_the_packing_like_nvidia_gpus() {
-        // AMD GPUs and MIG slices are devices: the largest request of them goes first, and a
-        // node's free ones count per node, never in sum.
+        // AMD GPUs and MIG slices are devices: the tightest fit is judged on them before cpu
+        // (pool a leaves no device idle, b leaves 4), and a node's free ones count per node,
+        // never in sum.
         for device in ["amd.com/gpu", "nvidia.com/mig-1g.10gb"] {
-            let dev = |n: &str| r(&[(device, n), ("cpu", "1")]);
-            let a = pool("tidepool-a", vec![dev("4"), dev("8")]);
-            let p = place(&gang(vec![dev("4"), dev("8")]), std::slice::from_ref(&a)).unwrap();
-            assert_eq!(p.per_pod_member_node, vec![0, 1], "{device}");
-            let err = place(&gang(vec![dev("9")]), &[a]).unwrap_err();
+            let dev = |n: &str, cpu: &str| r(&[(device, n), ("cpu", cpu)]);
+            let a = pool("tidepool-a", vec![dev("4", "64")]);
+            let b = pool("tidepool-b", vec![dev("8", "1")]);
+            let p = place(&gang(vec![dev("4", "1")]), &[a.clone(), b]).unwrap();
+            assert_eq!(p.node, "tidepool-a", "{device}");
+            let a = pool("tidepool-a", vec![dev("4", "1"), dev("8", "1")]);
+            let err = place(&gang(vec![dev("9", "1")]), &[a]).unwrap_err();
             assert_eq!(
                 err.message,
                 format!("no pool fits 9 {device} on one node; largest free on one node: 8"),

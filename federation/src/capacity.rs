@@ -693,6 +693,33 @@ mod tests {
     }
 
     #[test]
+    fn each_node_record_has_its_name_and_only_the_topology_and_gpu_model_labels() {
+        let labelled = |name: &str, rack: &str, gpus: &str| {
+            let mut n = node(name, &[("nvidia.com/gpu", gpus)]);
+            n.labels.insert("example.com/rack".into(), rack.into());
+            n.labels.insert("topology.kubernetes.io/zone".into(), "z1".into());
+            n.labels.insert("kubernetes.io/hostname".into(), name.into());
+            n.labels.insert(GPU_PRODUCT_LABEL.into(), "H100".into());
+            n
+        };
+        let nodes = [labelled("a", "r1", "4"), labelled("b", "r2", "8"), node("c", &[("amd.com/gpu", "2")])];
+        let mut c = pool_capacity(&nodes, &[], &BTreeMap::new());
+        let keys = vec!["topology.kubernetes.io/zone".to_owned(), "example.com/rack".to_owned()];
+        c.label_topology(&keys, |name| nodes.iter().find(|n| n.name == name));
+        assert_eq!(c.topology, keys);
+        // Most devices first, whatever their vendor: b (8), a (4), c (2 AMD GPUs).
+        let names: Vec<&str> = c.free_per_node.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["b", "a", "c"]);
+        let want = BTreeMap::from([
+            ("example.com/rack".to_owned(), "r2".to_owned()),
+            ("topology.kubernetes.io/zone".to_owned(), "z1".to_owned()),
+            (GPU_PRODUCT_LABEL.to_owned(), "H100".to_owned()),
+        ]);
+        assert_eq!(c.free_per_node[0].labels, want, "no hostname: only what the planner reads");
+        assert!(c.free_per_node[2].labels.is_empty());
+    }
+
+    #[test]
     fn free_capacity_is_kept_per_node_with_offload_pods_subtracted() {
         let nodes = [node("a", &[("nvidia.com/gpu", "8")]), node("b", &[("nvidia.com/gpu", "8")])];
         let mut offload = pod("a", &[("nvidia.com/gpu", "6")]);
@@ -1311,6 +1338,14 @@ mod tests {
             })
         ));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("example.com/fpga", 1_000))));
+        // The planner's view of topology: a node relabelled to another rack, or new keys.
+        assert!(worth_publishing(
+            &base,
+            &with(&|c| {
+                c.free_per_node[0].labels.insert("example.com/rack".into(), "r2".into());
+            })
+        ));
+        assert!(worth_publishing(&base, &with(&|c| c.topology = vec!["example.com/rack".into()])));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 0))));
         // A small drift that opens a deficit goes at once: reclaim depends on it.
         let tight = with(&|c| {
