@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::names::{DEFAULT_POOL, MemberName, PoolName, VirtualNodeName};
-use crate::{FieldError, is_dns_label, is_dns_subdomain, keys};
+use crate::{FieldError, is_dns_label, is_dns_subdomain, is_label_key, keys};
 
 /// A member (online) cluster whose surplus capacity tidepool offers as virtual nodes.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -297,6 +297,12 @@ pub struct PoolSpec {
     /// runtime.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_class_names: Vec<String>,
+    /// Node label keys naming the pool's topology domains, coarse to fine (for example
+    /// `topology.kubernetes.io/zone`, then a rack label, then an NVLink-domain label). The
+    /// planner keeps each gang inside one domain of the finest level that fits it, and every
+    /// copy gets a required node affinity for that domain. Empty: no topology.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology: Vec<String>,
     /// Which node resources the pool lends (see [`PoolMode`]). Default `requests`.
     #[serde(default, skip_serializing_if = "PoolMode::is_requests")]
     pub mode: PoolMode,
@@ -559,6 +565,18 @@ impl MemberClusterSpec {
                     errors.push(FieldError::new(format!("spec.pools[{i}].tolerations[{j}]"), problem));
                 }
             }
+            if pool.topology.len() > 8 {
+                errors.push(FieldError::new(format!("spec.pools[{i}].topology"), "must have at most 8 keys"));
+            }
+            let mut levels = std::collections::BTreeSet::new();
+            for (j, key) in pool.topology.iter().enumerate() {
+                let path = format!("spec.pools[{i}].topology[{j}]");
+                if !is_label_key(key) {
+                    errors.push(FieldError::new(path, format!("{key:?} is not a node label key")));
+                } else if !levels.insert(key.as_str()) {
+                    errors.push(FieldError::new(path, format!("duplicate topology key {key:?}")));
+                }
+            }
         }
         errors
     }
@@ -701,6 +719,21 @@ mod tests {
             paths,
             ["spec.kubeconfigSecretRef.name", "spec.namespacePrefix", "spec.pools[1].name", "spec.pools[2].name"]
         );
+    }
+
+    #[test]
+    fn topology_keys_are_label_keys_each_listed_once() {
+        let mut s = spec();
+        let keys = ["topology.kubernetes.io/zone", "example.com/rack", "Not A Key", "example.com/rack"];
+        s.pools = vec![PoolSpec {
+            name: "gpu".into(),
+            topology: keys.iter().map(|k| (*k).to_owned()).collect(),
+            ..Default::default()
+        }];
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.pools[0].topology[2]", "spec.pools[0].topology[3]"]);
+        s.pools[0].topology.truncate(2);
+        assert!(s.validate("member-a").is_empty());
     }
 
     #[test]

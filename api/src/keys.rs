@@ -135,6 +135,27 @@ impl Band {
 pub const ANNOTATION_PLACEMENT: &str = "tidepool.io/placement";
 /// When the placement was recorded (RFC 3339): the gang timeout counts from here.
 pub const ANNOTATION_PLACED_AT: &str = "tidepool.io/placed-at";
+/// Annotation on a training pod of a placed gang: the member node the planner simulated it
+/// on. Its copy gets a preferred node affinity for that node; the member's scheduler still
+/// decides. Written with the placement, before the first bind.
+pub const ANNOTATION_PLANNED_NODE: &str = "tidepool.io/planned-node";
+/// Annotation on a training pod of a placed gang: the topology domain its gang was planned
+/// into, `<key>=<value>[,<key>=<value>...]` (every level of the pool's `topology` down to the
+/// one used, and the GPU model when one was chosen). Its copy gets a required node affinity
+/// for each pair whose key the pool allows (see `vk-provider`'s translation). Absent when
+/// nothing constrains the gang.
+pub const ANNOTATION_PLANNED_DOMAIN: &str = "tidepool.io/planned-domain";
+
+/// The pairs of a [`ANNOTATION_PLANNED_DOMAIN`] value, in order; pieces without `=` or with
+/// an empty key are skipped.
+pub fn parse_planned_domain(value: &str) -> Vec<(String, String)> {
+    value
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
 /// Label on a placed training pod: `core` (one of its gang's `minMember`, admitted with it) or
 /// `elastic` (grown beyond it). Written with the band, before the binding; trusted only on a
 /// pod whose placement names its node, as the band is. A core pod that fails restarts its

@@ -63,9 +63,33 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
+/// Checks a label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// characters of alphanumerics, `-`, `_` and `.`, beginning and ending alphanumeric.
+pub fn is_label_key(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, s),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    name_ok && prefix.is_none_or(is_dns_subdomain)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys() {
+        assert!(is_label_key("topology.kubernetes.io/zone"));
+        assert!(is_label_key("rack"));
+        assert!(!is_label_key("Bad Prefix/rack"));
+        assert!(!is_label_key("example.com/"));
+        assert!(!is_label_key("-rack"));
+    }
 
     #[test]
     fn dns_names() {

@@ -10,6 +10,18 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+/// Whether `name` is a device resource: an extended resource with a domain prefix
+/// (`nvidia.com/gpu`, `amd.com/gpu`, MIG profiles such as `nvidia.com/mig-1g.10gb`, any
+/// vendor's device), counted in whole devices. Names under `kubernetes.io/` and the
+/// unprefixed ones (`cpu`, `memory`, `hugepages-2Mi`, …) are not. Devices are what a
+/// training gang is placed for: the planner and the capacity model rank by them first.
+pub fn is_device(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((domain, _)) => domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io"),
+        None => false,
+    }
+}
+
 /// Error for a quantity string Kubernetes would not accept either.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid quantity {0:?}")]
@@ -250,6 +262,24 @@ impl fmt::Display for Resources {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn devices_are_the_domain_prefixed_extended_resources() {
+        let cases = [
+            ("an NVIDIA GPU", "nvidia.com/gpu", true),
+            ("an AMD GPU", "amd.com/gpu", true),
+            ("a MIG profile", "nvidia.com/mig-1g.10gb", true),
+            ("any vendor's device", "example.com/fpga", true),
+            ("cpu", "cpu", false),
+            ("memory", "memory", false),
+            ("hugepages", "hugepages-2Mi", false),
+            ("a kubernetes.io resource", "kubernetes.io/batch", false),
+            ("a subdomain of kubernetes.io", "requests.kubernetes.io/x", false),
+        ];
+        for (case, name, want) in cases {
+            assert_eq!(is_device(name), want, "{case}");
+        }
+    }
 
     #[test]
     fn quantities_parse_like_the_api_server() {

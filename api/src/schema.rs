@@ -123,6 +123,17 @@ fn tighten(root: &mut JSONSchemaProps) {
     });
     with(root, &["spec", "pools", "[]", "name"], |n| pattern(n, DNS_LABEL, 63));
     with(root, &["spec", "pools", "[]", "runtimeClassNames", "[]"], |n| pattern(n, DNS_SUBDOMAIN, 253));
+    with(root, &["spec", "pools", "[]", "topology"], |n| {
+        n.max_items = Some(8);
+        n.x_kubernetes_list_type = Some("set".to_owned());
+    });
+    with(root, &["spec", "pools", "[]", "topology", "[]"], |n| {
+        pattern(
+            n,
+            r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+            317,
+        );
+    });
     with(root, &["spec", "pools", "[]", "tolerations", "[]"], |n| {
         rule(n, "self.operator == 'Exists' || (has(self.key) && self.key != '')", "operator Equal needs a key");
         rule(

@@ -16,6 +16,10 @@
 //!   (largest first, best fit), and a gang it cannot bind whole is counted as `stranded`: a
 //!   partial gang, the thing tidepool exists to prevent.
 //!
+//! Then topology: two pools of 500 nodes in 4 zones × 8 racks (`spec.pools[].topology`),
+//! the same gangs decided by the topology-aware planner and by the same planner with the
+//! topology left out (blind), counting the gangs each plan spreads over more than one rack.
+//!
 //! Inputs come from a seeded xorshift generator, so two runs with the same seed decide the
 //! same gangs on the same pools.
 
@@ -25,7 +29,7 @@ use std::time::{Duration, Instant};
 use tidepool_api::Resources;
 use tidepool_dispatcher::gang::GangKey;
 use tidepool_dispatcher::plan::{self, GangDemand, PoolView};
-use tidepool_federation::capacity::GPU;
+use tidepool_federation::capacity::{GPU, NodeFree};
 
 const POOLS: usize = 10;
 const PODS_PER_GANG: usize = 8;
@@ -72,8 +76,8 @@ fn pools(rng: &mut XorShift) -> Vec<PoolView> {
     (0..POOLS)
         .map(|i| {
             let nodes = 16 + rng.below(49) as usize;
-            let free_per_node: Vec<Resources> = (0..nodes)
-                .map(|_| {
+            let free_per_node: Vec<NodeFree> = (0..nodes)
+                .map(|n| {
                     let used = match rng.below(10) {
                         0..=2 => 0,
                         3..=4 => GPUS_PER_NODE,
@@ -84,12 +88,12 @@ fn pools(rng: &mut XorShift) -> Vec<PoolView> {
                     let memory = (1024 - used * 110 - rng.below(64) as i64).max(0);
                     let mut free = res(gpus, cpus, memory);
                     free.set("pods", 110_000);
-                    free
+                    NodeFree::new(format!("m{i}-node-{n}"), free)
                 })
                 .collect();
             let mut capacity = Resources::new();
             for f in &free_per_node {
-                capacity.add(f);
+                capacity.add(&f.free);
             }
             capacity.sub(&res(GPUS_PER_NODE, 128, 1024));
             capacity.clamp_non_negative();
@@ -102,6 +106,7 @@ fn pools(rng: &mut XorShift) -> Vec<PoolView> {
                 used: Resources::new(),
                 free_per_node,
                 gpu_product: (i < 8).then(|| "NVIDIA-H100-80GB-HBM3".to_owned()),
+                topology: Vec::new(),
                 schedulable: true,
             }
         })
@@ -152,12 +157,13 @@ fn member_binds(pool: &mut PoolView, pods: &[Resources]) -> bool {
     order.sort_by_key(|p| std::cmp::Reverse((p.get(GPU), p.get("cpu"), p.get("memory"))));
     let mut all = true;
     for pod in order {
-        let node = (0..pool.free_per_node.len()).filter(|&n| pod.fits_in(&pool.free_per_node[n])).min_by_key(|&n| {
-            let f = &pool.free_per_node[n];
-            (f.get(GPU), f.get("cpu"), f.get("memory"), n)
-        });
+        let node =
+            (0..pool.free_per_node.len()).filter(|&n| pod.fits_in(&pool.free_per_node[n].free)).min_by_key(|&n| {
+                let f = &pool.free_per_node[n].free;
+                (f.get(GPU), f.get("cpu"), f.get("memory"), n)
+            });
         match node {
-            Some(n) => pool.free_per_node[n].sub(pod),
+            Some(n) => pool.free_per_node[n].free.sub(pod),
             None => all = false,
         }
         pool.used.add(pod);
@@ -230,6 +236,136 @@ fn measure(path: Path, gangs: &[GangDemand], pools: &[PoolView], commit: bool) -
     runs.swap_remove(REPEAT / 2)
 }
 
+const TOPO_POOLS: usize = 2;
+const TOPO_NODES: usize = 500;
+const ZONES: usize = 4;
+const RACKS_PER_ZONE: usize = 8;
+const ZONE_KEY: &str = "topology.kubernetes.io/zone";
+const RACK_KEY: &str = "example.com/rack";
+
+/// Two pools of 500 member nodes (8 GPUs, 128 cpu, 1Ti each, used as in [`pools`]), the
+/// nodes dealt in order over 4 zones × 8 racks of about 16 nodes.
+fn topology_pools(rng: &mut XorShift) -> Vec<PoolView> {
+    (0..TOPO_POOLS)
+        .map(|i| {
+            let racks = ZONES * RACKS_PER_ZONE;
+            let free_per_node: Vec<NodeFree> = (0..TOPO_NODES)
+                .map(|n| {
+                    let used = match rng.below(10) {
+                        0..=2 => 0,
+                        3..=4 => GPUS_PER_NODE,
+                        _ => 1 + rng.below(7) as i64,
+                    };
+                    let mut free = res(GPUS_PER_NODE - used, 128 - used * 14, 1024 - used * 110);
+                    free.set("pods", 110_000);
+                    let rack = n * racks / TOPO_NODES;
+                    let mut node = NodeFree::new(format!("t{i}-node-{n}"), free);
+                    node.labels.insert(ZONE_KEY.to_owned(), format!("z{}", rack / RACKS_PER_ZONE));
+                    node.labels.insert(RACK_KEY.to_owned(), format!("r{rack}"));
+                    node
+                })
+                .collect();
+            let mut capacity = Resources::new();
+            for f in &free_per_node {
+                capacity.add(&f.free);
+            }
+            PoolView {
+                node: format!("tidepool-t{i}-racks"),
+                member: format!("t{i}"),
+                pool: "racks".to_owned(),
+                capacity,
+                used: Resources::new(),
+                free_per_node,
+                gpu_product: Some("NVIDIA-H100-80GB-HBM3".to_owned()),
+                topology: vec![ZONE_KEY.to_owned(), RACK_KEY.to_owned()],
+                schedulable: true,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct TopologyOutcome {
+    placed: usize,
+    /// Gangs whose planned nodes lie in more than one rack.
+    spread: usize,
+    decide: Vec<Duration>,
+}
+
+/// Decides every gang on `initial` (the blind run: with the pools' topology left out, the
+/// racks still counted); `commit` books each placement on the pools, as a round does.
+fn run_topology(gangs: &[GangDemand], initial: &[PoolView], blind: bool, commit: bool) -> TopologyOutcome {
+    let labelled = initial.to_vec();
+    let mut pools = initial.to_vec();
+    if blind {
+        pools.iter_mut().for_each(|p| p.topology.clear());
+    }
+    let mut out = TopologyOutcome { decide: Vec::with_capacity(gangs.len()), ..TopologyOutcome::default() };
+    for gang in gangs {
+        let t = Instant::now();
+        let placed = plan::place(gang, &pools);
+        out.decide.push(t.elapsed());
+        let Ok(p) = placed else { continue };
+        out.placed += 1;
+        let Some(i) = pools.iter().position(|v| v.node == p.node) else { continue };
+        let racks: std::collections::BTreeSet<&String> =
+            p.per_pod_member_node.iter().filter_map(|&n| labelled[i].free_per_node[n].labels.get(RACK_KEY)).collect();
+        if racks.len() > 1 {
+            out.spread += 1;
+        }
+        if commit {
+            pools[i].reserve(&gang.pods, &p.per_pod_member_node);
+        }
+    }
+    out
+}
+
+/// The topology table: decisions per second and gangs spread over racks, aware and blind.
+fn topology_table(gangs: &[GangDemand], seed: u64) -> f64 {
+    let mut rng = XorShift::new(seed ^ 0x7090);
+    let pools = topology_pools(&mut rng);
+    println!();
+    println!(
+        "topology: {} gangs, {TOPO_POOLS} pools x {TOPO_NODES} nodes in {ZONES} zones x {RACKS_PER_ZONE} racks \
+         (topology [zone, rack]), median of {REPEAT} runs, single-threaded",
+        gangs.len()
+    );
+    println!(
+        "{:<11} {:<16} {:>9} {:>7} {:>18} {:>10} {:>12} {:>8} {:>8}",
+        "run", "planner", "decisions", "placed", "spread over racks", "decide ms", "decisions/s", "p50 us", "p99 us"
+    );
+    let mut slowest = f64::INFINITY;
+    for (name, commit) in [("snapshot", false), ("sequential", true)] {
+        for (label, blind) in [("topology-aware", false), ("topology-blind", true)] {
+            let mut runs: Vec<TopologyOutcome> =
+                (0..REPEAT).map(|_| run_topology(gangs, &pools, blind, commit)).collect();
+            runs.sort_by_key(|o| o.decide.iter().sum::<Duration>());
+            let o = runs.swap_remove(REPEAT / 2);
+            let mut sorted = o.decide.clone();
+            sorted.sort();
+            let decide: Duration = sorted.iter().sum();
+            let rate = sorted.len() as f64 / decide.as_secs_f64().max(1e-9);
+            if !blind {
+                slowest = slowest.min(rate);
+            }
+            println!(
+                "{:<11} {:<16} {:>9} {:>7} {:>18} {:>10.1} {:>12.0} {:>8.1} {:>8.1}",
+                name,
+                label,
+                sorted.len(),
+                o.placed,
+                o.spread,
+                decide.as_secs_f64() * 1e3,
+                rate,
+                percentile(&sorted, 50).as_secs_f64() * 1e6,
+                percentile(&sorted, 99).as_secs_f64() * 1e6,
+            );
+        }
+    }
+    println!("spread over racks: placed gangs whose planned nodes lie in more than one rack");
+    slowest
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -250,7 +386,7 @@ fn main() -> ExitCode {
     let gangs = gangs(&mut rng, n as usize);
 
     let nodes: usize = pools.iter().map(|p| p.free_per_node.len()).sum();
-    let free_gpus: i64 = pools.iter().flat_map(|p| &p.free_per_node).map(|f| f.get(GPU) / 1000).sum();
+    let free_gpus: i64 = pools.iter().flat_map(|p| &p.free_per_node).map(|f| f.free.get(GPU) / 1000).sum();
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     println!(
         "planner_bench: {n} gangs x {PODS_PER_GANG} pods, {POOLS} pools, {nodes} member nodes \
@@ -310,6 +446,12 @@ fn main() -> ExitCode {
     println!(
         "goal (issue 5): >= 200 decisions/s on 2 cores; tidepool's slowest run: {tidepool_rate:.0} decisions/s ({})",
         if tidepool_rate >= 200.0 { "met" } else { "NOT met" }
+    );
+    let topology_rate = topology_table(&gangs, seed);
+    println!(
+        "goal (issue 16): >= 2000 decisions/s on one core with topology; slowest topology-aware run: \
+         {topology_rate:.0} decisions/s ({})",
+        if topology_rate >= 2000.0 { "met" } else { "NOT met" }
     );
     println!("total wall time: {:.2} s", total.elapsed().as_secs_f64());
     ExitCode::SUCCESS

@@ -34,8 +34,8 @@ use crate::context::{Context, PreemptRequest, pacing, pod_group_api, publish, re
 use crate::error::{Error, PodGroupRef, Result};
 use crate::gang::{self, GangKey, GangSource};
 use crate::order::admission_order;
-use crate::plan::PoolView;
-use crate::round::{self, GangState, Write};
+use crate::plan::{Domain, PoolView};
+use crate::round::{self, GangState, PlannedPod, Write};
 
 /// A round runs at least this often, so capacity that frees up is noticed.
 const TICK: Duration = Duration::from_secs(2);
@@ -172,8 +172,10 @@ async fn commit(ctx: &Context, writes: Vec<Write>) -> Result<()> {
         match write {
             Write::Explain { pods, message } => explain(ctx, pods, &message).await?,
             Write::RollBack { pods, message } => roll_back(ctx, &pods, &message).await,
-            Write::Bind { pod, node, band, role } => bind(ctx, &pod, &node, band, role).await?,
-            Write::Place { gang, node, member, pods } => place(ctx, &gang, &node, &member, &pods).await?,
+            Write::Bind { pod, node, band, role, domain } => bind(ctx, &pod, &node, band, role, &domain).await?,
+            Write::Place { gang, node, member, pods, domain, note } => {
+                place(ctx, &gang, (&node, &member), &pods, &domain, note.as_deref()).await?
+            }
         }
     }
     Ok(())
@@ -250,28 +252,35 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
     }
 }
 
-/// Places a new gang on `node`: records the placement (and band) on every core pod before
-/// binding any of them, then binds them all (both steps concurrently across the gang's pods),
-/// then says `Placed`. A placement not recorded on every pod binds nothing: the next round
-/// tries again.
-async fn place(ctx: &Context, key: &GangKey, node: &str, member: &str, pods: &[(Arc<PodLite>, Band)]) -> Result<()> {
-    info!(gang = %key, node, pods = pods.len(), "gang placed");
+/// Places a new gang on `node` of `member`: records the placement (band, planned node and
+/// domain) on every core pod before binding any of them, then binds them all (both steps
+/// concurrently across the gang's pods), then says `Placed`, with how the gang was kept
+/// together. A placement not recorded on every pod binds nothing: the next round tries again.
+async fn place(
+    ctx: &Context,
+    key: &GangKey,
+    (node, member): (&str, &str),
+    pods: &[PlannedPod],
+    domain: &Domain,
+    note: Option<&str>,
+) -> Result<()> {
+    info!(gang = %key, node, pods = pods.len(), domain = %domain.to_annotation(), "gang placed");
     for chunk in pods.chunks(BIND_CONCURRENCY) {
         let recorded =
-            futures::future::join_all(chunk.iter().map(|(p, band)| record_placement(ctx, p, node, *band, pods.len())))
-                .await;
+            futures::future::join_all(chunk.iter().map(|p| record_placement(ctx, p, node, domain, pods.len()))).await;
         if let Some(Err(e)) = recorded.into_iter().find(Result::is_err) {
             warn!(gang = %key, error = %e, "cannot record placement; will retry");
             return Ok(());
         }
     }
     for chunk in pods.chunks(BIND_CONCURRENCY) {
-        let bound = futures::future::join_all(chunk.iter().map(|(p, band)| create_binding(ctx, p, node, *band))).await;
+        let bound = futures::future::join_all(chunk.iter().map(|p| create_binding(ctx, &p.pod, node, p.band))).await;
         bound.into_iter().collect::<Result<Vec<()>>>()?;
     }
-    if let Some((first, _)) = pods.first() {
-        let note = format!("gang {key} ({} pods) placed on {node} (member {member})", pods.len());
-        publish(ctx, first, EventType::Normal, keys::REASON_PLACED, &note).await;
+    if let Some(first) = pods.first() {
+        let how = note.map(|n| format!(": {n}")).unwrap_or_default();
+        let note = format!("gang {key} ({} pods) placed on {node} (member {member}){how}", pods.len());
+        publish(ctx, &first.pod, EventType::Normal, keys::REASON_PLACED, &note).await;
     }
     Ok(())
 }
@@ -293,34 +302,46 @@ async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
     }
 }
 
-/// Records `pod`'s placement on `node` with its band, its role and the size of its gang's
-/// core (`core`, for a member's gang scheduler: see [`keys::ANNOTATION_GANG_CORE`]).
+/// Records `planned`'s placement on `node` with its band, its role, its planned node and
+/// `domain`, and the size of its gang's core (`core`, for a member's gang scheduler: see
+/// [`keys::ANNOTATION_GANG_CORE`]).
 async fn record_placement(
     ctx: &Context,
-    pod: &PodLite,
+    planned: &PlannedPod,
     node: &str,
-    band: Band,
+    domain: &Domain,
     core: usize,
 ) -> Result<(), kube::Error> {
     ctx.wrote();
+    let pod = &planned.pod;
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({ "metadata": {
-        "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: keys::ROLE_CORE },
+        "labels": { keys::LABEL_BAND: planned.band.as_str(), keys::LABEL_ROLE: keys::ROLE_CORE },
         "annotations": {
-            keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLACED_AT: now, keys::ANNOTATION_GANG_CORE: core.to_string(),
+            keys::ANNOTATION_PLACEMENT: node,
+            keys::ANNOTATION_PLACED_AT: now,
+            keys::ANNOTATION_GANG_CORE: core.to_string(),
+            keys::ANNOTATION_PLANNED_NODE: planned.member_node,
+            // null removes a domain a pod of an earlier placement carried.
+            keys::ANNOTATION_PLANNED_DOMAIN: planned_domain(domain),
         },
     } });
     api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(())
 }
 
-async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, role: &str) -> Result<()> {
+/// The `tidepool.io/planned-domain` value of a merge patch: `null` (removed) for none.
+fn planned_domain(domain: &Domain) -> serde_json::Value {
+    if domain.is_empty() { serde_json::Value::Null } else { domain.to_annotation().into() }
+}
+
+async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, role: &str, domain: &Domain) -> Result<()> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
     let labels = json!({ "metadata": {
         "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: role },
-        "annotations": { keys::ANNOTATION_PLACEMENT: node },
+        "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLANNED_DOMAIN: planned_domain(domain) },
     }});
     if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(labels)).await {
         warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");

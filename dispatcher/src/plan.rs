@@ -15,19 +15,28 @@
 //!   capacity (the virtual node's allocatable), so a placement never creates the deficit that
 //!   reclaim would then have to undo.
 //!
-//! The per-node simulation is best-fit decreasing (largest GPU request first, then cpu, then
-//! memory; each pod onto the node it leaves the least room on). Greedy packing is exact for a
-//! gang of identical pods (the common case); for a gang of unequal pods that greedy packing
-//! misses, a bounded exhaustive search ([`SEARCH_BUDGET`]) looks for an assignment before the
-//! pool is refused.
+//! Inside the pool the gang is kept together ([`Placement::domain`]): on one GPU model when
+//! it requests devices and one model can take it, and inside one domain of the finest level
+//! of the pool's topology (`spec.pools[].topology`, coarse to fine) that fits it. When no
+//! domain of any level fits, the gang is placed pool-wide rather than kept waiting: the
+//! member's scheduler still puts it wherever it fits, and the Placed event says why it is
+//! spread. The chosen domain travels with the copies as a required node affinity, each
+//! pod's simulated node as a preferred one.
+//!
+//! The per-node simulation is best-fit decreasing (most devices first, then cpu, then
+//! memory; each pod onto the node it leaves the least room on), against a fill-the-roomiest
+//! packing that uses the fewest nodes (a PS beside its workers on one machine); the one on
+//! fewer nodes wins. Greedy packing is exact for a gang of identical pods (the common case);
+//! for a gang of unequal pods that greedy packing misses, a bounded exhaustive search
+//! ([`SEARCH_BUDGET`]) looks for an assignment before the pool is refused.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use tidepool_api::Resources;
-use tidepool_api::resources::format_milli;
+use tidepool_api::resources::{format_milli, is_device};
 use tidepool_federation::PoolCapacity;
-use tidepool_federation::capacity::GPU;
+use tidepool_federation::capacity::{GPU_PRODUCT_LABEL, NodeFree};
 
 use crate::gang::GangKey;
 
@@ -36,9 +45,10 @@ use crate::gang::GangKey;
 /// for small gangs on small pools, which is where greedy packing can miss.
 pub const SEARCH_BUDGET: u32 = 10_000;
 
-/// Resources compared first, in this order, wherever the planner ranks pods, nodes or pools:
-/// GPUs are the scarce, indivisible resource a training gang is placed for.
-const LEADING: [&str; 3] = [GPU, "cpu", "memory"];
+/// Resources compared right after the devices, in this order, wherever the planner ranks
+/// pods, nodes or pools: devices (GPUs, MIG slices, any vendor's accelerator) are the scarce,
+/// indivisible resources a training gang is placed for, and lead (see [`is_device`]).
+const LEADING: [&str; 2] = ["cpu", "memory"];
 
 /// What the planner needs to know of one offered pool (one virtual node).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +61,12 @@ pub struct PoolView {
     pub capacity: Resources,
     /// Requests of offload pods already running (or bound this round) in the pool.
     pub used: Resources,
-    /// Free capacity per member node, for the fit simulation.
-    pub free_per_node: Vec<Resources>,
+    /// Free capacity per member node, with its name and topology labels, for the simulation.
+    pub free_per_node: Vec<NodeFree>,
     /// The GPU model when every node of the pool has the same one.
     pub gpu_product: Option<String>,
+    /// Topology label keys, coarse to fine.
+    pub topology: Vec<String>,
     /// False while the member is paused or not ready: such a pool is never chosen.
     pub schedulable: bool,
 }
@@ -76,6 +88,7 @@ impl PoolView {
             used: capacity.used.clone(),
             free_per_node: capacity.free_per_node.clone(),
             gpu_product: capacity.gpu_product.clone(),
+            topology: capacity.topology.clone(),
             schedulable,
         }
     }
@@ -86,11 +99,16 @@ impl PoolView {
     /// of range still counts against the budget.
     pub fn reserve(&mut self, pods: &[Resources], member_nodes: &[usize]) {
         for (i, pod) in pods.iter().enumerate() {
-            if let Some(free) = member_nodes.get(i).and_then(|&n| self.free_per_node.get_mut(n)) {
-                free.sub(pod);
+            if let Some(node) = member_nodes.get(i).and_then(|&n| self.free_per_node.get_mut(n)) {
+                node.free.sub(pod);
             }
             self.used.add(pod);
         }
+    }
+
+    /// The GPU model of a member node: its own label, else the pool's single model.
+    fn product_of<'a>(&'a self, node: &'a NodeFree) -> Option<&'a str> {
+        node.labels.get(GPU_PRODUCT_LABEL).or(self.gpu_product.as_ref()).map(String::as_str)
     }
 }
 
@@ -104,6 +122,35 @@ pub struct GangDemand {
     pub pinned: Option<String>,
 }
 
+/// The part of a pool a gang was planned into: node label pairs every node of it carries
+/// (the pool's topology keys, coarse to fine, down to the level used; then the GPU model when
+/// one was chosen in a pool mixing models). Empty: the whole pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Domain {
+    pub pairs: Vec<(String, String)>,
+}
+
+impl Domain {
+    /// Whether member node `node` lies inside the domain.
+    pub fn contains(&self, node: &NodeFree) -> bool {
+        self.pairs.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+    }
+
+    /// `key=value,key=value`: the form of the `tidepool.io/planned-domain` annotation.
+    pub fn to_annotation(&self) -> String {
+        self.pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// Reads the annotation form back (see [`tidepool_api::keys::parse_planned_domain`]).
+    pub fn parse(s: &str) -> Self {
+        Self { pairs: tidepool_api::keys::parse_planned_domain(s) }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+}
+
 /// Where a gang goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -112,8 +159,15 @@ pub struct Placement {
     pub member: String,
     pub pool: String,
     /// For each pod of [`GangDemand::pods`], the index into the pool's `free_per_node` the
-    /// simulation put it on. Diagnostics only: the member's own scheduler places the pods.
+    /// simulation put it on: its planned node, which its copy prefers.
     pub per_pod_member_node: Vec<usize>,
+    /// For each pod, the name of that member node.
+    pub planned_nodes: Vec<String>,
+    /// The domain the gang was kept in; its copies require it.
+    pub domain: Domain,
+    /// How the gang was kept together, for the Placed event: the level used, or why no
+    /// domain fits and the gang is spread over the pool.
+    pub note: Option<String>,
 }
 
 /// Why a gang cannot be placed now, in words a tenant can act on; the controller puts it on
@@ -132,11 +186,12 @@ impl Unplaceable {
 
 /// Places the whole gang on one pool, or explains why no pool can take it.
 ///
-/// Among the pools that fit, the choice is, in order: a pool with one GPU model for a gang
-/// that requests GPUs (mixed models slow collective operations down to the slowest card); the
-/// tightest fit, i.e. the least free capacity left on the member nodes the gang lands on
-/// (GPU, then cpu, then memory), so big holes stay whole for big pods; the least budget left
-/// in the pool; and finally the virtual node name, so the answer never depends on input order.
+/// Among the pools that fit, the choice is, in order: a pool where the gang gets one GPU
+/// model when it requests devices (mixed models slow collective operations down to the
+/// slowest card); a pool where it stays inside one topology domain; the tightest fit, i.e.
+/// the least free capacity left on the member nodes the gang lands on (devices, then cpu,
+/// then memory), so big holes stay whole for big pods; the least budget left in the pool;
+/// and finally the virtual node name, so the answer never depends on input order.
 pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplaceable> {
     if gang.pods.is_empty() {
         return Err(Unplaceable::new("the gang has no pods to place"));
@@ -166,7 +221,7 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
     let mut best: Option<(Fit, &PoolView)> = None;
     let mut refusals = Vec::new();
     for pool in candidates.iter().copied() {
-        match demand.try_pool(pool) {
+        match demand.try_pool(pool, None) {
             Ok(fit) => {
                 let better = best.as_ref().is_none_or(|(b, bp)| {
                     (&fit.score, &pool.node, &pool.member, &pool.pool) < (&b.score, &bp.node, &bp.member, &bp.pool)
@@ -183,7 +238,10 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
             node: pool.node.clone(),
             member: pool.member.clone(),
             pool: pool.pool.clone(),
+            planned_nodes: fit.assignment.iter().map(|&n| pool.free_per_node[n].name.clone()).collect(),
             per_pod_member_node: fit.assignment,
+            domain: fit.domain,
+            note: fit.note,
         }),
         None => Err(Unplaceable::new(demand.explain(subject, &candidates, &refusals))),
     }
@@ -191,14 +249,15 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
 
 /// Whether one more (elastic) pod fits on `pool`, next to `already`: the pods planned onto
 /// this pool in this round that `pool` does not show yet (gang cores included). All of them
-/// are simulated together, per node and against the budget, exactly as [`place`] does.
-pub fn fits_one(pod: &Resources, pool: &PoolView, already: &[Resources]) -> bool {
+/// are simulated together, per node and against the budget, exactly as [`place`] does, on
+/// the nodes of `domain` only: an elastic pod joins its gang where the gang is.
+pub fn fits_one(pod: &Resources, pool: &PoolView, already: &[Resources], domain: &Domain) -> bool {
     if !pool.schedulable {
         return false;
     }
     let mut pods = already.to_vec();
     pods.push(pod.clone());
-    Demand::new(&pods).try_pool(pool).is_ok()
+    Demand::new(&pods).try_pool(pool, Some(domain)).is_ok()
 }
 
 /// Which pools a message speaks about.
@@ -211,8 +270,11 @@ enum Subject<'a> {
 /// The gang in dense form: each pod as a vector over the resource names that matter to it,
 /// so the inner loops of the simulation compare small arrays instead of maps.
 struct Demand<'a> {
-    /// `LEADING`, then every other name some pod requests, alphabetically.
+    /// The devices some pod requests (alphabetically), then `LEADING`, then every other name
+    /// some pod requests, alphabetically.
     dims: Vec<&'a str>,
+    /// How many of `dims` are devices.
+    devices: usize,
     pods: Vec<Vec<i64>>,
     /// Pod indices, largest first: the decreasing order of best-fit decreasing.
     order: Vec<usize>,
@@ -225,15 +287,20 @@ struct Demand<'a> {
 /// A successful simulation on one pool.
 struct Fit {
     assignment: Vec<usize>,
+    domain: Domain,
+    note: Option<String>,
     score: Score,
 }
 
 /// Rank of a fitting pool; smaller is better (field order is the preference order).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Score {
-    /// The gang requests GPUs and the pool mixes GPU models.
+    /// The gang requests devices and lands on more than one GPU model (or unknown ones).
     mixed_gpu: bool,
-    /// Free capacity left, per dimension, on the member nodes the gang lands on.
+    /// The pool has a topology, and no domain of it fits the gang.
+    spread: bool,
+    /// Free capacity left, per dimension, on the member nodes the gang lands on (with the
+    /// devices it does not request, in sum, right after the ones it does).
     left_on_touched_nodes: Vec<i64>,
     /// Capacity − used − gang, per dimension.
     budget_left: Vec<i64>,
@@ -248,17 +315,57 @@ enum Refusal {
     Nodes { placed: usize },
 }
 
+/// Where in a pool the gang goes, before it is scored against other pools.
+struct Chosen {
+    packed: Packed,
+    domain: Domain,
+    note: Option<String>,
+    spread: bool,
+}
+
+impl Chosen {
+    /// Order among the GPU models of one pool: kept in a domain, the finer the better; then
+    /// fewest nodes, tightest, and the domain's labels so the answer is deterministic.
+    fn rank(&self) -> (bool, std::cmp::Reverse<usize>, usize, &[i64], &Domain) {
+        let levels = self.domain.pairs.iter().filter(|(k, _)| k != GPU_PRODUCT_LABEL).count();
+        (self.spread, std::cmp::Reverse(levels), self.packed.nodes_used, &self.packed.left, &self.domain)
+    }
+}
+
+/// The name of a topology level for messages: the label key without its prefix
+/// (`topology.kubernetes.io/zone` → `zone`).
+fn level_name(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(_, name)| name)
+}
+
+/// How many pods of size `pod` fit into `free` (a huge number when the pod requests nothing).
+fn holds(pod: &[i64], free: &[i64]) -> i64 {
+    pod.iter().zip(free).filter(|(r, _)| **r > 0).map(|(r, f)| f.max(&0) / r).min().unwrap_or(i64::MAX)
+}
+
+/// One way to pack the gang into a set of nodes: which node each pod goes on, and how many
+/// nodes that touches.
+struct Packed {
+    assignment: Vec<usize>,
+    nodes_used: usize,
+    left: Vec<i64>,
+}
+
 impl<'a> Demand<'a> {
     fn new(pods: &'a [Resources]) -> Self {
+        let mut devices = BTreeSet::new();
         let mut rest = BTreeSet::new();
         for pod in pods {
             for (name, amount) in pod.iter() {
-                if amount > 0 && !LEADING.contains(&name) {
+                if amount > 0 && is_device(name) {
+                    devices.insert(name);
+                } else if amount > 0 && !LEADING.contains(&name) {
                     rest.insert(name);
                 }
             }
         }
-        let dims: Vec<&str> = LEADING.iter().copied().chain(rest).collect();
+        let device_count = devices.len();
+        let dims: Vec<&str> = devices.into_iter().chain(LEADING.iter().copied()).chain(rest).collect();
         let dense: Vec<Vec<i64>> = pods.iter().map(|p| dims.iter().map(|d| p.get(d).max(0)).collect()).collect();
         let mut order: Vec<usize> = (0..dense.len()).collect();
         order.sort_by(|&a, &b| dense[b].cmp(&dense[a]).then(a.cmp(&b)));
@@ -267,15 +374,20 @@ impl<'a> Demand<'a> {
             add(&mut total, pod);
         }
         let uniform = dense.windows(2).all(|w| w[0] == w[1]);
-        Self { dims, pods: dense, order, total, uniform }
+        Self { dims, devices: device_count, pods: dense, order, total, uniform }
     }
 
     fn free_of(&self, node: &Resources) -> Vec<i64> {
         self.dims.iter().map(|d| node.get(d)).collect()
     }
 
-    /// Simulates the gang on one pool: budget first (cheap), then per node.
-    fn try_pool(&self, pool: &PoolView) -> Result<Fit, Refusal> {
+    fn wants_devices(&self) -> bool {
+        self.total[..self.devices].iter().any(|t| *t > 0)
+    }
+
+    /// Simulates the gang on one pool: budget first (cheap), then per node, inside `within`
+    /// when given (an elastic pod's gang domain), else inside the best domain that fits.
+    fn try_pool(&self, pool: &PoolView, within: Option<&Domain>) -> Result<Fit, Refusal> {
         let budget_left: Vec<i64> = self
             .dims
             .iter()
@@ -285,52 +397,231 @@ impl<'a> Demand<'a> {
         if let Some(dim) = (0..self.dims.len()).find(|&i| self.total[i] > 0 && budget_left[i] < 0) {
             return Err(Refusal::Budget { dim, left: budget_left[dim].saturating_add(self.total[dim]) });
         }
-        let nodes: Vec<Vec<i64>> = pool.free_per_node.iter().map(|n| self.free_of(n)).collect();
-        let assignment = self.pack(&nodes)?;
-        let mut left_on_touched_nodes = vec![0i64; self.dims.len()];
-        let mut after = nodes;
-        for (pod, &n) in assignment.iter().enumerate() {
-            sub(&mut after[n], &self.pods[pod]);
-        }
-        let touched: BTreeSet<usize> = assignment.iter().copied().collect();
-        for n in touched {
-            add(&mut left_on_touched_nodes, &after[n]);
-        }
-        let mixed_gpu = self.total[0] > 0 && pool.gpu_product.is_none();
-        Ok(Fit { assignment, score: Score { mixed_gpu, left_on_touched_nodes, budget_left } })
+        let nodes: Vec<Vec<i64>> = pool.free_per_node.iter().map(|n| self.free_of(&n.free)).collect();
+        let mut budget = SEARCH_BUDGET;
+        let chosen = match within {
+            Some(domain) => {
+                let members: Vec<usize> =
+                    (0..nodes.len()).filter(|&n| domain.contains(&pool.free_per_node[n])).collect();
+                let packed = self.pack_in(&nodes, &members, &mut budget)?;
+                Chosen { packed, domain: domain.clone(), note: None, spread: false }
+            }
+            None => self.choose(pool, &nodes, &mut budget)?,
+        };
+        let touched: BTreeSet<usize> = chosen.packed.assignment.iter().copied().collect();
+        let products: BTreeSet<Option<&str>> =
+            touched.iter().map(|&n| pool.product_of(&pool.free_per_node[n])).collect();
+        let mixed_gpu = self.wants_devices() && (products.len() != 1 || products.contains(&None));
+        // Devices the gang does not request but would sit beside count right after the ones
+        // it does: a cpu gang keeps off GPU nodes when it can.
+        let idle_devices = touched
+            .iter()
+            .flat_map(|&n| pool.free_per_node[n].free.iter())
+            .filter(|(name, _)| is_device(name) && !self.dims.contains(name))
+            .map(|(_, v)| v.max(0))
+            .fold(0i64, i64::saturating_add);
+        let mut left_on_touched_nodes = chosen.packed.left;
+        left_on_touched_nodes.insert(self.devices, idle_devices);
+        Ok(Fit {
+            assignment: chosen.packed.assignment,
+            domain: chosen.domain,
+            note: chosen.note,
+            score: Score { mixed_gpu, spread: chosen.spread, left_on_touched_nodes, budget_left },
+        })
     }
 
-    /// Best-fit decreasing, then (for unequal pods) the bounded exhaustive search.
-    fn pack(&self, nodes: &[Vec<i64>]) -> Result<Vec<usize>, Refusal> {
+    /// Where in the pool the gang goes: one GPU model when it wants devices and one model
+    /// takes it, and within that, the finest topology domain that fits (pool-wide when none
+    /// does).
+    fn choose(&self, pool: &PoolView, nodes: &[Vec<i64>], budget: &mut u32) -> Result<Chosen, Refusal> {
+        let all: Vec<usize> = (0..nodes.len()).collect();
+        let mut models: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
+        for &n in &all {
+            models.entry(pool.product_of(&pool.free_per_node[n])).or_default().push(n);
+        }
+        if self.wants_devices() && models.len() > 1 {
+            // Known models first (a node without the label may be any model), then by name.
+            let mut best: Option<Chosen> = None;
+            for (model, members) in models.iter().filter(|(m, _)| m.is_some()) {
+                let Ok(mut c) = self.in_topology(pool, nodes, members, budget) else { continue };
+                if let Some(model) = model {
+                    c.domain.pairs.push((GPU_PRODUCT_LABEL.to_owned(), (*model).to_owned()));
+                }
+                if best.as_ref().is_none_or(|b| c.rank() < b.rank()) {
+                    best = Some(c);
+                }
+            }
+            if let Some(best) = best {
+                return Ok(best);
+            }
+        }
+        self.in_topology(pool, nodes, &all, budget)
+    }
+
+    /// The finest level of the pool's topology at which one domain (of the nodes `members`)
+    /// takes the gang, and the best such domain: fewest nodes, then tightest, then label
+    /// values. Pool-wide (over `members`) when no domain of any level fits, with the reason.
+    fn in_topology(
+        &self,
+        pool: &PoolView,
+        nodes: &[Vec<i64>],
+        members: &[usize],
+        budget: &mut u32,
+    ) -> Result<Chosen, Refusal> {
+        let mut why_not = Vec::new();
+        for level in (0..pool.topology.len()).rev() {
+            let keys = &pool.topology[..=level];
+            let mut domains: BTreeMap<Vec<&str>, Vec<usize>> = BTreeMap::new();
+            for &n in members {
+                let labels = &pool.free_per_node[n].labels;
+                let values: Option<Vec<&str>> = keys.iter().map(|k| labels.get(k).map(String::as_str)).collect();
+                if let Some(values) = values {
+                    domains.entry(values).or_default().push(n);
+                }
+            }
+            let mut best: Option<(Packed, &Vec<&str>)> = None;
+            for (values, in_domain) in &domains {
+                if !self.sum_fits(nodes, in_domain) {
+                    continue;
+                }
+                let Ok(packed) = self.pack_in(nodes, in_domain, budget) else { continue };
+                if best.as_ref().is_none_or(|(b, _)| (packed.nodes_used, &packed.left) < (b.nodes_used, &b.left)) {
+                    best = Some((packed, values));
+                }
+            }
+            let name = level_name(&pool.topology[level]);
+            if let Some((packed, values)) = best {
+                let pairs: Vec<(String, String)> =
+                    keys.iter().zip(values.iter()).map(|(k, v)| (k.clone(), (*v).to_owned())).collect();
+                let domain = Domain { pairs };
+                let note = format!("kept in one {name} ({})", domain.to_annotation());
+                return Ok(Chosen { packed, domain, note: Some(note), spread: false });
+            }
+            why_not.push(self.level_refusal(name, nodes, domains.values()));
+        }
+        let packed = self.pack_in(nodes, members, budget)?;
+        let note = (!why_not.is_empty()).then(|| format!("{}; placed across the pool", why_not.join("; ")));
+        Ok(Chosen { packed, domain: Domain::default(), note, spread: !pool.topology.is_empty() })
+    }
+
+    /// Why no domain of one level takes the gang: the first resource no domain has enough
+    /// of in sum ("no rack has 16 nvidia.com/gpu free; largest: 12"), else that none packs.
+    fn level_refusal<'d>(
+        &self,
+        name: &str,
+        nodes: &[Vec<i64>],
+        domains: impl Iterator<Item = &'d Vec<usize>>,
+    ) -> String {
+        let sums: Vec<Vec<i64>> = domains
+            .map(|members| {
+                let mut sum = vec![0i64; self.dims.len()];
+                members.iter().for_each(|&n| add(&mut sum, &nodes[n].iter().map(|v| (*v).max(0)).collect::<Vec<_>>()));
+                sum
+            })
+            .collect();
+        for (d, dim) in self.dims.iter().enumerate() {
+            let largest = sums.iter().map(|s| s[d]).max().unwrap_or(0);
+            if self.total[d] > largest {
+                return format!(
+                    "no {name} has {} {dim} free; largest: {}",
+                    amount(dim, self.total[d]),
+                    amount(dim, largest)
+                );
+            }
+        }
+        format!("no {name} fits all {} pods together", self.pods.len())
+    }
+
+    /// Whether the nodes `members` have, in sum, what the gang needs: a cheap test before
+    /// packing a domain.
+    fn sum_fits(&self, nodes: &[Vec<i64>], members: &[usize]) -> bool {
+        (0..self.dims.len())
+            .all(|d| self.total[d] <= 0 || members.iter().map(|&n| nodes[n][d].max(0)).sum::<i64>() >= self.total[d])
+    }
+
+    /// Packs the gang onto the nodes `members` (indices into `nodes`); the assignment is in
+    /// indices into `nodes` too.
+    fn pack_in(&self, nodes: &[Vec<i64>], members: &[usize], budget: &mut u32) -> Result<Packed, Refusal> {
+        let subset: Vec<Vec<i64>> = members.iter().map(|&n| nodes[n].clone()).collect();
+        let local = self.pack(&subset, budget)?;
+        let mut after = subset;
+        for (pod, &n) in local.iter().enumerate() {
+            sub(&mut after[n], &self.pods[pod]);
+        }
+        let touched: BTreeSet<usize> = local.iter().copied().collect();
+        let mut left = vec![0i64; self.dims.len()];
+        for &n in &touched {
+            add(&mut left, &after[n]);
+        }
+        let assignment = local.iter().map(|&n| members[n]).collect();
+        Ok(Packed { assignment, nodes_used: touched.len(), left })
+    }
+
+    /// Best-fit decreasing and the fewest-nodes packing, the one on fewer nodes (best fit on
+    /// a tie); then (for unequal pods) the bounded exhaustive search.
+    fn pack(&self, nodes: &[Vec<i64>], budget: &mut u32) -> Result<Vec<usize>, Refusal> {
+        let tight = self.best_fit(nodes);
+        let few = self.fewest_nodes(nodes);
+        let count = |a: &[usize]| a.iter().collect::<BTreeSet<_>>().len();
+        match (tight, few) {
+            (Ok(t), Ok(f)) => Ok(if count(&f) < count(&t) { f } else { t }),
+            (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok(a),
+            (Err(placed), Err(_)) => {
+                if self.uniform || !self.worth_searching(nodes) {
+                    return Err(Refusal::Nodes { placed });
+                }
+                let mut free = nodes.to_vec();
+                let mut assignment = vec![0usize; self.pods.len()];
+                if self.search(0, &mut free, &mut assignment, budget) {
+                    Ok(assignment)
+                } else {
+                    Err(Refusal::Nodes { placed })
+                }
+            }
+        }
+    }
+
+    /// Fewest nodes: each pod (largest first) onto a node already in use with the least room
+    /// that still fits, else onto the unused node that holds the most pods of its size (the
+    /// roomiest on a tie). Exact for identical pods.
+    fn fewest_nodes(&self, nodes: &[Vec<i64>]) -> Result<Vec<usize>, usize> {
+        let mut free = nodes.to_vec();
+        let mut used = vec![false; free.len()];
+        let mut assignment = vec![0usize; self.pods.len()];
+        for (placed, &p) in self.order.iter().enumerate() {
+            let pod = &self.pods[p];
+            let reuse = (0..free.len())
+                .filter(|&n| used[n] && fits(pod, &free[n]))
+                .min_by(|&a, &b| free[a].cmp(&free[b]).then(a.cmp(&b)));
+            let open = || {
+                (0..free.len())
+                    .filter(|&n| !used[n] && fits(pod, &free[n]))
+                    .max_by(|&a, &b| (holds(pod, &free[a]), &free[a], b).cmp(&(holds(pod, &free[b]), &free[b], a)))
+            };
+            let Some(n) = reuse.or_else(open) else { return Err(placed) };
+            used[n] = true;
+            sub(&mut free[n], pod);
+            assignment[p] = n;
+        }
+        Ok(assignment)
+    }
+
+    /// Best-fit decreasing: each pod (largest first) onto the node it leaves the least room on.
+    fn best_fit(&self, nodes: &[Vec<i64>]) -> Result<Vec<usize>, usize> {
         let mut free = nodes.to_vec();
         let mut assignment = vec![0usize; self.pods.len()];
-        let mut placed = 0;
-        for &p in &self.order {
+        for (placed, &p) in self.order.iter().enumerate() {
             // The node with the least room that still fits leaves the least behind: the
-            // comparison of `free` vectors is lexicographic, GPU first.
+            // comparison of `free` vectors is lexicographic, devices first.
             let best = (0..free.len())
                 .filter(|&n| fits(&self.pods[p], &free[n]))
                 .min_by(|&a, &b| free[a].cmp(&free[b]).then(a.cmp(&b)));
-            let Some(n) = best else { break };
+            let Some(n) = best else { return Err(placed) };
             sub(&mut free[n], &self.pods[p]);
             assignment[p] = n;
-            placed += 1;
         }
-        if placed == self.pods.len() {
-            return Ok(assignment);
-        }
-        if self.uniform || !self.worth_searching(nodes) {
-            return Err(Refusal::Nodes { placed });
-        }
-        let mut free = nodes.to_vec();
-        let mut budget = SEARCH_BUDGET;
-        if self.search(0, &mut free, &mut assignment, &mut budget) {
-            Ok(assignment)
-        } else {
-            Err(Refusal::Nodes { placed })
-        }
+        Ok(assignment)
     }
-
     /// Cheap necessary conditions, so hopeless pools never cost a search: every pod fits
     /// some node on its own, and the nodes' free capacity adds up to the gang's total.
     fn worth_searching(&self, nodes: &[Vec<i64>]) -> bool {
@@ -368,7 +659,7 @@ impl<'a> Demand<'a> {
     /// only then "does not pack", with each pool's own reason.
     fn explain(&self, subject: Subject<'_>, candidates: &[&PoolView], refusals: &[(&PoolView, Refusal)]) -> String {
         let nodes: Vec<Vec<i64>> =
-            candidates.iter().flat_map(|p| p.free_per_node.iter()).map(|n| self.free_of(n)).collect();
+            candidates.iter().flat_map(|p| p.free_per_node.iter()).map(|n| self.free_of(&n.free)).collect();
         for (d, name) in self.dims.iter().enumerate() {
             let need = self.pods.iter().map(|p| p[d]).max().unwrap_or(0);
             let largest = nodes.iter().map(|n| n[d].max(0)).max().unwrap_or(0);
@@ -410,7 +701,8 @@ impl<'a> Demand<'a> {
         }
         for (d, name) in self.dims.iter().enumerate() {
             let need = self.total[d];
-            let free = candidates.iter().map(|p| p.free_per_node.iter().map(|n| n.get(name).max(0)).sum::<i64>()).max();
+            let free =
+                candidates.iter().map(|p| p.free_per_node.iter().map(|n| n.free.get(name).max(0)).sum::<i64>()).max();
             let free = free.unwrap_or(0);
             if need > free {
                 let (need, free) = (amount(name, need), amount(name, free));
@@ -528,6 +820,7 @@ fn amount(name: &str, milli: i64) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use tidepool_federation::capacity::GPU;
 
     fn r(pairs: &[(&str, &str)]) -> Resources {
         Resources::from_pairs(pairs.iter().copied()).unwrap()
@@ -552,10 +845,21 @@ mod tests {
             pool: "default".into(),
             capacity,
             used: Resources::new(),
-            free_per_node: free,
+            free_per_node: named(free),
             gpu_product: Some("H100".into()),
+            topology: Vec::new(),
             schedulable: true,
         }
+    }
+
+    /// Member nodes `n0`, `n1`, … with these free resources and no labels.
+    fn named(free: Vec<Resources>) -> Vec<NodeFree> {
+        free.into_iter().enumerate().map(|(i, f)| NodeFree::new(format!("n{i}"), f)).collect()
+    }
+
+    /// What is free on each node of `pool`.
+    fn frees(pool: &PoolView) -> Vec<Resources> {
+        pool.free_per_node.iter().map(|n| n.free.clone()).collect()
     }
 
     fn gang(pods: Vec<Resources>) -> GangDemand {
@@ -738,12 +1042,12 @@ mod tests {
     #[test]
     fn an_elastic_pod_fits_only_beside_the_pods_already_admitted_this_round() {
         let a = pool("tidepool-a", vec![gpus(4), gpus(4)]);
-        assert!(fits_one(&gpus(4), &a, &[gpus(4)]));
-        assert!(!fits_one(&gpus(4), &a, &[gpus(4), gpus(4)]));
-        assert!(!fits_one(&gpus(4), &a, &[gpus(2), gpus(2), gpus(2)]));
+        assert!(fits_one(&gpus(4), &a, &[gpus(4)], &Domain::default()));
+        assert!(!fits_one(&gpus(4), &a, &[gpus(4), gpus(4)], &Domain::default()));
+        assert!(!fits_one(&gpus(4), &a, &[gpus(2), gpus(2), gpus(2)], &Domain::default()));
         let mut paused = a;
         paused.schedulable = false;
-        assert!(!fits_one(&gpus(1), &paused, &[]));
+        assert!(!fits_one(&gpus(1), &paused, &[], &Domain::default()));
     }
 
     #[test]
@@ -751,8 +1055,8 @@ mod tests {
         let mut a = pool("tidepool-a", vec![gpus(8)]);
         a.capacity = gpus(4);
         a.used = gpus(3);
-        assert!(fits_one(&gpus(1), &a, &[]));
-        assert!(!fits_one(&gpus(1), &a, &[gpus(1)]));
+        assert!(fits_one(&gpus(1), &a, &[], &Domain::default()));
+        assert!(!fits_one(&gpus(1), &a, &[gpus(1)], &Domain::default()));
     }
 
     #[test]
@@ -762,7 +1066,7 @@ mod tests {
         let p = place(&g, std::slice::from_ref(&a)).unwrap();
         a.reserve(&g.pods, &p.per_pod_member_node);
         assert_eq!(a.used.get(GPU), 8000);
-        assert_eq!(a.free_per_node.iter().map(|f| f.get(GPU)).sum::<i64>(), 4000);
+        assert_eq!(a.free_per_node.iter().map(|f| f.free.get(GPU)).sum::<i64>(), 4000);
         assert!(place(&g, &[a]).is_err());
     }
 
@@ -811,10 +1115,11 @@ mod tests {
         let (g, a, planted) = budget_buster();
         // The gang does fit on the pool: the hand-written assignment, checked node by node.
         let mut load = vec![Resources::new(); a.free_per_node.len()];
+        let free = frees(&a);
         for (pod, &n) in g.pods.iter().zip(&planted) {
             load[n].add(pod);
         }
-        for (l, free) in load.iter().zip(&a.free_per_node) {
+        for (l, free) in load.iter().zip(&free) {
             assert!(l.fits_in(free), "{l} on {free}");
         }
         // The search gives up and the pool is refused with a reason: no placement is made
@@ -823,7 +1128,7 @@ mod tests {
         assert!(err.message.starts_with("no pool fits all 14 pods together (tidepool-a: only "), "{}", err.message);
         // The same for an elastic pod joining the 13 cpu pods already planned there.
         let (last, already) = g.pods.split_last().unwrap();
-        assert!(!fits_one(last, &a, already));
+        assert!(!fits_one(last, &a, already, &Domain::default()));
     }
 
     #[test]
@@ -845,6 +1150,153 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    // ---- topology and GPU models ----
+
+    const ZONE: &str = "topology.kubernetes.io/zone";
+    const RACK: &str = "example.com/rack";
+
+    /// A member node named `name` with `gpus` free in `zone`/`rack`.
+    fn racked(name: &str, gpus_free: i64, zone: &str, rack: &str) -> NodeFree {
+        let mut n = NodeFree::new(name, gpus(gpus_free));
+        n.labels.insert(ZONE.into(), zone.into());
+        n.labels.insert(RACK.into(), rack.into());
+        n
+    }
+
+    /// A pool with `topology` over `nodes`, its budget the nodes' sum.
+    fn topo_pool(nodes: Vec<NodeFree>, topology: &[&str]) -> PoolView {
+        let mut a = pool("tidepool-a", nodes.iter().map(|n| n.free.clone()).collect());
+        a.free_per_node = nodes;
+        a.topology = topology.iter().map(|k| (*k).to_owned()).collect();
+        a
+    }
+
+    /// Two racks of eight 1-GPU nodes in one zone: rack r1 fragmented (online pods hold
+    /// the GPUs of five of its nodes), rack r2 free.
+    fn two_racks() -> PoolView {
+        let mut nodes = Vec::new();
+        for i in 0..8 {
+            nodes.push(racked(&format!("r1-{i}"), i64::from(i >= 5), "z1", "r1"));
+            nodes.push(racked(&format!("r2-{i}"), 1, "z1", "r2"));
+        }
+        topo_pool(nodes, &[ZONE, RACK])
+    }
+
+    #[test]
+    fn a_gang_lands_wholly_in_the_one_rack_that_fits_it() {
+        let a = two_racks();
+        let p = place(&gang(vec![gpus(1); 8]), std::slice::from_ref(&a)).unwrap();
+        let domain = Domain { pairs: vec![(ZONE.into(), "z1".into()), (RACK.into(), "r2".into())] };
+        assert_eq!(p.domain, domain);
+        assert!(p.planned_nodes.iter().all(|n| n.starts_with("r2-")), "{:?}", p.planned_nodes);
+        assert_eq!(p.planned_nodes.iter().collect::<BTreeSet<_>>().len(), 8, "one pod per 1-GPU node");
+        assert_eq!(p.note.as_deref(), Some("kept in one rack (topology.kubernetes.io/zone=z1,example.com/rack=r2)"));
+    }
+
+    #[test]
+    fn a_gang_no_rack_fits_is_kept_in_its_zone_and_one_no_zone_fits_is_spread_with_the_reason() {
+        // 11 GPUs free in all, at most 8 in one rack: a 10-GPU gang fits the zone only.
+        let a = two_racks();
+        let p = place(&gang(vec![gpus(1); 10]), std::slice::from_ref(&a)).unwrap();
+        assert_eq!(p.domain.pairs, vec![(ZONE.to_owned(), "z1".to_owned())]);
+        assert_eq!(
+            p.note.as_deref(),
+            Some("kept in one zone (topology.kubernetes.io/zone=z1)"),
+            "the rack level was tried first"
+        );
+        // The same racks in two zones: no zone has 10 either, so the gang goes pool-wide.
+        let mut b = a.clone();
+        for n in b.free_per_node.iter_mut().filter(|n| n.name.starts_with("r2-")) {
+            n.labels.insert(ZONE.into(), "z2".into());
+        }
+        let p = place(&gang(vec![gpus(1); 10]), std::slice::from_ref(&b)).unwrap();
+        assert!(p.domain.is_empty());
+        assert_eq!(
+            p.note.as_deref(),
+            Some(
+                "no rack has 10 nvidia.com/gpu free; largest: 8; no zone has 10 nvidia.com/gpu free; largest: 8; \
+                 placed across the pool"
+            )
+        );
+        // A pool whose gang fits a domain ranks before one that would spread it.
+        let mut c = two_racks();
+        c.node = "tidepool-c".into();
+        c.free_per_node.iter_mut().for_each(|n| n.free = gpus(2));
+        c.capacity = gpus(32);
+        let p = place(&gang(vec![gpus(1); 10]), &[b, c]).unwrap();
+        assert_eq!(p.node, "tidepool-c");
+    }
+
+    #[test]
+    fn a_ps_goes_on_the_machine_of_its_workers_when_they_fit_there() {
+        // Two 8-GPU machines and a cpu-only one: best fit alone would put the PS on the
+        // cpu-only node (least room left); the fewest-nodes packing keeps the job on one.
+        let gpu_node = r(&[(GPU, "8"), ("cpu", "64")]);
+        let a = pool("tidepool-a", vec![gpu_node.clone(), gpu_node, r(&[("cpu", "16")])]);
+        let worker = r(&[(GPU, "4"), ("cpu", "8")]);
+        let p = place(&gang(vec![r(&[("cpu", "4")]), worker.clone(), worker]), &[a]).unwrap();
+        assert_eq!(p.per_pod_member_node.iter().collect::<BTreeSet<_>>().len(), 1, "{:?}", p.per_pod_member_node);
+    }
+
+    #[test]
+    fn a_gang_gets_one_gpu_model_of_a_mixed_pool_when_one_takes_it() {
+        let model = |name: &str, n: i64, product: &str| {
+            let mut node = NodeFree::new(name, gpus(n));
+            node.labels.insert(GPU_PRODUCT_LABEL.into(), product.into());
+            node
+        };
+        let nodes =
+            vec![model("a0", 4, "A100"), model("a1", 4, "A100"), model("h0", 2, "H100"), model("h1", 2, "H100")];
+        let mut a = topo_pool(nodes, &[]);
+        a.gpu_product = None;
+        let p = place(&gang(vec![gpus(2); 3]), std::slice::from_ref(&a)).unwrap();
+        assert_eq!(p.domain.pairs, vec![(GPU_PRODUCT_LABEL.to_owned(), "A100".to_owned())]);
+        assert!(p.planned_nodes.iter().all(|n| n.starts_with('a')), "{:?}", p.planned_nodes);
+        // Ten GPUs: no model has them; the gang still runs, on both, and nothing is pinned.
+        let p = place(&gang(vec![gpus(2); 5]), &[a]).unwrap();
+        assert!(p.domain.is_empty());
+    }
+
+    #[test]
+    fn an_elastic_pod_joins_its_gangs_domain() {
+        let a = two_racks();
+        let r2 = Domain { pairs: vec![(ZONE.into(), "z1".into()), (RACK.into(), "r2".into())] };
+        let r1 = Domain { pairs: vec![(ZONE.into(), "z1".into()), (RACK.into(), "r1".into())] };
+        assert!(fits_one(&gpus(1), &a, &vec![gpus(1); 7], &r2));
+        assert!(!fits_one(&gpus(1), &a, &vec![gpus(1); 8], &r2), "rack r2 is full; r1's free GPUs do not count");
+        assert!(!fits_one(&gpus(1), &a, &vec![gpus(1); 3], &r1));
+        assert!(fits_one(&gpus(1), &a, &vec![gpus(1); 8], &Domain::default()));
+    }
+
+    #[test]
+    fn other_devices_lead_the_packing_like_nvidia_gpus() {
+        // AMD GPUs and MIG slices are devices: the tightest fit is judged on them before cpu
+        // (pool a leaves no device idle, b leaves 4), and a node's free ones count per node,
+        // never in sum.
+        for device in ["amd.com/gpu", "nvidia.com/mig-1g.10gb"] {
+            let dev = |n: &str, cpu: &str| r(&[(device, n), ("cpu", cpu)]);
+            let a = pool("tidepool-a", vec![dev("4", "64")]);
+            let b = pool("tidepool-b", vec![dev("8", "1")]);
+            let p = place(&gang(vec![dev("4", "1")]), &[a.clone(), b]).unwrap();
+            assert_eq!(p.node, "tidepool-a", "{device}");
+            let a = pool("tidepool-a", vec![dev("4", "1"), dev("8", "1")]);
+            let err = place(&gang(vec![dev("9", "1")]), &[a]).unwrap_err();
+            assert_eq!(
+                err.message,
+                format!("no pool fits 9 {device} on one node; largest free on one node: 8"),
+                "{device}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_planned_domain_reads_back_from_its_annotation() {
+        let d = Domain { pairs: vec![(ZONE.into(), "z1".into()), (RACK.into(), "r2".into())] };
+        assert_eq!(d.to_annotation(), "topology.kubernetes.io/zone=z1,example.com/rack=r2");
+        assert_eq!(Domain::parse(&d.to_annotation()), d);
+        assert_eq!(Domain::parse("junk,=x"), Domain::default());
     }
 
     // ---- properties ----
@@ -879,8 +1331,9 @@ mod tests {
                 pool: "default".into(),
                 capacity: res([cap[0], cap[1], cap[2]]),
                 used: res([used[0], used[1], used[2]]),
-                free_per_node: free,
+                free_per_node: named(free),
                 gpu_product: homogeneous.then(|| "H100".to_owned()),
+                topology: Vec::new(),
                 schedulable,
             })
     }
@@ -923,7 +1376,7 @@ mod tests {
             }
             false
         }
-        go(pods, &mut pool.free_per_node.clone())
+        go(pods, &mut frees(pool))
     }
 
     fn check_placement(gang: &GangDemand, pools: &[PoolView], p: &Placement) -> Result<(), TestCaseError> {
@@ -943,7 +1396,7 @@ mod tests {
             on_node[n].add(pod);
             total.add(pod);
         }
-        for (load, free) in on_node.iter().zip(&pool.free_per_node) {
+        for (load, free) in on_node.iter().zip(&frees(pool)) {
             prop_assert!(load.fits_in(free), "node overcommitted: {} on {}", load, free);
         }
         for pod in &gang.pods {
@@ -1055,7 +1508,7 @@ mod tests {
         ) {
             let mut pods = already.clone();
             pods.push(pod.clone());
-            prop_assert_eq!(fits_one(&pod, &pool, &already), feasible(&pods, &pool));
+            prop_assert_eq!(fits_one(&pod, &pool, &already, &Domain::default()), feasible(&pods, &pool));
         }
 
         #[test]
@@ -1077,10 +1530,178 @@ mod tests {
                 }
             }
             for (pool, load) in original.iter().zip(&booked) {
-                for (l, free) in load.iter().zip(&pool.free_per_node) {
+                for (l, free) in load.iter().zip(&frees(pool)) {
                     prop_assert!(l.fits_in(free));
                 }
             }
+        }
+    }
+
+    // ---- properties of topology and GPU models ----
+
+    /// A pool of 1–6 nodes in up to two zones of two racks each (some nodes unlabelled),
+    /// each node of one of two GPU models or of none, with topology `[zone, rack]`.
+    fn arb_topo_pool() -> impl Strategy<Value = PoolView> {
+        let node = (arb_res(6), 0usize..3, 0usize..3, 0usize..3);
+        (proptest::collection::vec(node, 1..7), any::<bool>()).prop_map(|(nodes, with_topology)| {
+            let free = nodes
+                .into_iter()
+                .enumerate()
+                .map(|(i, (free, zone, rack, model))| {
+                    let mut n = NodeFree::new(format!("n{i}"), free);
+                    if zone < 2 {
+                        n.labels.insert(ZONE.into(), format!("z{zone}"));
+                        if rack < 2 {
+                            n.labels.insert(RACK.into(), format!("z{zone}-r{rack}"));
+                        }
+                    }
+                    if model < 2 {
+                        n.labels.insert(GPU_PRODUCT_LABEL.into(), format!("model-{model}"));
+                    }
+                    n
+                })
+                .collect();
+            let mut a = topo_pool(free, if with_topology { &[ZONE, RACK] } else { &[] });
+            a.capacity = res([40, 40, 40]);
+            a.gpu_product = None;
+            a
+        })
+    }
+
+    /// `pool` with only the nodes `keep` says yes to.
+    fn only(pool: &PoolView, keep: impl Fn(&NodeFree) -> bool) -> PoolView {
+        let mut sub = pool.clone();
+        sub.free_per_node.retain(keep);
+        sub
+    }
+
+    /// The domains of one level (`keys`): the values of the keys, and the nodes having them all.
+    fn domains_of(pool: &PoolView, keys: &[String]) -> BTreeMap<Vec<String>, PoolView> {
+        let mut out = BTreeMap::new();
+        for n in &pool.free_per_node {
+            let values: Option<Vec<String>> = keys.iter().map(|k| n.labels.get(k).cloned()).collect();
+            if let Some(values) = values {
+                out.entry(values.clone()).or_insert_with(|| {
+                    only(pool, |m| keys.iter().zip(&values).all(|(k, v)| m.labels.get(k) == Some(v)))
+                });
+            }
+        }
+        out
+    }
+
+    /// The fewest distinct nodes any assignment of `pods` onto `pool` uses (`None`: none fits).
+    fn fewest_nodes_brute(pods: &[Resources], pool: &PoolView) -> Option<usize> {
+        fn go(pods: &[Resources], free: &mut [Resources], used: &mut Vec<usize>, best: &mut Option<usize>) {
+            let distinct = used.iter().collect::<BTreeSet<_>>().len();
+            if best.is_some_and(|b| distinct >= b) {
+                return;
+            }
+            let Some((first, rest)) = pods.split_first() else {
+                *best = Some(distinct);
+                return;
+            };
+            for i in 0..free.len() {
+                if first.fits_in(&free[i]) {
+                    free[i].sub(first);
+                    used.push(i);
+                    go(rest, free, used, best);
+                    used.pop();
+                    free[i].add(first);
+                }
+            }
+        }
+        if !feasible(pods, pool) {
+            return None;
+        }
+        let mut best = None;
+        go(pods, &mut frees(pool), &mut Vec::new(), &mut best);
+        best
+    }
+
+    fn arb_uniform_gang() -> impl Strategy<Value = GangDemand> {
+        (arb_res(4), 1usize..5).prop_map(|(pod, n)| gang(vec![pod; n]))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn a_gang_never_crosses_a_domain_of_the_finest_level_where_one_fits(g in arb_gang(), pool in arb_topo_pool()) {
+            // One GPU model per pool here, so models do not decide the domain.
+            let mut pool = pool;
+            pool.free_per_node.iter_mut().for_each(|n| { n.labels.remove(GPU_PRODUCT_LABEL); });
+            pool.gpu_product = Some("H100".into());
+            let g = GangDemand { pinned: None, ..g };
+            let placed = place(&g, std::slice::from_ref(&pool));
+            prop_assert_eq!(placed.is_ok(), feasible(&g.pods, &pool));
+            let Ok(p) = placed else { return Ok(()) };
+            check_placement(&g, std::slice::from_ref(&pool), &p)?;
+            let finest = (0..pool.topology.len()).rev().find(|&l| {
+                domains_of(&pool, &pool.topology[..=l]).values().any(|d| feasible(&g.pods, d))
+            });
+            match finest {
+                Some(l) => {
+                    let keys = &pool.topology[..=l];
+                    prop_assert_eq!(p.domain.pairs.len(), l + 1, "{:?}", p.domain);
+                    for &n in &p.per_pod_member_node {
+                        prop_assert!(p.domain.contains(&pool.free_per_node[n]), "pod on {} outside {:?}", n, p.domain);
+                    }
+                    prop_assert!(p.domain.pairs.iter().map(|(k, _)| k).eq(keys.iter()));
+                }
+                None => prop_assert!(p.domain.is_empty(), "{:?}", p.domain),
+            }
+        }
+
+        #[test]
+        fn a_uniform_gang_uses_as_few_nodes_as_brute_force_in_the_domain_it_gets(
+            g in arb_uniform_gang(), pool in arb_topo_pool(),
+        ) {
+            let mut pool = pool;
+            pool.free_per_node.iter_mut().for_each(|n| { n.labels.remove(GPU_PRODUCT_LABEL); });
+            pool.gpu_product = Some("H100".into());
+            let Ok(p) = place(&g, std::slice::from_ref(&pool)) else { return Ok(()) };
+            // The fewest nodes over every domain of the level the planner used.
+            let level = p.domain.pairs.len();
+            let fewest = if level == 0 {
+                fewest_nodes_brute(&g.pods, &pool)
+            } else {
+                domains_of(&pool, &pool.topology[..level]).values().filter_map(|d| fewest_nodes_brute(&g.pods, d)).min()
+            };
+            let used = p.per_pod_member_node.iter().collect::<BTreeSet<_>>().len();
+            prop_assert_eq!(Some(used), fewest);
+        }
+
+        #[test]
+        fn a_gang_never_mixes_gpu_models_when_one_model_takes_it(g in arb_gang(), pool in arb_topo_pool()) {
+            let mut pool = pool;
+            pool.topology.clear();
+            let g = GangDemand { pinned: None, ..g };
+            let Ok(p) = place(&g, std::slice::from_ref(&pool)) else {
+                prop_assert!(!feasible(&g.pods, &pool));
+                return Ok(());
+            };
+            let wants_gpus = g.pods.iter().any(|pod| pod.get(GPU) > 0);
+            let one_model_fits = ["model-0", "model-1"].iter().any(|m| {
+                feasible(&g.pods, &only(&pool, |n| n.labels.get(GPU_PRODUCT_LABEL).map(String::as_str) == Some(*m)))
+            });
+            if wants_gpus && one_model_fits {
+                let models: BTreeSet<Option<&String>> =
+                    p.per_pod_member_node.iter().map(|&n| pool.free_per_node[n].labels.get(GPU_PRODUCT_LABEL)).collect();
+                prop_assert_eq!(models.len(), 1, "{:?}", models);
+                prop_assert!(!models.contains(&None));
+            }
+        }
+
+        #[test]
+        fn an_elastic_pod_fits_its_domain_exactly_when_the_domain_could_take_it_with_the_others(
+            pod in arb_res(6), already in proptest::collection::vec(arb_res(6), 0..3), pool in arb_topo_pool(),
+            zone in 0usize..2,
+        ) {
+            let domain = Domain { pairs: vec![(ZONE.into(), format!("z{zone}"))] };
+            let mut pods = already.clone();
+            pods.push(pod.clone());
+            let inside = only(&pool, |n| domain.contains(n));
+            prop_assert_eq!(fits_one(&pod, &pool, &already, &domain), feasible(&pods, &inside));
         }
     }
 }

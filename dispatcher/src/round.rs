@@ -25,6 +25,9 @@ pub(crate) struct GangState {
     pub pinned: Option<String>,
     /// Pods of the gang that completed: they count as having run.
     pub succeeded: usize,
+    /// The domain of the pool the gang was planned into (annotation on any of its pods):
+    /// where its elastic pods go too.
+    pub domain: plan::Domain,
 }
 
 /// A write a round plans, in the order it is to be made.
@@ -35,11 +38,27 @@ pub(crate) enum Write {
     Explain { pods: Vec<Arc<PodLite>>, message: String },
     /// Fails every pod of a gang that timed out (reason `GangTimeout`).
     RollBack { pods: Vec<Arc<PodLite>>, message: String },
-    /// Labels one pod of a placed gang with its band and binds it to the gang's virtual node.
-    Bind { pod: Arc<PodLite>, node: String, band: Band, role: &'static str },
-    /// A new gang: records the placement (and band) on every core pod, then, only if all
-    /// were recorded, binds them all and says `Placed` on the first.
-    Place { gang: GangKey, node: String, member: String, pods: Vec<(Arc<PodLite>, Band)> },
+    /// Labels one pod of a placed gang with its band (and the gang's planned domain, when it
+    /// has one) and binds it to the gang's virtual node.
+    Bind { pod: Arc<PodLite>, node: String, band: Band, role: &'static str, domain: plan::Domain },
+    /// A new gang: records the placement (band, planned node and domain) on every core pod,
+    /// then, only if all were recorded, binds them all and says `Placed` on the first.
+    Place {
+        gang: GangKey,
+        node: String,
+        member: String,
+        pods: Vec<PlannedPod>,
+        domain: plan::Domain,
+        note: Option<String>,
+    },
+}
+
+/// A core pod of a new gang as planned: its band and the member node it was simulated on.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlannedPod {
+    pub pod: Arc<PodLite>,
+    pub band: Band,
+    pub member_node: String,
 }
 
 /// What admitting one gang plans.
@@ -70,6 +89,11 @@ pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKe
         let g = gangs.entry(gang::gang_of(p)).or_default();
         if g.pinned.is_none() {
             g.pinned = placement_of(p).map(str::to_owned);
+        }
+        if g.domain.is_empty()
+            && let Some(domain) = p.annotations().get(keys::ANNOTATION_PLANNED_DOMAIN)
+        {
+            g.domain = plan::Domain::parse(domain);
         }
         g.pods.push(p.clone());
     }
@@ -124,8 +148,8 @@ pub(crate) fn queue_entry(key: &GangKey, g: &GangState, min: u32, ranges: &BandR
 /// scheduler would place it), so later decisions in the round see it.
 pub(crate) fn assume(view: &mut PoolView, req: &Resources) {
     view.used.add(req);
-    if let Some(free) = view.free_per_node.iter_mut().find(|f| req.fits_in(f)) {
-        free.sub(req);
+    if let Some(node) = view.free_per_node.iter_mut().find(|n| req.fits_in(&n.free)) {
+        node.free.sub(req);
     }
 }
 
@@ -145,7 +169,7 @@ pub(crate) fn admit(
         Some(node) => {
             let bound = g.pods.len() - pending.len();
             Admission {
-                writes: admit_placed(key, node, &pending, min.saturating_sub(bound), pools, ranges),
+                writes: admit_placed(key, (node, &g.domain), &pending, min.saturating_sub(bound), pools, ranges),
                 unplaced: None,
             }
         }
@@ -153,11 +177,12 @@ pub(crate) fn admit(
     }
 }
 
-/// The gang already has a pool, `node`: bind the `core_missing` pods its core lacks (they
-/// carry the placement, recorded before any bind), then each elastic pod that fits.
+/// The gang already has a pool, `node`, and a `domain` in it: bind the `core_missing` pods
+/// its core lacks (they carry the placement, recorded before any bind), then each elastic pod
+/// that fits in the domain.
 fn admit_placed(
     key: &GangKey,
-    node: &str,
+    (node, domain): (&str, &plan::Domain),
     pending: &[&Arc<PodLite>],
     core_missing: usize,
     pools: &mut [PoolView],
@@ -173,19 +198,22 @@ fn admit_placed(
     for p in core {
         assume(pool, &requests(p));
         let band = gang::band_for(p.spec.priority, true, ranges);
-        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_CORE });
+        let domain = domain.clone();
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_CORE, domain });
     }
     let mut admitted = Vec::new();
     for p in elastic {
         let req = requests(p);
-        if !plan::fits_one(&req, pool, &admitted) {
-            let message = format!("gang {key}: no room for another elastic pod on {node}");
+        if !plan::fits_one(&req, pool, &admitted, domain) {
+            let inside = if domain.is_empty() { String::new() } else { format!(" in {}", domain.to_annotation()) };
+            let message = format!("gang {key}: no room for another elastic pod on {node}{inside}");
             writes.push(Write::Explain { pods: vec![(*p).clone()], message });
             continue;
         }
         admitted.push(req);
         let band = gang::band_for(p.spec.priority, false, ranges);
-        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_ELASTIC });
+        let domain = domain.clone();
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_ELASTIC, domain });
     }
     for r in &admitted {
         assume(pool, r);
@@ -213,8 +241,23 @@ fn admit_new(
             if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
                 pool.reserve(&demand.pods, &placement.per_pod_member_node);
             }
-            let pods = core.iter().map(|p| ((*p).clone(), gang::band_for(p.spec.priority, true, ranges))).collect();
-            let place = Write::Place { gang: key.clone(), node: placement.node, member: placement.member, pods };
+            let pods = core
+                .iter()
+                .zip(placement.planned_nodes)
+                .map(|(p, member_node)| PlannedPod {
+                    pod: (*p).clone(),
+                    band: gang::band_for(p.spec.priority, true, ranges),
+                    member_node,
+                })
+                .collect();
+            let place = Write::Place {
+                gang: key.clone(),
+                node: placement.node,
+                member: placement.member,
+                pods,
+                domain: placement.domain,
+                note: placement.note,
+            };
             Admission { writes: vec![place], unplaced: None }
         }
         Err(u) => {
@@ -231,7 +274,7 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use tidepool_api::pod::SpecLite;
-    use tidepool_federation::capacity::GPU;
+    use tidepool_federation::capacity::{GPU, NodeFree};
 
     fn gpus(n: i64) -> Resources {
         let mut r = Resources::new();
@@ -271,14 +314,20 @@ mod tests {
             pool: "default".into(),
             capacity: gpus(per_node * nodes as i64),
             used: Resources::new(),
-            free_per_node: vec![gpus(per_node); nodes],
+            free_per_node: (0..nodes).map(|i| NodeFree::new(format!("n{i}"), gpus(per_node))).collect(),
             gpu_product: Some("A100".into()),
+            topology: Vec::new(),
             schedulable: true,
         }
     }
 
     fn gang(pods: Vec<PodLite>, pinned: Option<&str>) -> GangState {
-        GangState { pods: pods.into_iter().map(Arc::new).collect(), pinned: pinned.map(str::to_owned), succeeded: 0 }
+        GangState {
+            pods: pods.into_iter().map(Arc::new).collect(),
+            pinned: pinned.map(str::to_owned),
+            succeeded: 0,
+            domain: plan::Domain::default(),
+        }
     }
 
     fn key() -> GangKey {
@@ -293,16 +342,22 @@ mod tests {
         let g = gang(vec![pending("w-2", 2), pending("w-0", 2), pending("w-1", 2)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
         let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
-        let core = |name: &str| (g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(), Band::Medium);
+        let core = |name: &str, member_node: &str| PlannedPod {
+            pod: g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(),
+            band: Band::Medium,
+            member_node: member_node.into(),
+        };
         let place = Write::Place {
             gang: key(),
             node: "tidepool-b".into(),
             member: "member-of-tidepool-b".into(),
-            pods: vec![core("w-0"), core("w-1")],
+            pods: vec![core("w-0", "n0"), core("w-1", "n1")],
+            domain: plan::Domain::default(),
+            note: None,
         };
         assert_eq!(admission, Admission { writes: vec![place], unplaced: None });
         assert_eq!(pools[1].used, gpus(4), "the core is booked on its pool for the rest of the round");
-        assert_eq!(pools[1].free_per_node, vec![gpus(0), gpus(0)]);
+        assert_eq!(pools[1].free_per_node.iter().map(|n| n.free.clone()).collect::<Vec<_>>(), vec![gpus(0), gpus(0)]);
         assert_eq!(pools[0].used, Resources::new(), "the other pool keeps its room");
     }
 
@@ -338,7 +393,13 @@ mod tests {
         let g = gang(pods, Some(node));
         let mut pools = vec![pool(node, 1, 4)];
         let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
-        let bind = |i: usize, band, role| Write::Bind { pod: g.pods[i].clone(), node: node.into(), band, role };
+        let bind = |i: usize, band, role| Write::Bind {
+            pod: g.pods[i].clone(),
+            node: node.into(),
+            band,
+            role,
+            domain: plan::Domain::default(),
+        };
         let message = format!("gang ns/gang/g: no room for another elastic pod on {node}");
         let want = vec![
             bind(1, Band::Medium, keys::ROLE_CORE),

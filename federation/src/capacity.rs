@@ -85,10 +85,12 @@ pub struct PoolCapacity {
     pub nodes: u32,
     /// `nvidia.com/gpu.product` when every node of the pool has the same one.
     pub gpu_product: Option<String>,
-    /// Per node of the pool, what is still free for new pods:
-    /// `allocatable − online − offload`, clamped at zero, largest GPU count first. Placement
-    /// checks fit against these, not against the aggregate.
-    pub free_per_node: Vec<Resources>,
+    /// Per node of the pool, what is still free for new pods, most devices first (see
+    /// [`NodeFree`]). Placement checks fit against these, not against the aggregate.
+    pub free_per_node: Vec<NodeFree>,
+    /// The pool's topology label keys, coarse to fine (`spec.pools[].topology`): the levels
+    /// whose values [`NodeFree::labels`] carries.
+    pub topology: Vec<String>,
     /// Origin UID → member node and copy of the offload pods already on a node of the pool, so
     /// the dispatcher can tell which pods it bound are still in flight (not yet in
     /// `used`/`free`), which victims would empty a whole member node, and which copy exactly
@@ -98,6 +100,25 @@ pub struct PoolCapacity {
     /// What the policy held back from the surplus (reserve, windows, HPA headroom, pending
     /// online pods), before the watermark.
     pub held_back: Resources,
+}
+
+/// One member node of a pool, as the planner simulates gangs on it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeFree {
+    /// The member node's name: the planned node a copy prefers.
+    pub name: String,
+    /// `allocatable − online − offload`, clamped at zero.
+    pub free: Resources,
+    /// The node's values of the pool's topology keys and of [`GPU_PRODUCT_LABEL`], and no
+    /// other label: a pool of thousands of nodes is copied on every publication.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeFree {
+    /// A node with no labels, named `name`.
+    pub fn new(name: impl Into<String>, free: Resources) -> Self {
+        Self { name: name.into(), free, labels: BTreeMap::new() }
+    }
 }
 
 /// Where an offload pod runs in the member.
@@ -250,20 +271,48 @@ pub fn worth_publishing(current: &PoolCapacity, next: &PoolCapacity) -> bool {
         || current.gpu_product != next.gpu_product
         || current.deficit() != next.deficit()
         || current.free_per_node.len() != next.free_per_node.len()
+        || current.topology != next.topology
     {
         return true;
     }
     let devices =
         |r: &Resources| r.iter().filter(|(n, _)| !fungible(n)).map(|(n, v)| (n.to_owned(), v)).collect::<Vec<_>>();
-    if current.free_per_node.iter().zip(&next.free_per_node).any(|(a, b)| devices(a) != devices(b)) {
+    let moved =
+        |a: &NodeFree, b: &NodeFree| a.name != b.name || a.labels != b.labels || devices(&a.free) != devices(&b.free);
+    if current.free_per_node.iter().zip(&next.free_per_node).any(|(a, b)| moved(a, b)) {
         return true;
     }
     significant(&current.capacity, &next.capacity)
 }
 
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// The extended resource name of NVIDIA GPUs.
+/// The extended resource name of NVIDIA GPUs. Only one device resource among others (see
+/// [`tidepool_api::resources::is_device`]): everything ranks by all of them alike.
 pub const GPU: &str = "nvidia.com/gpu";
+
+/// The devices a node has free in all, for ordering nodes: most devices first.
+pub fn devices_of(r: &Resources) -> i64 {
+    r.iter().filter(|(n, _)| tidepool_api::resources::is_device(n)).map(|(_, v)| v.max(0)).fold(0, i64::saturating_add)
+}
+
+impl PoolCapacity {
+    /// Records the pool's topology `keys` and each node's values of them, looked up with
+    /// `node` by name (the nodes the capacity was computed from).
+    pub fn label_topology<'a>(&mut self, keys: &[String], node: impl Fn(&str) -> Option<&'a NodeView>) {
+        self.topology = keys.to_vec();
+        if keys.is_empty() {
+            return;
+        }
+        for n in &mut self.free_per_node {
+            let Some(view) = node(&n.name) else { continue };
+            for k in keys {
+                if let Some(v) = view.labels.get(k) {
+                    n.labels.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
 
 impl NodeView {
     pub fn from_node(node: &Node) -> Self {
@@ -507,14 +556,20 @@ pub fn pool_capacity_in<'a>(
             capacity.set(&k, v / 100 * i64::from(demand.policy.watermark_percent));
         }
     }
-    let mut free_per_node: Vec<Resources> = free
-        .into_values()
-        .map(|mut f| {
+    let mut free_per_node: Vec<NodeFree> = free
+        .into_iter()
+        .map(|(name, mut f)| {
             f.clamp_non_negative();
-            f
+            let mut n = NodeFree::new(name, f);
+            if let Some(product) = in_pool.get(name).and_then(|(v, _)| v.labels.get(GPU_PRODUCT_LABEL)) {
+                n.labels.insert(GPU_PRODUCT_LABEL.to_owned(), product.clone());
+            }
+            n
         })
         .collect();
-    free_per_node.sort_by(|a, b| b.get(GPU).cmp(&a.get(GPU)).then_with(|| b.get("cpu").cmp(&a.get("cpu"))));
+    free_per_node.sort_by(|a, b| {
+        devices_of(&b.free).cmp(&devices_of(&a.free)).then_with(|| b.free.get("cpu").cmp(&a.free.get("cpu")))
+    });
     let gpu_product = match products.len() {
         1 => products.into_iter().next().flatten(),
         _ => None,
@@ -525,6 +580,7 @@ pub fn pool_capacity_in<'a>(
         nodes: in_pool.len() as u32,
         gpu_product,
         free_per_node,
+        topology: Vec::new(),
         placed: std::sync::Arc::new(placed),
         held_back,
     }
@@ -637,7 +693,7 @@ mod tests {
         assert_eq!(c.used, r(&[("cpu", "3"), ("memory", "4Gi")]));
         assert_eq!(c.nodes, 1);
         // Free on a: 10 − 2 − 3 cores, 30 − 6 − 4 Gi, 3 GPUs.
-        assert_eq!(c.free_per_node, vec![r(&[("cpu", "5"), ("memory", "20Gi"), ("nvidia.com/gpu", "3")])]);
+        assert_eq!(c.free_per_node.iter().map(|n| n.free.clone()).collect::<Vec<_>>(), vec![r(&[("cpu", "5"), ("memory", "20Gi"), ("nvidia.com/gpu", "3")])]);
         // The same nodes in requests mode: 16 − 14 + 16 cores, the batch names untouched.
         let plain =
             pool_capacity_in(&[node("a", &[("cpu", "16")])], &pods[..1], &BTreeMap::new(), &demand, PoolMode::Requests);
@@ -721,13 +777,40 @@ mod tests {
     }
 
     #[test]
+    fn each_node_record_has_its_name_and_only_the_topology_and_gpu_model_labels() {
+        let labelled = |name: &str, rack: &str, gpus: &str| {
+            let mut n = node(name, &[("nvidia.com/gpu", gpus)]);
+            n.labels.insert("example.com/rack".into(), rack.into());
+            n.labels.insert("topology.kubernetes.io/zone".into(), "z1".into());
+            n.labels.insert("kubernetes.io/hostname".into(), name.into());
+            n.labels.insert(GPU_PRODUCT_LABEL.into(), "H100".into());
+            n
+        };
+        let nodes = [labelled("a", "r1", "4"), labelled("b", "r2", "8"), node("c", &[("amd.com/gpu", "2")])];
+        let mut c = pool_capacity(&nodes, &[], &BTreeMap::new());
+        let keys = vec!["topology.kubernetes.io/zone".to_owned(), "example.com/rack".to_owned()];
+        c.label_topology(&keys, |name| nodes.iter().find(|n| n.name == name));
+        assert_eq!(c.topology, keys);
+        // Most devices first, whatever their vendor: b (8), a (4), c (2 AMD GPUs).
+        let names: Vec<&str> = c.free_per_node.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["b", "a", "c"]);
+        let want = BTreeMap::from([
+            ("example.com/rack".to_owned(), "r2".to_owned()),
+            ("topology.kubernetes.io/zone".to_owned(), "z1".to_owned()),
+            (GPU_PRODUCT_LABEL.to_owned(), "H100".to_owned()),
+        ]);
+        assert_eq!(c.free_per_node[0].labels, want, "no hostname: only what the planner reads");
+        assert!(c.free_per_node[2].labels.is_empty());
+    }
+
+    #[test]
     fn free_capacity_is_kept_per_node_with_offload_pods_subtracted() {
         let nodes = [node("a", &[("nvidia.com/gpu", "8")]), node("b", &[("nvidia.com/gpu", "8")])];
         let mut offload = pod("a", &[("nvidia.com/gpu", "6")]);
         offload.offload = true;
         let online = pod("b", &[("nvidia.com/gpu", "1")]);
         let c = pool_capacity(&nodes, &[offload, online], &BTreeMap::new());
-        let gpus: Vec<i64> = c.free_per_node.iter().map(|f| f.get(GPU)).collect();
+        let gpus: Vec<i64> = c.free_per_node.iter().map(|f| f.free.get(GPU)).collect();
         assert_eq!(gpus, [7000, 2000]);
         assert_eq!(c.capacity.get(GPU), 15_000);
     }
@@ -1199,7 +1282,7 @@ mod tests {
         let selector = if c.gpu_pool { Sel::Gpu.map() } else { BTreeMap::new() };
         let got = pool_capacity_under(&nodes, &pods, &selector, &demand);
         let whole = |r: &Resources| DIMS.map(|d| r.get(d));
-        let mut free_per_node: Vec<[i64; 3]> = got.free_per_node.iter().map(whole).collect();
+        let mut free_per_node: Vec<[i64; 3]> = got.free_per_node.iter().map(|n| whole(&n.free)).collect();
         free_per_node.sort_by(|a, b| b.cmp(a));
         Expected {
             capacity: whole(&got.capacity),
@@ -1312,7 +1395,7 @@ mod tests {
             capacity: r(&[("cpu", "1000"), ("memory", "4000Gi"), ("nvidia.com/gpu", "16")]),
             used: r(&[("cpu", "10")]),
             nodes: 4,
-            free_per_node: vec![r(&[("cpu", "250"), ("nvidia.com/gpu", "4")])],
+            free_per_node: vec![NodeFree::new("n1", r(&[("cpu", "250"), ("nvidia.com/gpu", "4")]))],
             ..Default::default()
         };
         let with = |f: &dyn Fn(&mut PoolCapacity)| {
@@ -1324,11 +1407,11 @@ mod tests {
         // Under 1 %: held back.
         assert!(!worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 999_000))));
         assert!(!worth_publishing(&base, &with(&|c| c.capacity.set("memory", c.capacity.get("memory") - 1))));
-        assert!(!worth_publishing(&base, &with(&|c| c.free_per_node[0].set("cpu", 249_000))));
+        assert!(!worth_publishing(&base, &with(&|c| c.free_per_node[0].free.set("cpu", 249_000))));
         // Over 1 %, or whole devices, or anything tidepool itself decided: at once.
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 989_000))));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("nvidia.com/gpu", 15_000))));
-        assert!(worth_publishing(&base, &with(&|c| c.free_per_node[0].set("nvidia.com/gpu", 3_000))));
+        assert!(worth_publishing(&base, &with(&|c| c.free_per_node[0].free.set("nvidia.com/gpu", 3_000))));
         assert!(worth_publishing(&base, &with(&|c| c.used.set("cpu", 11_000))));
         assert!(worth_publishing(&base, &with(&|c| c.nodes = 3)));
         assert!(worth_publishing(
@@ -1339,6 +1422,14 @@ mod tests {
             })
         ));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("example.com/fpga", 1_000))));
+        // The planner's view of topology: a node relabelled to another rack, or new keys.
+        assert!(worth_publishing(
+            &base,
+            &with(&|c| {
+                c.free_per_node[0].labels.insert("example.com/rack".into(), "r2".into());
+            })
+        ));
+        assert!(worth_publishing(&base, &with(&|c| c.topology = vec!["example.com/rack".into()])));
         assert!(worth_publishing(&base, &with(&|c| c.capacity.set("cpu", 0))));
         // A small drift that opens a deficit goes at once: reclaim depends on it.
         let tight = with(&|c| {

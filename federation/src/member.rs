@@ -183,6 +183,9 @@ pub struct PoolHandle {
     /// Which node resources the pool lends, and so how its copies ask for them
     /// (`spec.pools[].mode`).
     pub mode: PoolMode,
+    /// Node label keys of its topology domains, coarse to fine (`spec.pools[].topology`):
+    /// the only keys a copy's planned domain may pin (see `ANNOTATION_PLANNED_DOMAIN`).
+    pub topology: Vec<String>,
     pub capacity: watch::Receiver<PoolCapacity>,
 }
 
@@ -292,9 +295,9 @@ struct Wakeups {
     wanted: Arc<AtomicBool>,
 }
 
-/// A pool's selector and tolerations: which member nodes it spans; and its mode: which of
-/// their resources it lends.
-type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>, PoolMode);
+/// A pool's selector and tolerations (which member nodes it spans), its mode (which of
+/// their resources it lends) and its topology keys.
+type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>, PoolMode, Vec<String>);
 
 /// Every object of kind `K` in the member, watched with backoff.
 fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
@@ -374,9 +377,11 @@ impl Caches {
             *cur = found;
             changed
         });
-        let capacity = |(selector, tolerations, mode): &PoolNodes| {
-            let nodes = nodes.values().filter(|node| node.tolerated_by(tolerations));
-            pool_capacity_in(nodes, pods.values(), selector, &demand, *mode)
+        let capacity = |(selector, tolerations, mode, topology): &PoolNodes| {
+            let in_pool = nodes.values().filter(|node| node.tolerated_by(tolerations));
+            let mut capacity = pool_capacity_in(in_pool, pods.values(), selector, &demand, *mode);
+            capacity.label_topology(topology, |name| nodes.get(name));
+            capacity
         };
         Ok(Some(pools.iter().map(capacity).collect()))
     }
@@ -558,8 +563,10 @@ impl Session {
         );
         let caches = Caches::watch(&client, &name, policy.hpa_percent > 0, &cancelled);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
-        let spans: Vec<PoolNodes> =
-            pools.iter().map(|p| (p.node_selector.clone(), p.tolerations.clone(), p.mode)).collect();
+        let spans: Vec<PoolNodes> = pools
+            .iter()
+            .map(|p| (p.node_selector.clone(), p.tolerations.clone(), p.mode, p.topology.clone()))
+            .collect();
         let (conflict_tx, conflict_rx) = watch::channel(None);
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
@@ -607,6 +614,7 @@ fn pool_channel(member: &MemberName, pool: &PoolSpec) -> (PoolHandle, PoolOut) {
         tolerations: pool.tolerations.clone(),
         runtime_class_names: pool.runtime_class_names.clone(),
         mode: pool.mode,
+        topology: pool.topology.clone(),
         capacity: rx,
     };
     (handle, PoolOut { name: pool.name.clone(), tx })
@@ -724,7 +732,11 @@ impl<K: Eq + Hash, V: PartialEq> ViewCache<K, V> {
         self.live.iter()
     }
 
-    pub fn get(&self, k: &K) -> Option<&V> {
+    pub fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.live.get(k)
     }
 }

@@ -31,6 +31,7 @@ mod restart;
 mod services;
 mod skeleton;
 mod throttle;
+mod topology;
 mod training;
 mod validation;
 mod version_skew;

@@ -533,6 +533,7 @@ mod tests {
             tolerations: Vec::new(),
             runtime_class_names: Vec::new(),
             mode: Default::default(),
+            topology: Vec::new(),
             capacity: rx,
         }
     }

@@ -664,6 +664,7 @@ impl PodSync<'_> {
             namespace_prefix: &member.namespace_prefix,
             node_selector: &pool.node_selector,
             tolerations: &pool.tolerations,
+            topology: &pool.topology,
             band: translate::copy_band(whole),
             copy_labels: &member.copy_labels,
             copy_annotations: &member.copy_annotations,

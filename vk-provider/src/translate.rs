@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Pod, PodAffinityTerm, PodCondition, PodSpec, PodStatus, Toleration, Volume, WeightedPodAffinityTerm,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodAffinityTerm, PodCondition, PodSpec,
+    PodStatus, PreferredSchedulingTerm, Toleration, Volume, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
@@ -29,6 +30,9 @@ pub struct Target<'a> {
     pub node_selector: &'a BTreeMap<String, String>,
     /// The pool's tolerations: every copy carries them.
     pub tolerations: &'a [tidepool_api::crd::PoolToleration],
+    /// The pool's topology label keys: the only keys (with the GPU model's) a planned domain
+    /// may pin a copy to.
+    pub topology: &'a [String],
     /// Reclaim band: picks the member PriorityClass.
     pub band: keys::Band,
     /// Training pod labels the member lets travel besides tidepool's own
@@ -200,7 +204,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
     // A copy's PodGroup is tidepool's to name (see crate::gang_group), never the tenant's.
     crate::gang_group::drop_tenant_membership(&mut labels, &mut annotations);
-    let mut spec = offload_spec(spec, target);
+    let mut spec = offload_spec(spec, target, meta.annotations.as_ref());
     if let Some(colocation) = target.mode.colocation() {
         colocate(colocation, &mut labels, &mut annotations, &mut spec);
     }
@@ -237,7 +241,59 @@ fn colocate(
     annotations.extend(colocation.annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
 }
 
-fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
+/// The node affinity a copy gets from its gang's plan: a required `key In [value]` for each
+/// pair of `tidepool.io/planned-domain` whose key is one of the pool's `topology` keys or the
+/// GPU model label (and whose value is a valid label value), and a preferred term (weight
+/// 100) for `tidepool.io/planned-node`. Any other pair is dropped: a tenant can write any
+/// annotation, and a forged key must not steer the copy anywhere the pool does not allow.
+/// The member's scheduler still checks fit. `None` when the plan constrains nothing.
+pub fn planned_affinity(annotations: Option<&BTreeMap<String, String>>, topology: &[String]) -> Option<NodeAffinity> {
+    let annotations = annotations?;
+    let allowed = |k: &str| topology.iter().any(|t| t == k) || k == tidepool_federation::capacity::GPU_PRODUCT_LABEL;
+    let required: Vec<NodeSelectorRequirement> = annotations
+        .get(keys::ANNOTATION_PLANNED_DOMAIN)
+        .map(|d| keys::parse_planned_domain(d))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, v)| allowed(k) && is_label_value(v))
+        .map(|(key, value)| NodeSelectorRequirement { key, operator: "In".into(), values: Some(vec![value]) })
+        .collect();
+    let node = annotations.get(keys::ANNOTATION_PLANNED_NODE).filter(|n| tidepool_api::is_dns_subdomain(n));
+    let preferred = node.map(|n| {
+        vec![PreferredSchedulingTerm {
+            weight: 100,
+            preference: NodeSelectorTerm {
+                match_fields: Some(vec![NodeSelectorRequirement {
+                    key: "metadata.name".into(),
+                    operator: "In".into(),
+                    values: Some(vec![n.clone()]),
+                }]),
+                ..Default::default()
+            },
+        }]
+    });
+    if required.is_empty() && preferred.is_none() {
+        return None;
+    }
+    Some(NodeAffinity {
+        required_during_scheduling_ignored_during_execution: (!required.is_empty()).then(|| NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm { match_expressions: Some(required), ..Default::default() }],
+        }),
+        preferred_during_scheduling_ignored_during_execution: preferred,
+    })
+}
+
+/// A label value the API server accepts: empty, or at most 63 alphanumerics, `-`, `_`, `.`,
+/// beginning and ending alphanumeric.
+fn is_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
+}
+
+fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeMap<String, String>>) -> PodSpec {
     let mut s = spec.clone();
     // Scheduling belongs to the member: its own scheduler, inside the pool.
     s.node_name = None;
@@ -269,6 +325,9 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>) -> PodSpec {
                 target.namespace_prefix,
             );
         }
+    }
+    if let Some(planned) = planned_affinity(annotations, target.topology) {
+        s.affinity.get_or_insert_with(Default::default).node_affinity = Some(planned);
     }
     if let Some(tolerations) = s.tolerations.take() {
         let kept: Vec<Toleration> = tolerations.iter().filter_map(lifecycle_toleration).collect();
@@ -588,12 +647,76 @@ mod tests {
             namespace_prefix: "tp-",
             node_selector: selector,
             tolerations: &[],
+            topology: &[],
             band: keys::Band::Medium,
             copy_labels: &[],
             copy_annotations: &[],
             max_termination_grace: Default::default(),
             mode: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_copy_requires_its_gangs_planned_domain_within_the_pools_keys_and_prefers_its_planned_node() {
+        const ZONE: &str = "topology.kubernetes.io/zone";
+        const RACK: &str = "example.com/rack";
+        let mut pod = training_pod();
+        let domain = format!("{ZONE}=z1,{RACK}=r2,nvidia.com/gpu.product=H100,evil.example/steer=x,{RACK}2=r9");
+        pod.metadata.annotations = Some(
+            [
+                (keys::ANNOTATION_PLANNED_DOMAIN.to_owned(), domain),
+                (keys::ANNOTATION_PLANNED_NODE.to_owned(), "node-7".to_owned()),
+            ]
+            .into(),
+        );
+        pod.spec.as_mut().unwrap().affinity.as_mut().unwrap().pod_anti_affinity = Some(
+            serde_json::from_value(json!({
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "podAffinityTerm":
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "trainer"}}}}]
+            }))
+            .unwrap(),
+        );
+        let topology = [ZONE.to_owned(), RACK.to_owned()];
+        let no_selector = BTreeMap::new();
+        let t = Target { topology: &topology, ..target(&no_selector) };
+        let affinity = offload_pod(&pod, &t).unwrap().spec.unwrap().affinity.unwrap();
+        let node = affinity.node_affinity.unwrap();
+        let terms = node.required_during_scheduling_ignored_during_execution.unwrap().node_selector_terms;
+        assert_eq!(terms.len(), 1, "one term: every pair is required together");
+        let required: Vec<(String, String, Vec<String>)> = terms[0]
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| (r.key.clone(), r.operator.clone(), r.values.clone().unwrap_or_default()))
+            .collect();
+        let want = |k: &str, v: &str| (k.to_owned(), "In".to_owned(), vec![v.to_owned()]);
+        assert_eq!(
+            required,
+            [want(ZONE, "z1"), want(RACK, "r2"), want("nvidia.com/gpu.product", "H100")],
+            "the forged keys (not in the pool's topology) are dropped; the training pod's own node affinity too"
+        );
+        let preferred = node.preferred_during_scheduling_ignored_during_execution.unwrap();
+        assert_eq!(preferred.len(), 1);
+        assert_eq!(preferred[0].weight, 100);
+        let fields = preferred[0].preference.match_fields.clone().unwrap();
+        assert_eq!(
+            (fields[0].key.as_str(), fields[0].values.clone().unwrap()),
+            ("metadata.name", vec!["node-7".into()])
+        );
+        assert!(affinity.pod_anti_affinity.is_some(), "the copy keeps the rest of its affinity");
+
+        // A pool without topology keys lets only the GPU model through; a forged domain alone
+        // pins nothing.
+        let plain = offload_pod(&pod, &target(&no_selector)).unwrap().spec.unwrap().affinity.unwrap();
+        let required = plain.node_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        let keys: Vec<String> =
+            required.node_selector_terms[0].match_expressions.iter().flatten().map(|r| r.key.clone()).collect();
+        assert_eq!(keys, ["nvidia.com/gpu.product"]);
+        let mut forged = training_pod();
+        forged.metadata.annotations =
+            Some([(keys::ANNOTATION_PLANNED_DOMAIN.to_owned(), "evil.example/steer=x".to_owned())].into());
+        let spec = offload_pod(&forged, &t).unwrap().spec.unwrap();
+        assert!(spec.affinity.unwrap().node_affinity.is_none());
     }
 
     #[test]
