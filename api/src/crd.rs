@@ -357,6 +357,99 @@ pub struct PoolToleration {
     pub effect: Option<String>,
 }
 
+/// The problems of `spec.capacity`.
+fn capacity_errors(c: &CapacitySpec, errors: &mut Vec<FieldError>) {
+    for (k, v) in &c.reserve {
+        if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
+            errors.push(FieldError::new(
+                format!("spec.capacity.reserve[{k}]"),
+                format!("{:?} is not a non-negative quantity", v.0),
+            ));
+        }
+    }
+    if let Some(w) = c.watermark_percent
+        && !(1..=100).contains(&w)
+    {
+        errors.push(FieldError::new("spec.capacity.watermarkPercent", "must be between 1 and 100"));
+    }
+    if c.hpa_headroom_percent.is_some_and(|f| f > 1000) {
+        errors.push(FieldError::new("spec.capacity.hpaHeadroomPercent", "must be at most 1000"));
+    }
+    for (i, w) in c.windows.iter().enumerate() {
+        let path = format!("spec.capacity.windows[{i}]");
+        if let Some(tz) = &w.time_zone
+            && let Err(why) = crate::cron::time_zone(tz)
+        {
+            errors.push(FieldError::new(format!("{path}.timeZone"), why));
+        } else if let Err(e) = crate::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref()) {
+            errors.push(FieldError::new(format!("{path}.schedule"), e.reason));
+        }
+        if !(1..=1440).contains(&w.duration_minutes) {
+            errors.push(FieldError::new(format!("{path}.durationMinutes"), "must be between 1 and 1440"));
+        }
+        if w.lead_seconds > 86_400 {
+            errors.push(FieldError::new(format!("{path}.leadSeconds"), "must be at most 86400"));
+        }
+        for (k, v) in &w.reserve {
+            if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
+                errors.push(FieldError::new(
+                    format!("{path}.reserve[{k}]"),
+                    format!("{:?} is not a non-negative quantity", v.0),
+                ));
+            }
+        }
+    }
+}
+
+/// The problems of `spec.pools[i]` of the member named `member`; `seen` holds the pool
+/// names before it.
+fn pool_errors<'a>(
+    member: &str,
+    i: usize,
+    pool: &'a PoolSpec,
+    seen: &mut std::collections::BTreeSet<&'a str>,
+    errors: &mut Vec<FieldError>,
+) {
+    if !is_dns_label(&pool.name) {
+        errors.push(FieldError::new(format!("spec.pools[{i}].name"), "must be a DNS-1123 label"));
+    } else if !seen.insert(pool.name.as_str()) {
+        errors.push(FieldError::new(format!("spec.pools[{i}].name"), format!("duplicate pool {:?}", pool.name)));
+    } else if is_dns_label(member) {
+        let node = VirtualNodeName::for_pool(&MemberName::from(member), &PoolName::from(pool.name.as_str()));
+        if node.as_str().len() > 63 {
+            errors.push(FieldError::new(
+                format!("spec.pools[{i}].name"),
+                format!("virtual node name {node} is longer than 63 characters"),
+            ));
+        }
+    }
+    for (j, class) in pool.runtime_class_names.iter().enumerate() {
+        if !is_dns_subdomain(class) {
+            errors.push(FieldError::new(
+                format!("spec.pools[{i}].runtimeClassNames[{j}]"),
+                "must be a RuntimeClass name",
+            ));
+        }
+    }
+    for (j, t) in pool.tolerations.iter().enumerate() {
+        if let Some(problem) = t.problem() {
+            errors.push(FieldError::new(format!("spec.pools[{i}].tolerations[{j}]"), problem));
+        }
+    }
+    if pool.topology.len() > 8 {
+        errors.push(FieldError::new(format!("spec.pools[{i}].topology"), "must have at most 8 keys"));
+    }
+    let mut levels = std::collections::BTreeSet::new();
+    for (j, key) in pool.topology.iter().enumerate() {
+        let path = format!("spec.pools[{i}].topology[{j}]");
+        if !is_label_key(key) {
+            errors.push(FieldError::new(path, format!("{key:?} is not a node label key")));
+        } else if !levels.insert(key.as_str()) {
+            errors.push(FieldError::new(path, format!("duplicate topology key {key:?}")));
+        }
+    }
+}
+
 impl PoolToleration {
     /// Whether this toleration lets a pod onto a node with taint `key=value:effect`
     /// (the scheduler's rule: same key, or empty key with `Exists`; same value unless
@@ -480,47 +573,7 @@ impl MemberClusterSpec {
                 errors.push(FieldError::new("spec.gangSchedulerName", "must be a scheduler name (DNS-1123 subdomain)"));
             }
         }
-        let c = &self.capacity;
-        for (k, v) in &c.reserve {
-            if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
-                errors.push(FieldError::new(
-                    format!("spec.capacity.reserve[{k}]"),
-                    format!("{:?} is not a non-negative quantity", v.0),
-                ));
-            }
-        }
-        if let Some(w) = c.watermark_percent
-            && !(1..=100).contains(&w)
-        {
-            errors.push(FieldError::new("spec.capacity.watermarkPercent", "must be between 1 and 100"));
-        }
-        if c.hpa_headroom_percent.is_some_and(|f| f > 1000) {
-            errors.push(FieldError::new("spec.capacity.hpaHeadroomPercent", "must be at most 1000"));
-        }
-        for (i, w) in c.windows.iter().enumerate() {
-            let path = format!("spec.capacity.windows[{i}]");
-            if let Some(tz) = &w.time_zone
-                && let Err(why) = crate::cron::time_zone(tz)
-            {
-                errors.push(FieldError::new(format!("{path}.timeZone"), why));
-            } else if let Err(e) = crate::cron::Schedule::parse_in(&w.schedule, w.time_zone.as_deref()) {
-                errors.push(FieldError::new(format!("{path}.schedule"), e.reason));
-            }
-            if !(1..=1440).contains(&w.duration_minutes) {
-                errors.push(FieldError::new(format!("{path}.durationMinutes"), "must be between 1 and 1440"));
-            }
-            if w.lead_seconds > 86_400 {
-                errors.push(FieldError::new(format!("{path}.leadSeconds"), "must be at most 86400"));
-            }
-            for (k, v) in &w.reserve {
-                if crate::resources::parse_milli(&v.0).map_or(true, |m| m < 0) {
-                    errors.push(FieldError::new(
-                        format!("{path}.reserve[{k}]"),
-                        format!("{:?} is not a non-negative quantity", v.0),
-                    ));
-                }
-            }
-        }
+        capacity_errors(&self.capacity, &mut errors);
         for (field, list) in [("copyLabels", &self.copy_labels), ("copyAnnotations", &self.copy_annotations)] {
             for (i, entry) in list.iter().enumerate() {
                 if let Err(why) = check_copy_entry(entry) {
@@ -538,45 +591,7 @@ impl MemberClusterSpec {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, pool) in self.pools.iter().enumerate() {
-            if !is_dns_label(&pool.name) {
-                errors.push(FieldError::new(format!("spec.pools[{i}].name"), "must be a DNS-1123 label"));
-            } else if !seen.insert(pool.name.as_str()) {
-                errors
-                    .push(FieldError::new(format!("spec.pools[{i}].name"), format!("duplicate pool {:?}", pool.name)));
-            } else if is_dns_label(name) {
-                let node = VirtualNodeName::for_pool(&MemberName::from(name), &PoolName::from(pool.name.as_str()));
-                if node.as_str().len() > 63 {
-                    errors.push(FieldError::new(
-                        format!("spec.pools[{i}].name"),
-                        format!("virtual node name {node} is longer than 63 characters"),
-                    ));
-                }
-            }
-            for (j, class) in pool.runtime_class_names.iter().enumerate() {
-                if !is_dns_subdomain(class) {
-                    errors.push(FieldError::new(
-                        format!("spec.pools[{i}].runtimeClassNames[{j}]"),
-                        "must be a RuntimeClass name",
-                    ));
-                }
-            }
-            for (j, t) in pool.tolerations.iter().enumerate() {
-                if let Some(problem) = t.problem() {
-                    errors.push(FieldError::new(format!("spec.pools[{i}].tolerations[{j}]"), problem));
-                }
-            }
-            if pool.topology.len() > 8 {
-                errors.push(FieldError::new(format!("spec.pools[{i}].topology"), "must have at most 8 keys"));
-            }
-            let mut levels = std::collections::BTreeSet::new();
-            for (j, key) in pool.topology.iter().enumerate() {
-                let path = format!("spec.pools[{i}].topology[{j}]");
-                if !is_label_key(key) {
-                    errors.push(FieldError::new(path, format!("{key:?} is not a node label key")));
-                } else if !levels.insert(key.as_str()) {
-                    errors.push(FieldError::new(path, format!("duplicate topology key {key:?}")));
-                }
-            }
+            pool_errors(name, i, pool, &mut seen, &mut errors);
         }
         errors
     }

@@ -491,6 +491,55 @@ pub fn pool_capacity_under<'a>(
     pool_capacity_in(nodes, pods, selector, demand, PoolMode::Requests)
 }
 
+/// The pool's nodes that take pods (ready, schedulable, matching its selector, publishing the
+/// mode's resources), by name, with what each lends under the mode.
+fn pool_nodes<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeView>,
+    selector: &BTreeMap<String, String>,
+    colocation: Option<&Colocation>,
+) -> BTreeMap<&'a str, (&'a NodeView, Cow<'a, Resources>)> {
+    let mut in_pool = BTreeMap::new();
+    for n in nodes {
+        let advertised = colocation.is_none_or(|c| c.advertised_on(&n.allocatable));
+        if n.ready && !n.unschedulable && n.matches(selector) && advertised {
+            in_pool.insert(n.name.as_str(), (n, counted(colocation, &n.allocatable)));
+        }
+    }
+    in_pool
+}
+
+/// Lends `percent` of each resource of `capacity` (the watermark); 100 lends all of it.
+fn apply_watermark(capacity: &mut Resources, percent: u32) {
+    if percent >= 100 {
+        return;
+    }
+    let names: Vec<String> = capacity.names().map(str::to_owned).collect();
+    for k in names {
+        let v = capacity.get(&k);
+        capacity.set(&k, v / 100 * i64::from(percent));
+    }
+}
+
+/// Each node's free resources as the planner reads them, with its GPU model, the nodes
+/// with the most devices (then cpu) free first.
+fn node_records<'a>(free: BTreeMap<&str, Resources>, view: impl Fn(&str) -> Option<&'a NodeView>) -> Vec<NodeFree> {
+    let mut records: Vec<NodeFree> = free
+        .into_iter()
+        .map(|(name, mut f)| {
+            f.clamp_non_negative();
+            let mut n = NodeFree::new(name, f);
+            if let Some(product) = view(name).and_then(|v| v.labels.get(GPU_PRODUCT_LABEL)) {
+                n.labels.insert(GPU_PRODUCT_LABEL.to_owned(), product.clone());
+            }
+            n
+        })
+        .collect();
+    records.sort_by(|a, b| {
+        devices_of(&b.free).cmp(&devices_of(&a.free)).then_with(|| b.free.get("cpu").cmp(&a.free.get("cpu")))
+    });
+    records
+}
+
 /// [`pool_capacity_under`] for a pool of resource `mode`. In a colocation mode a node's
 /// allocatable is what the member's agent publishes for batch work, shown as `cpu` and
 /// `memory` ([`Colocation::as_plain`]), and a pod uses of it what it requests of the batch
@@ -505,13 +554,7 @@ pub fn pool_capacity_in<'a>(
     mode: PoolMode,
 ) -> PoolCapacity {
     let colocation = mode.colocation();
-    let mut in_pool: BTreeMap<&str, (&NodeView, Cow<'a, Resources>)> = BTreeMap::new();
-    for n in nodes {
-        let advertised = colocation.is_none_or(|c| c.advertised_on(&n.allocatable));
-        if n.ready && !n.unschedulable && n.matches(selector) && advertised {
-            in_pool.insert(n.name.as_str(), (n, counted(colocation, &n.allocatable)));
-        }
-    }
+    let in_pool = pool_nodes(nodes, selector, colocation);
     let mut capacity = Resources::new();
     let mut products = std::collections::BTreeSet::new();
     for (n, allocatable) in in_pool.values() {
@@ -549,27 +592,8 @@ pub fn pool_capacity_in<'a>(
     }
     capacity.sub(&held_back);
     capacity.clamp_non_negative();
-    if demand.policy.watermark_percent < 100 {
-        let names: Vec<String> = capacity.names().map(str::to_owned).collect();
-        for k in names {
-            let v = capacity.get(&k);
-            capacity.set(&k, v / 100 * i64::from(demand.policy.watermark_percent));
-        }
-    }
-    let mut free_per_node: Vec<NodeFree> = free
-        .into_iter()
-        .map(|(name, mut f)| {
-            f.clamp_non_negative();
-            let mut n = NodeFree::new(name, f);
-            if let Some(product) = in_pool.get(name).and_then(|(v, _)| v.labels.get(GPU_PRODUCT_LABEL)) {
-                n.labels.insert(GPU_PRODUCT_LABEL.to_owned(), product.clone());
-            }
-            n
-        })
-        .collect();
-    free_per_node.sort_by(|a, b| {
-        devices_of(&b.free).cmp(&devices_of(&a.free)).then_with(|| b.free.get("cpu").cmp(&a.free.get("cpu")))
-    });
+    apply_watermark(&mut capacity, demand.policy.watermark_percent);
+    let free_per_node = node_records(free, |name| in_pool.get(name).map(|(v, _)| *v));
     let gpu_product = match products.len() {
         1 => products.into_iter().next().flatten(),
         _ => None,
@@ -693,7 +717,10 @@ mod tests {
         assert_eq!(c.used, r(&[("cpu", "3"), ("memory", "4Gi")]));
         assert_eq!(c.nodes, 1);
         // Free on a: 10 − 2 − 3 cores, 30 − 6 − 4 Gi, 3 GPUs.
-        assert_eq!(c.free_per_node.iter().map(|n| n.free.clone()).collect::<Vec<_>>(), vec![r(&[("cpu", "5"), ("memory", "20Gi"), ("nvidia.com/gpu", "3")])]);
+        assert_eq!(
+            c.free_per_node.iter().map(|n| n.free.clone()).collect::<Vec<_>>(),
+            vec![r(&[("cpu", "5"), ("memory", "20Gi"), ("nvidia.com/gpu", "3")])]
+        );
         // The same nodes in requests mode: 16 − 14 + 16 cores, the batch names untouched.
         let plain =
             pool_capacity_in(&[node("a", &[("cpu", "16")])], &pods[..1], &BTreeMap::new(), &demand, PoolMode::Requests);

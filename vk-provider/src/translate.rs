@@ -295,7 +295,25 @@ fn is_label_value(v: &str) -> bool {
 
 fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeMap<String, String>>) -> PodSpec {
     let mut s = spec.clone();
-    // Scheduling belongs to the member: its own scheduler, inside the pool.
+    keep_in_pool(&mut s, target, annotations);
+    // Offload pods are guests: they never preempt online pods. Priority is the member's
+    // business (its admission derives it from the class), so the training values go.
+    s.priority = None;
+    s.priority_class_name = Some(target.band.priority_class());
+    s.preemption_policy = Some("Never".to_owned());
+    s.termination_grace_period_seconds =
+        Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
+    drop_training_credentials(&mut s);
+    // Debug containers someone added to the training pod belong to it: the API refuses a new
+    // pod that has any, and they were not meant to run in a member.
+    s.ephemeral_containers = None;
+    add_annotations_volume(&mut s);
+    s
+}
+
+/// Scheduling belongs to the member: its own scheduler, inside the pool (its selector and
+/// tolerations), within the domain its gang was planned into.
+fn keep_in_pool(s: &mut PodSpec, target: &Target<'_>, annotations: Option<&BTreeMap<String, String>>) {
     s.node_name = None;
     s.scheduler_name = None;
     let mut selector: BTreeMap<String, String> = s
@@ -336,20 +354,17 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeM
     if !target.tolerations.is_empty() {
         s.tolerations.get_or_insert_with(Vec::new).extend(target.tolerations.iter().map(|t| t.to_toleration()));
     }
-    // Offload pods are guests: they never preempt online pods. Priority is the member's
-    // business (its admission derives it from the class), so the training values go.
-    s.priority = None;
-    s.priority_class_name = Some(target.band.priority_class());
-    s.preemption_policy = Some("Never".to_owned());
-    // No credentials of the training cluster travel, and none of the member are mounted.
+}
+
+/// No credentials of the training cluster travel (its projected service-account tokens
+/// and their mounts), and none of the member are mounted.
+fn drop_training_credentials(s: &mut PodSpec) {
     s.service_account_name = None;
     #[allow(deprecated)]
     {
         s.service_account = None;
     }
     s.automount_service_account_token = Some(false);
-    s.termination_grace_period_seconds =
-        Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
     let token_volumes: Vec<String> =
         s.volumes.iter().flatten().filter(|v| carries_training_token(v)).map(|v| v.name.clone()).collect();
     if let Some(volumes) = s.volumes.as_mut() {
@@ -360,11 +375,6 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeM
             mounts.retain(|m| !token_volumes.contains(&m.name));
         }
     }
-    // Debug containers someone added to the training pod belong to it: the API refuses a new
-    // pod that has any, and they were not meant to run in a member.
-    s.ephemeral_containers = None;
-    add_annotations_volume(&mut s);
-    s
 }
 
 /// The copy's `terminationGracePeriodSeconds`: the training pod's (the API default, 30 s, when
