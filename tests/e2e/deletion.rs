@@ -7,8 +7,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use serde_json::json;
-use tidepool_api::keys;
 
 use crate::harness::*;
 
@@ -17,19 +15,6 @@ const NS: &str = "e2e-deletion";
 const MEMBER: &str = "e2e-deletion-a";
 const NODE: &str = "tidepool-e2e-deletion-a";
 const PODS: usize = 300;
-
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "mass"}},
-        "spec": {
-            "nodeName": NODE,
-            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]
-        }
-    }))
-    .unwrap()
-}
 
 /// tidepool's member DELETEs of pods so far, answered with `code` (`2xx`, `404`).
 fn member_deletes(text: &str, code: &str) -> f64 {
@@ -57,7 +42,7 @@ async fn a_mass_deletion_deletes_each_copy_once_and_never_a_copy_already_gone() 
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     let run = run_id();
     for i in 0..PODS {
-        pods.create(&PostParams::default(), &pod(&format!("mass-{run}-{i}"))).await.unwrap();
+        pods.create(&PostParams::default(), &small_bound_pod(&format!("mass-{run}-{i}"), NODE, "mass")).await.unwrap();
     }
     wait_for(Duration::from_secs(120), "every pod Running", || {
         let pods = pods.clone();

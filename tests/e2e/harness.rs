@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -313,6 +313,21 @@ pub fn real_pool(env: &Env) -> PoolSpec {
 
 /// The scheduler name a test's tidepool answers to, so concurrent tests never place each
 /// other's pods.
+/// A small pod (10m CPU, 16Mi) labelled `app=<app>`, bound straight to virtual node `node`
+/// and tolerating its taint: what a burst of offloaded pods is made of.
+pub fn small_bound_pod(name: &str, node: &str, app: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": tidepool_api::keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]
+        }
+    }))
+    .unwrap()
+}
+
 pub fn scheduler_name(test: &str) -> String {
     format!("tidepool-{test}")
 }

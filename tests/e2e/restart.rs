@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher;
-use serde_json::json;
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -20,19 +19,6 @@ const NS: &str = "e2e-restart";
 const MEMBER: &str = "e2e-restart-a";
 const NODE: &str = "tidepool-e2e-restart-a";
 const PODS: usize = 40;
-
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "burst"}},
-        "spec": {
-            "nodeName": NODE,
-            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]
-        }
-    }))
-    .unwrap()
-}
 
 /// Offload pods per origin UID in the member's offload namespace, of this run's pods (named
 /// `burst-<run>-…`; copies an earlier run left may still be there): the pods carrying
@@ -146,11 +132,14 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
         let run = run.clone();
         async move {
             for chunk in (0..PODS).collect::<Vec<_>>().chunks(8) {
-                let created = chunk.iter().map(|i| {
-                    let pods = pods.clone();
-                    let name = format!("burst-{run}-{i}");
-                    async move { pods.create(&PostParams::default(), &pod(&name)).await.unwrap() }
-                });
+                let created =
+                    chunk.iter().map(|i| {
+                        let pods = pods.clone();
+                        let name = format!("burst-{run}-{i}");
+                        async move {
+                            pods.create(&PostParams::default(), &small_bound_pod(&name, NODE, "burst")).await.unwrap()
+                        }
+                    });
                 futures::future::join_all(created).await;
             }
         }
