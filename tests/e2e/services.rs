@@ -133,6 +133,15 @@ impl Setup {
         self.member_services().get_opt(name).await.unwrap()
     }
 
+    /// Waits for the member's mirror of Service `name`: it lives only while a copy it
+    /// selects exists (a finished pod's copy is deleted at once, step row 7).
+    async fn mirrored(&self, name: &str) -> Service {
+        wait_for(Duration::from_secs(60), &format!("mirror of {name}"), || async move {
+            self.member_services().get_opt(name).await.ok()?
+        })
+        .await
+    }
+
     async fn mirror_gone(&self, name: &str) {
         wait_for(Duration::from_secs(60), &format!("mirror of {name} removed"), || async move {
             self.member_services().get_opt(name).await.ok()?.is_none().then_some(())
@@ -165,6 +174,11 @@ async fn pytorchjob(s: &Setup, master_addr: impl Fn(&str) -> String) {
     let role = |r: &str| json!({"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": r});
     s.service(&master_svc, true, role("master"), 23456).await;
     s.run(&format!("{job}-master-0"), role("master"), None, &master_script(2)).await;
+    // The mirror selects by tidepool's labels only: no tenant key is in the member's selector.
+    // Read while the master's copy runs: the workers cannot finish before they reach it.
+    let mirror = s.mirrored(&master_svc).await;
+    let selector = mirror.spec.unwrap().selector.unwrap();
+    assert!(selector.keys().all(|k| k.starts_with("svc.tidepool.io/")), "{selector:?}");
     for w in 0..2 {
         s.run(&format!("{job}-worker-{w}"), role("worker"), None, &worker_script(&master_addr(&master_svc))).await;
     }
@@ -175,10 +189,6 @@ async fn pytorchjob(s: &Setup, master_addr: impl Fn(&str) -> String) {
         assert_eq!(phase, "Succeeded", "worker {w}: {logs}");
         assert!(logs.starts_with("joined rdzv-"), "worker {w}: {logs}");
     }
-    // The mirror selects by tidepool's labels only: no tenant key is in the member's selector.
-    let mirror = s.mirror(&master_svc).await.expect("the master Service is mirrored");
-    let selector = mirror.spec.unwrap().selector.unwrap();
-    assert!(selector.keys().all(|k| k.starts_with("svc.tidepool.io/")), "{selector:?}");
     drain_pods(&s.training, &s.ns).await;
     s.mirror_gone(&master_svc).await;
 }
