@@ -94,33 +94,46 @@ pub(crate) struct OffloadWatch {
     pub(crate) deletions: Arc<SentDeletions>,
 }
 
-/// How long a deletion sent to a member keeps a second one of the same pod from being sent:
-/// longer than the offload watch takes to show it under a mass deletion, short enough that a
-/// deletion lost on the way is sent again soon.
-pub(crate) const DELETION_MEMORY: Duration = Duration::from_secs(10);
+/// How long a deletion the member accepted keeps a second one of the same pod from being
+/// sent. A second one never helps (the member has the pod deleting or gone; one that did not
+/// reach it is released at once), so this only bounds the memory: far longer than the offload
+/// watch lags under a mass deletion on a loaded member (18 s was seen at 300 pods on 2 busy
+/// cores, with a 10 s memory each late pod was deleted two or three times).
+pub(crate) const DELETION_MEMORY: Duration = Duration::from_secs(300);
 
 /// The offload pods (by UID) whose deletion was sent in the last [`DELETION_MEMORY`]. Under
 /// a mass deletion the offload watch lags behind the deletions; a sync that reads a copy not
 /// yet shown as deleting must not delete it again: it may already be gone (a DELETE answered
 /// 404, a member call for nothing).
 #[derive(Debug, Default)]
-pub(crate) struct SentDeletions(Mutex<HashMap<String, Instant>>);
+pub(crate) struct SentDeletions(Mutex<Sent>);
+
+#[derive(Debug, Default)]
+pub(crate) struct Sent {
+    at: HashMap<String, Instant>,
+    pruned: Option<Instant>,
+}
 
 impl SentDeletions {
     /// Whether the deletion of the pod `uid` is to be sent at `now`; records it if so.
     pub(crate) fn claim(&self, uid: &str, now: Instant) -> Result<bool, Poisoned> {
         let mut sent = self.0.locked("sent deletions")?;
-        sent.retain(|_, at| now.saturating_duration_since(*at) < DELETION_MEMORY);
-        if sent.contains_key(uid) {
+        let old = |at: &Instant| now.saturating_duration_since(*at) >= DELETION_MEMORY;
+        // Old entries go at most once a second: a mass deletion claims thousands at once.
+        if sent.pruned.is_none_or(|p| now.saturating_duration_since(p) >= Duration::from_secs(1)) {
+            sent.at.retain(|_, at| !old(at));
+            sent.pruned = Some(now);
+        }
+        if sent.at.get(uid).is_some_and(|at| !old(at)) {
             return Ok(false);
         }
-        sent.insert(uid.to_owned(), now);
+        sent.at.insert(uid.to_owned(), now);
         Ok(true)
     }
 
     /// The deletion of `uid` did not reach the member: the next look may send it again.
     pub(crate) fn release(&self, uid: &str) -> Result<(), Poisoned> {
-        self.0.locked("sent deletions")?.remove(uid);
+        self.0.locked("sent deletions")?.at.remove(uid);
         Ok(())
     }
 }
