@@ -142,6 +142,8 @@ impl Setup {
             "containers": [{
                 "name": role, "image": self.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
                 "command": ["tp-train", role], "env": env,
+                // A process that fails before its ack leaves its last lines as the message.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": format!("{POD_CPU_MILLI}m"), "memory": "16Mi"}}
             }]
         });
@@ -561,7 +563,9 @@ async fn a_dead_parameter_server_restarts_the_whole_gang_and_a_dead_elastic_trai
             "{}: no DisruptionTarget",
             p.name_any()
         );
-        let (step, _) = acked(p).unwrap_or_else(|| panic!("{}: no checkpoint ack", p.name_any()));
+        let ended = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(|c| format!("{c:?}"));
+        let (step, _) =
+            acked(p).unwrap_or_else(|| panic!("{}: no checkpoint ack; containers: {ended:?}", p.name_any()));
         acked_steps.push(step);
     }
     let noticed: BTreeSet<_> =
