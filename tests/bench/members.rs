@@ -260,7 +260,8 @@ async fn burst(targets: &[Client], prefix: &str, n: usize, node: impl Fn(usize) 
     let r = running.lock().unwrap();
     assert!(r.len() >= n, "{prefix}: only {} of {n} pods Running after 600 s", r.len());
     let last = r.values().max().copied().unwrap_or(started);
-    let mut lat: Vec<f64> = created.iter().filter_map(|(k, t)| Some(r.get(k)?.duration_since(*t).as_secs_f64())).collect();
+    let mut lat: Vec<f64> =
+        created.iter().filter_map(|(k, t)| Some(r.get(k)?.duration_since(*t).as_secs_f64())).collect();
     lat.sort_by(f64::total_cmp);
     (n as f64 / last.duration_since(started).as_secs_f64(), pct(&lat, 0.5), pct(&lat, 0.99))
 }
@@ -448,7 +449,9 @@ async fn main() {
         eprintln!("size {k}: {:.0} s", t.elapsed().as_secs_f64());
     }
     report(&results, env_usize("BENCH_BURST", 400));
-    let _ = Api::<MemberCluster>::all(training.clone()).delete_collection(&DeleteParams::default(), &ListParams::default().labels(&format!("tidepool.io/test={TEST}"))).await;
+    let _ = Api::<MemberCluster>::all(training.clone())
+        .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&format!("tidepool.io/test={TEST}")))
+        .await;
     drop(members);
 }
 
@@ -482,9 +485,19 @@ fn report(results: &[Size], burst: usize) {
     for s in results {
         let mut f: Vec<f64> = s.fresh.iter().map(|(_, d)| *d).collect();
         f.sort_by(f64::total_cmp);
-        println!("| {} | {} | {:.3} | {:.3} | {:.3} | {} |", s.k, f.len(), pct(&f, 0.5), pct(&f, 0.99), pct(&f, 1.0), s.missed);
+        println!(
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {} |",
+            s.k,
+            f.len(),
+            pct(&f, 0.5),
+            pct(&f, 0.99),
+            pct(&f, 1.0),
+            s.missed
+        );
     }
-    println!("\n| members | burst of {burst} pods: tidepool pods/s | direct pods/s | ratio | tidepool p50 / p99 s | direct p50 / p99 s | tidepool CPU s in burst |");
+    println!(
+        "\n| members | burst of {burst} pods: tidepool pods/s | direct pods/s | ratio | tidepool p50 / p99 s | direct p50 / p99 s | tidepool CPU s in burst |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for s in results {
         println!(
