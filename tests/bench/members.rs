@@ -32,7 +32,7 @@
 mod harness;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,7 +75,7 @@ fn slope(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
     let (mx, my) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
     let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + (x - mx) * (y - my), b + (x - mx).powi(2)));
-    if den == 0.0 { f64::NAN } else { num / den }
+    if den.abs() < f64::EPSILON { f64::NAN } else { num / den }
 }
 
 /// The members started by members.sh, stopped (by its recorded PIDs) when dropped.
@@ -103,9 +103,11 @@ impl Members {
             .env("CP_PORT_OFFSET", offset.to_string())
             .status()
             .unwrap();
-        let members = Members { dir: Some(dir.clone()), vars: BTreeMap::new() };
+        // Made before the check, so that a failed start is stopped too (Drop).
+        let mut members = Members { dir: Some(dir.clone()), vars: BTreeMap::new() };
         assert!(status.success(), "members.sh up failed");
-        Members { vars: read_env(&dir.join("members.env")), ..members }
+        members.vars = read_env(&dir.join("members.env"));
+        members
     }
 
     fn count(&self) -> usize {
@@ -128,7 +130,7 @@ impl Drop for Members {
     }
 }
 
-fn read_env(path: &PathBuf) -> BTreeMap<String, String> {
+fn read_env(path: &Path) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .filter_map(|l| l.trim().strip_prefix("export "))
@@ -137,7 +139,7 @@ fn read_env(path: &PathBuf) -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn client_of(path: &PathBuf) -> Client {
+async fn client_of(path: &Path) -> Client {
     let kubeconfig = Kubeconfig::read_from(path).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
     Client::try_from(config).unwrap()
@@ -350,7 +352,7 @@ impl Bench<'_> {
         s.dispatch_idle_ms = dispatch(&m0, &m1).0;
         for i in 0..k {
             let label = format!("cluster=\"{}\"", mc_name(i));
-            let req = |t: &str| metric_sum(t, "tidepool_api_requests_total", &[&label]);
+            let req = |t: &str| metric_sum(t, "tidepool_api_requests_total", &[label.as_str()]);
             s.requests_per_s.push((req(&m1) - req(&m0)) / secs);
             s.member_watches.push(open_watches(&self.members[i]).await - self.baseline[i]);
         }
@@ -528,12 +530,12 @@ fn report(results: &[Size], burst: usize) {
             );
         }
     }
-    let pts = |f: &dyn Fn(&Size) -> f64| results.iter().map(|s| (s.k as f64, f(s))).collect::<Vec<_>>();
+    let pts = |f: fn(&Size) -> f64| results.iter().map(|s| (s.k as f64, f(s))).collect::<Vec<_>>();
     println!("\n| slope per added member | value |");
     println!("|---|---|");
-    println!("| idle CPU (% of a core) | {:.3} |", slope(&pts(&|s| s.idle_cpu_pct)));
-    println!("| RSS (MiB) | {:.2} |", slope(&pts(&|s| s.rss)));
-    println!("| dispatch pass idle (ms) | {:.3} |", slope(&pts(&|s| s.dispatch_idle_ms)));
-    println!("| dispatch pass in burst (ms) | {:.3} |", slope(&pts(&|s| s.dispatch_burst_ms)));
-    println!("| tidepool CPU s per burst of {burst} | {:.3} |", slope(&pts(&|s| s.burst_cpu)));
+    println!("| idle CPU (% of a core) | {:.3} |", slope(&pts(|s| s.idle_cpu_pct)));
+    println!("| RSS (MiB) | {:.2} |", slope(&pts(|s| s.rss)));
+    println!("| dispatch pass idle (ms) | {:.3} |", slope(&pts(|s| s.dispatch_idle_ms)));
+    println!("| dispatch pass in burst (ms) | {:.3} |", slope(&pts(|s| s.dispatch_burst_ms)));
+    println!("| tidepool CPU s per burst of {burst} | {:.3} |", slope(&pts(|s| s.burst_cpu)));
 }
