@@ -350,11 +350,11 @@ impl Bench<'_> {
         s.idle_cpu_pct = (c1 - c0) / secs * 100.0;
         s.rss = rss_mib(tp.pid());
         s.dispatch_idle_ms = dispatch(&m0, &m1).0;
-        for i in 0..k {
+        for (i, (member, baseline)) in self.members[..k].iter().zip(&self.baseline).enumerate() {
             let label = format!("cluster=\"{}\"", mc_name(i));
             let req = |t: &str| metric_sum(t, "tidepool_api_requests_total", &[label.as_str()]);
             s.requests_per_s.push((req(&m1) - req(&m0)) / secs);
-            s.member_watches.push(open_watches(&self.members[i]).await - self.baseline[i]);
+            s.member_watches.push(open_watches(member).await - baseline);
         }
         s.training_watches = open_watches(&self.training).await - self.baseline_training;
     }
@@ -518,16 +518,10 @@ fn report(results: &[Size], burst: usize) {
     if let Some(last) = results.last() {
         println!("\n| member (of {}) | tidepool watches on it | requests/s idle | freshness p50 s |", last.k);
         println!("|---|---|---|---|");
-        for i in 0..last.k {
+        for (i, (watches, requests)) in last.member_watches.iter().zip(&last.requests_per_s).enumerate() {
             let mut f: Vec<f64> = last.fresh.iter().filter(|(m, _)| *m == i).map(|(_, d)| *d).collect();
             f.sort_by(f64::total_cmp);
-            println!(
-                "| {} | {:.0} | {:.2} | {:.3} |",
-                mc_name(i),
-                last.member_watches[i],
-                last.requests_per_s[i],
-                pct(&f, 0.5)
-            );
+            println!("| {} | {watches:.0} | {requests:.2} | {:.3} |", mc_name(i), pct(&f, 0.5));
         }
     }
     let pts = |f: fn(&Size) -> f64| results.iter().map(|s| (s.k as f64, f(s))).collect::<Vec<_>>();
