@@ -182,9 +182,16 @@ async fn commit(ctx: &Context, writes: Vec<Write>) -> Result<()> {
 }
 
 /// Builds the view of every offered pool: federation's capacity minus the pods bound to its
-/// virtual node that the member does not show yet.
+/// virtual node that the member does not show yet. The pods are grouped by node once, so a
+/// round costs the pods plus the pools, not the pods times the pools.
 fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
     let members = ctx.members.borrow().clone();
+    let mut by_node: HashMap<&str, Vec<&Arc<PodLite>>> = HashMap::new();
+    for p in all.iter().filter(|p| p.is_live()) {
+        if let Some(node) = p.node_name() {
+            by_node.entry(node).or_default().push(p);
+        }
+    }
     let mut views = Vec::new();
     for m in members.values() {
         for pool in &m.pools {
@@ -199,7 +206,7 @@ fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
                 &cap,
                 schedulable,
             );
-            for p in all.iter().filter(|p| p.is_live() && p.node_name() == Some(pool.node.as_str())) {
+            for p in by_node.get(pool.node.as_str()).into_iter().flatten() {
                 let in_flight = p.metadata.uid.as_ref().is_some_and(|u| !cap.placed.contains_key(u));
                 if in_flight {
                     round::assume(&mut view, &requests(p));

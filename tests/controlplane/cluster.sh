@@ -734,6 +734,9 @@ cmd_down() {
 
 # ---------------------------------------------------------------------------------------
 
+# Sourced (members.sh reuses the functions above): define only.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
+
 (($# == 2)) || usage
 [[ $2 ]] || usage
 OFF=${CP_PORT_OFFSET:-0}
