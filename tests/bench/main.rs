@@ -106,7 +106,25 @@ fn pod(name: &str, spec_extra: serde_json::Value, meta: serde_json::Value) -> Po
 }
 
 async fn wait_all(seen: &Arc<Mutex<Seen>>, names: &[String], running: bool, timeout: Duration) -> Option<Instant> {
-    wait_all_in(seen, names, if running { |s: &Seen| &s.running } else { |s: &Seen| &s.created }, timeout).await
+    wait_all_in(seen, names, if running { Seen::running } else { Seen::created }, timeout).await
+}
+
+impl Seen {
+    fn created(&self) -> &HashMap<String, Instant> {
+        &self.created
+    }
+
+    fn running(&self) -> &HashMap<String, Instant> {
+        &self.running
+    }
+
+    fn placed(&self) -> &HashMap<String, Instant> {
+        &self.placed
+    }
+
+    fn bound(&self) -> &HashMap<String, Instant> {
+        &self.bound
+    }
 }
 
 /// When every pod of `names` is in the map `of` picks (the latest of their times), or `None`
@@ -634,11 +652,11 @@ async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_
         let (mut t, mut d) = (Vec::new(), Vec::new());
         for round in 0..=rounds {
             let (tidepool, direct) = if round % 2 == 0 {
-                let t = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
-                (t, gang_direct(member, &direct_api, &names).await)
+                let first = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
+                (first, gang_direct(member, &direct_api, &names).await)
             } else {
-                let d = gang_direct(member, &direct_api, &names).await;
-                (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, d)
+                let first = gang_direct(member, &direct_api, &names).await;
+                (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, first)
             };
             eprintln!(
                 "gang {size} round {round}{}: tidepool created {:.2} s (placed {:.2}, bound {:.2}), direct {:.2} s",
@@ -715,8 +733,8 @@ async fn gang_through_tidepool(
         .await;
     let created = wait_all(&offload_seen, names, false, Duration::from_secs(600)).await.expect("gang not created");
     let running = wait_all(&training_seen, names, true, Duration::from_secs(600)).await.expect("gang not running");
-    let placed = wait_all_in(&training_seen, names, |s| &s.placed, Duration::from_secs(10)).await;
-    let bound = wait_all_in(&training_seen, names, |s| &s.bound, Duration::from_secs(10)).await;
+    let placed = wait_all_in(&training_seen, names, Seen::placed, Duration::from_secs(10)).await;
+    let bound = wait_all_in(&training_seen, names, Seen::bound, Duration::from_secs(10)).await;
     stop.cancel();
     let (samples, split) = *splits.lock().unwrap();
     delete_pods(training_pods).await;
