@@ -272,21 +272,18 @@ async fn place(
 ) -> Result<()> {
     info!(gang = %key, node, pods = pods.len(), domain = %domain.to_annotation(), "gang placed");
     // The first failure stops the rest (those in flight are dropped): nothing is bound.
-    let recorded = futures::stream::iter(pods)
-        .map(|p| record_placement(ctx, p, node, domain, pods.len()))
-        .buffer_unordered(BIND_CONCURRENCY)
-        .try_for_each(|()| async { Ok(()) })
-        .await;
+    // (The futures are made before the stream: a stream holding a closure over borrowed pods
+    // is not `Send` for every lifetime, which the spawned dispatcher needs.)
+    let records: Vec<_> = pods.iter().map(|p| record_placement(ctx, p, node, domain, pods.len())).collect();
+    let recorded =
+        futures::stream::iter(records).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await;
     if let Err(e) = recorded {
         warn!(gang = %key, error = %e, "cannot record placement; will retry");
         return Ok(());
     }
     // Each pod's copy is created as soon as it is bound, while the rest are being bound.
-    futures::stream::iter(pods)
-        .map(|p| create_binding(ctx, &p.pod, node, p.band))
-        .buffer_unordered(BIND_CONCURRENCY)
-        .try_for_each(|()| async { Ok(()) })
-        .await?;
+    let bindings: Vec<_> = pods.iter().map(|p| create_binding(ctx, &p.pod, node, p.band)).collect();
+    futures::stream::iter(bindings).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await?;
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
         let note = format!("gang {key} ({} pods) placed on {node} (member {member}){how}", pods.len());
