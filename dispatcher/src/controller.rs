@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -43,8 +43,12 @@ const TICK: Duration = Duration::from_secs(2);
 const COALESCE: Duration = Duration::from_millis(50);
 /// Longest wait before a round after a change.
 const COALESCE_MAX: Duration = Duration::from_millis(500);
-/// Pods of one gang labelled and bound at once.
-const BIND_CONCURRENCY: usize = 16;
+/// Writes of one gang's placement in flight at once (its pods' placements, then their
+/// Bindings). The training API takes a few hundred small writes a second; a gang of 256 is
+/// then bound in about a second rather than waiting on each chunk's slowest write.
+const BIND_CONCURRENCY: usize = 64;
+/// Pods told at once why they wait (a status write and an Event each).
+const EXPLAIN_CONCURRENCY: usize = 16;
 
 /// Runs the dispatcher until the runtime stops.
 pub async fn run(
@@ -94,7 +98,9 @@ async fn round(ctx: &Context) -> Result<()> {
     // 3. Gangs of our pods; a placed gang whose core is not running within its timeout is
     //    rolled back whole.
     let mut gangs = round::gangs_of(&all, &ctx.scheduler_name);
-    let mut writes = roll_backs(ctx, &gangs, jiff::Timestamp::now()).await;
+    let now = jiff::Timestamp::now();
+    let mut writes = roll_backs(ctx, &gangs, now).await;
+    let now = now.as_second();
     // A gang whose core pod failed is stopped whole; its new pods wait until it has stopped.
     let restarting = crate::restart::run(ctx, &all).await;
     gangs.retain(|key, _| !restarting.contains(key));
@@ -125,7 +131,7 @@ async fn round(ctx: &Context) -> Result<()> {
     for entry in queue {
         let Some(g) = gangs.get(&entry.key) else { continue };
         let min = mins.get(&entry.key).copied().unwrap_or(1) as usize;
-        let admission = round::admit(&entry.key, g, min, &mut pools, &ctx.ranges);
+        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now));
         writes.extend(admission.writes);
         waiting |= admission.unplaced.is_some();
         if let Some(demand) = admission.unplaced
@@ -272,18 +278,19 @@ async fn place(
     note: Option<&str>,
 ) -> Result<()> {
     info!(gang = %key, node, pods = pods.len(), domain = %domain.to_annotation(), "gang placed");
-    for chunk in pods.chunks(BIND_CONCURRENCY) {
-        let recorded =
-            futures::future::join_all(chunk.iter().map(|p| record_placement(ctx, p, node, domain, pods.len()))).await;
-        if let Some(Err(e)) = recorded.into_iter().find(Result::is_err) {
-            warn!(gang = %key, error = %e, "cannot record placement; will retry");
-            return Ok(());
-        }
+    // The first failure stops the rest (those in flight are dropped): nothing is bound.
+    // (The futures are made before the stream: a stream holding a closure over borrowed pods
+    // is not `Send` for every lifetime, which the spawned dispatcher needs.)
+    let records: Vec<_> = pods.iter().map(|p| record_placement(ctx, p, node, domain, pods.len())).collect();
+    let recorded =
+        futures::stream::iter(records).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await;
+    if let Err(e) = recorded {
+        warn!(gang = %key, error = %e, "cannot record placement; will retry");
+        return Ok(());
     }
-    for chunk in pods.chunks(BIND_CONCURRENCY) {
-        let bound = futures::future::join_all(chunk.iter().map(|p| create_binding(ctx, &p.pod, node, p.band))).await;
-        bound.into_iter().collect::<Result<Vec<()>>>()?;
-    }
+    // Each pod's copy is created as soon as it is bound, while the rest are being bound.
+    let bindings: Vec<_> = pods.iter().map(|p| create_binding(ctx, &p.pod, node, p.band)).collect();
+    futures::stream::iter(bindings).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await?;
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
         let note = format!("gang {key} ({} pods) placed on {node} (member {member}){how}", pods.len());
@@ -389,21 +396,30 @@ async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) ->
 /// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
 /// only when the reason changes.
 async fn explain(ctx: &Context, pods: Vec<Arc<PodLite>>, message: &str) -> Result<()> {
-    for p in &pods {
-        let Some(uid) = p.metadata.uid.as_deref() else { continue };
-        if !ctx.explain_fresh(uid, message)? {
-            continue;
+    let mut fresh = Vec::new();
+    for p in pods {
+        if let Some(uid) = p.metadata.uid.as_deref()
+            && ctx.explain_fresh(uid, message)?
+        {
+            fresh.push(p);
         }
-        debug!(pod = %p.name_any(), message, "unschedulable");
-        let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-        let status = json!({ "status": { "conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": keys::REASON_UNSCHEDULABLE, "message": message,
-            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
-        }]}});
-        if let Err(e) = api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Strategic(status)).await {
-            warn!(pod = %p.name_any(), error = %e, "cannot write Unschedulable condition");
-        }
-        publish(ctx, p, EventType::Warning, keys::REASON_UNPLACEABLE, message).await;
     }
+    futures::stream::iter(fresh)
+        .for_each_concurrent(EXPLAIN_CONCURRENCY, |p| async move { explain_one(ctx, &p, message).await })
+        .await;
     Ok(())
+}
+
+/// Writes one pod's `PodScheduled=False` with `message`, and its Event.
+async fn explain_one(ctx: &Context, p: &PodLite, message: &str) {
+    debug!(pod = %p.name_any(), message, "unschedulable");
+    let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
+    let status = json!({ "status": { "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": keys::REASON_UNSCHEDULABLE, "message": message,
+        "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+    }]}});
+    if let Err(e) = api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Strategic(status)).await {
+        warn!(pod = %p.name_any(), error = %e, "cannot write Unschedulable condition");
+    }
+    publish(ctx, p, EventType::Warning, keys::REASON_UNPLACEABLE, message).await;
 }

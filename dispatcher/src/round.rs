@@ -28,7 +28,16 @@ pub(crate) struct GangState {
     /// The domain of the pool the gang was planned into (annotation on any of its pods):
     /// where its elastic pods go too.
     pub domain: plan::Domain,
+    /// Creation time (Unix seconds) of its newest live pod: a gang whose pods are still being
+    /// created is not told, pod after pod, that it lacks some ([`FORMING_QUIET`]).
+    pub newest: Option<i64>,
 }
+
+/// Seconds after its newest pod's creation during which a gang short of its `minMember`
+/// is taken to be still forming and waits without a word: a job's pods arrive within this,
+/// and each arrival would otherwise rewrite every earlier pod's reason and Event (the count
+/// in it changes), a status write and an Event per pod per round while a large gang forms.
+pub(crate) const FORMING_QUIET: i64 = 5;
 
 /// A write a round plans, in the order it is to be made.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +104,9 @@ pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKe
         {
             g.domain = plan::Domain::parse(domain);
         }
+        if let Some(t) = p.metadata.creation_timestamp.as_ref() {
+            g.newest = g.newest.max(Some(t.0.as_second()));
+        }
         g.pods.push(p.clone());
     }
     gangs
@@ -155,13 +167,14 @@ pub(crate) fn assume(view: &mut PoolView, req: &Resources) {
 
 /// Admits what it can of gang `key` with `min` core pods: a placed gang finishes its core on
 /// its pool and grows elastically there; a new gang is placed whole on one pool, or waits
-/// with the reason. Books what it admits on `pools`, so later gangs of the round see it.
+/// with the reason (none while it is still forming at `now`, Unix seconds: see
+/// [`FORMING_QUIET`]). Books what it admits on `pools`, so later gangs of the round see it.
 pub(crate) fn admit(
     key: &GangKey,
     g: &GangState,
     min: usize,
     pools: &mut [PoolView],
-    ranges: &BandRanges,
+    (ranges, now): (&BandRanges, i64),
 ) -> Admission {
     let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
@@ -173,6 +186,7 @@ pub(crate) fn admit(
                 unplaced: None,
             }
         }
+        None if pending.len() < min && g.newest.is_some_and(|t| now - t < FORMING_QUIET) => Admission::default(),
         None => admit_new(key, &pending, min, pools, ranges),
     }
 }
@@ -327,8 +341,12 @@ mod tests {
             pinned: pinned.map(str::to_owned),
             succeeded: 0,
             domain: plan::Domain::default(),
+            newest: None,
         }
     }
+
+    /// The round's time in the tests (Unix seconds).
+    const NOW: i64 = 1_800_000_000;
 
     fn key() -> GangKey {
         GangKey::annotation("ns", "g")
@@ -341,7 +359,7 @@ mod tests {
         // next round, when the gang has its pool.
         let g = gang(vec![pending("w-2", 2), pending("w-0", 2), pending("w-1", 2)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
-        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let core = |name: &str, member_node: &str| PlannedPod {
             pod: g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(),
             band: Band::Medium,
@@ -365,7 +383,7 @@ mod tests {
     fn a_new_gang_short_of_its_minimum_waits_for_the_rest() {
         let g = gang(vec![pending("w-0", 1)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8)];
-        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
         assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
         assert_eq!(admission.unplaced, None, "a gang still forming asks no one to make room");
@@ -373,10 +391,39 @@ mod tests {
     }
 
     #[test]
+    fn a_gang_still_forming_waits_without_a_word_until_its_pods_stop_arriving() {
+        let mut g = gang(vec![pending("w-0", 1)], None);
+        let mut pools = vec![pool("tidepool-a", 1, 8)];
+        g.newest = Some(NOW - FORMING_QUIET + 1);
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        assert_eq!(admission, Admission::default(), "its newest pod is younger than the quiet period");
+        g.newest = Some(NOW - FORMING_QUIET);
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
+        assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
+        // A whole gang is placed at once, however young.
+        let mut g = gang(vec![pending("w-0", 1), pending("w-1", 1)], None);
+        g.newest = Some(NOW);
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        assert!(matches!(admission.writes.as_slice(), [Write::Place { .. }]), "{admission:?}");
+    }
+
+    #[test]
+    fn gangs_know_when_their_newest_pod_was_created() {
+        let mut older = pending("w-0", 1);
+        older.metadata.creation_timestamp = Some(Time("2026-12-01T10:00:00Z".parse().unwrap()));
+        let mut newer = pending("w-1", 1);
+        newer.metadata.creation_timestamp = Some(Time("2026-12-01T10:00:07Z".parse().unwrap()));
+        let gangs = gangs_of(&[Arc::new(newer), Arc::new(older)], "tidepool");
+        let want: jiff::Timestamp = "2026-12-01T10:00:07Z".parse().unwrap();
+        assert_eq!(gangs[&key()].newest, Some(want.as_second()));
+    }
+
+    #[test]
     fn a_new_gang_that_fits_nowhere_waits_and_asks_for_its_whole_core() {
         let g = gang(vec![pending("w-0", 4), pending("w-1", 4), pending("w-2", 4)], None);
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 3, &mut pools, &BandRanges::default());
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW));
         assert_eq!(admission.unplaced, Some(gpus(12)));
         let [Write::Explain { pods, message }] = admission.writes.as_slice() else { panic!("{admission:?}") };
         assert_eq!(pods.len(), 3);
@@ -392,7 +439,7 @@ mod tests {
         let pods = vec![running_on(pending("w-0", 1), node), pending("w-1", 1), pending("w-2", 2), pending("w-3", 2)];
         let g = gang(pods, Some(node));
         let mut pools = vec![pool(node, 1, 4)];
-        let admission = admit(&key(), &g, 2, &mut pools, &BandRanges::default());
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let bind = |i: usize, band, role| Write::Bind {
             pod: g.pods[i].clone(),
             node: node.into(),
@@ -414,7 +461,7 @@ mod tests {
     fn a_placed_gang_whose_pool_is_not_offered_waits_with_the_reason() {
         let g = gang(vec![pending("w-0", 1)], Some("tidepool-gone"));
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 1, &mut pools, &BandRanges::default());
+        let admission = admit(&key(), &g, 1, &mut pools, (&BandRanges::default(), NOW));
         let message = "gang ns/gang/g is placed on tidepool-gone, which is not offered right now".to_owned();
         assert_eq!(
             admission,

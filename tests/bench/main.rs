@@ -13,7 +13,9 @@
 //!    (`apiserver_request_total` by verb and resource, read before and after).
 //! 3. gangs of `BENCH_GANGS` [8,64,256] pods submitted with `schedulerName: tidepool`: submit
 //!    → all offload pods created in the member, and submit → all Running, against the same
-//!    pods created directly; every 100 ms the gang is sampled for a split (pods on two pools).
+//!    pods created directly (and, split, submit → all placed, → all bound); every 100 ms the
+//!    gang is sampled for a split (pods on two pools). `BENCH_GANG_ROUNDS` [BENCH_ROUNDS]
+//!    rounds per size after a warm-up round.
 //!    Each scenario: a warm-up round (not counted), then `BENCH_ROUNDS` [3] rounds, the two
 //!    paths alternating which goes first; tables give the median (min–max) over the rounds.
 //! 4. tidepool's resident memory idle, after each scenario, and with `BENCH_MEMORY_PODS`
@@ -49,6 +51,10 @@ struct Seen {
     created: HashMap<String, Instant>,
     running: HashMap<String, Instant>,
     node: HashMap<String, String>,
+    /// First time the pod was seen with the dispatcher's placement annotation.
+    placed: HashMap<String, Instant>,
+    /// First time the pod was seen bound to a node.
+    bound: HashMap<String, Instant>,
 }
 
 fn observe(client: Client, ns: &str) -> Arc<Mutex<Seen>> {
@@ -62,7 +68,11 @@ fn observe(client: Client, ns: &str) -> Arc<Mutex<Seen>> {
             let mut s = s.lock().unwrap();
             let name = p.name_any();
             s.created.entry(name.clone()).or_insert(now);
+            if p.annotations().contains_key(keys::ANNOTATION_PLACEMENT) {
+                s.placed.entry(name.clone()).or_insert(now);
+            }
             if let Some(n) = p.spec.as_ref().and_then(|sp| sp.node_name.clone()) {
+                s.bound.entry(name.clone()).or_insert(now);
                 s.node.insert(name.clone(), n);
             }
             if p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running") {
@@ -96,11 +106,40 @@ fn pod(name: &str, spec_extra: serde_json::Value, meta: serde_json::Value) -> Po
 }
 
 async fn wait_all(seen: &Arc<Mutex<Seen>>, names: &[String], running: bool, timeout: Duration) -> Option<Instant> {
+    wait_all_in(seen, names, if running { Seen::running } else { Seen::created }, timeout).await
+}
+
+impl Seen {
+    fn created(&self) -> &HashMap<String, Instant> {
+        &self.created
+    }
+
+    fn running(&self) -> &HashMap<String, Instant> {
+        &self.running
+    }
+
+    fn placed(&self) -> &HashMap<String, Instant> {
+        &self.placed
+    }
+
+    fn bound(&self) -> &HashMap<String, Instant> {
+        &self.bound
+    }
+}
+
+/// When every pod of `names` is in the map `of` picks (the latest of their times), or `None`
+/// after `timeout`.
+async fn wait_all_in(
+    seen: &Arc<Mutex<Seen>>,
+    names: &[String],
+    of: fn(&Seen) -> &HashMap<String, Instant>,
+    timeout: Duration,
+) -> Option<Instant> {
     let start = Instant::now();
     loop {
         {
             let s = seen.lock().unwrap();
-            let map = if running { &s.running } else { &s.created };
+            let map = of(&s);
             if names.iter().all(|n| map.contains_key(n)) {
                 return names.iter().filter_map(|n| map.get(n).copied()).max();
             }
@@ -585,40 +624,78 @@ async fn remove_bench_nodes(member: &Client, names: &[String]) {
     }
 }
 
+/// What one gang through the dispatcher measured (seconds from the first submit).
+struct GangRun {
+    /// All placed (annotation seen), all bound, all copies created in the member, all Running.
+    placed: f64,
+    bound: f64,
+    created: f64,
+    running: f64,
+    samples: u32,
+    split: u32,
+}
+
 async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str) {
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
     let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
+    let rounds = env_usize("BENCH_GANG_ROUNDS", env_usize("BENCH_ROUNDS", 3)).max(1);
     println!("\n## Gangs through the dispatcher vs the same pods created directly\n");
-    println!("The path that goes first alternates from one gang size to the next.\n");
     println!(
-        "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | tidepool submit→all Running (s) | direct submit→all Running (s) | split samples (every 100 ms) |"
+        "Median (min–max) over {rounds} round(s) per size after a warm-up round; the path that goes first alternates from round to round. The split columns: tidepool submit → all pods placed (annotation), → all bound, → all copies created in the member.\n"
     );
-    println!("|---|---|---|---|---|---|");
-    for (i, &size) in sizes.iter().enumerate() {
+    println!(
+        "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | ratio | tidepool submit→all Running (s) | direct submit→all Running (s) | tidepool submit→all placed / bound (s) | split samples (every 100 ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &size in sizes {
         let names: Vec<String> = (0..size).map(|i| format!("g{size}-{i}")).collect();
-        let (tidepool, direct) = if i % 2 == 0 {
-            let t = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
-            (t, gang_direct(member, &direct_api, &names).await)
-        } else {
-            let d = gang_direct(member, &direct_api, &names).await;
-            (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, d)
-        };
-        let ((t_created, t_running, samples, split), (d_created, d_running)) = (tidepool, direct);
+        let (mut t, mut d) = (Vec::new(), Vec::new());
+        for round in 0..=rounds {
+            let (tidepool, direct) = if round % 2 == 0 {
+                let first = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
+                (first, gang_direct(member, &direct_api, &names).await)
+            } else {
+                let first = gang_direct(member, &direct_api, &names).await;
+                (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, first)
+            };
+            eprintln!(
+                "gang {size} round {round}{}: tidepool created {:.2} s (placed {:.2}, bound {:.2}), direct {:.2} s",
+                if round == 0 { " (warm-up)" } else { "" },
+                tidepool.created,
+                tidepool.placed,
+                tidepool.bound,
+                direct.0
+            );
+            if round > 0 {
+                t.push(tidepool);
+                d.push(direct);
+            }
+        }
+        let of = |f: &dyn Fn(&GangRun) -> f64| t.iter().map(f).collect::<Vec<f64>>();
+        let ratios: Vec<f64> = t.iter().zip(&d).map(|(t, d)| t.created / d.0).collect();
+        let (samples, split) = t.iter().fold((0, 0), |(a, b), r| (a + r.samples, b + r.split));
         println!(
-            "| {size} | {t_created:.2} | {d_created:.2} | {t_running:.2} | {d_running:.2} | {split} of {samples} |"
+            "| {size} | {} | {} | {} | {} | {} | {} / {} | {split} of {samples} |",
+            spread(&of(&|r| r.created), 2),
+            spread(&d.iter().map(|d| d.0).collect::<Vec<_>>(), 2),
+            spread(&ratios, 2),
+            spread(&of(&|r| r.running), 2),
+            spread(&d.iter().map(|d| d.1).collect::<Vec<_>>(), 2),
+            spread(&of(&|r| r.placed), 2),
+            spread(&of(&|r| r.bound), 2),
         );
     }
 }
 
-/// One gang submitted to the dispatcher: seconds to all created in the member and to all
-/// Running, and (samples, samples that saw the gang on two pools).
+/// One gang submitted to the dispatcher: seconds to all placed, bound, created in the
+/// member and Running, and (samples, samples that saw the gang on two pools).
 async fn gang_through_tidepool(
     training: &Client,
     member: &Client,
     training_pods: &Api<Pod>,
     names: &[String],
     offload_ns: &str,
-) -> (f64, f64, u32, u32) {
+) -> GangRun {
     let offload_seen = observe(member.clone(), offload_ns);
     let training_seen = observe(training.clone(), NS);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -656,10 +733,21 @@ async fn gang_through_tidepool(
         .await;
     let created = wait_all(&offload_seen, names, false, Duration::from_secs(600)).await.expect("gang not created");
     let running = wait_all(&training_seen, names, true, Duration::from_secs(600)).await.expect("gang not running");
+    let placed = wait_all_in(&training_seen, names, Seen::placed, Duration::from_secs(10)).await;
+    let bound = wait_all_in(&training_seen, names, Seen::bound, Duration::from_secs(10)).await;
     stop.cancel();
     let (samples, split) = *splits.lock().unwrap();
     delete_pods(training_pods).await;
-    (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64(), samples, split)
+    wait_empty(&Api::<Pod>::namespaced(member.clone(), offload_ns)).await;
+    let secs = |t: Option<Instant>| t.map_or(f64::NAN, |t| t.duration_since(start).as_secs_f64());
+    GangRun {
+        placed: secs(placed),
+        bound: secs(bound),
+        created: secs(Some(created)),
+        running: secs(Some(running)),
+        samples,
+        split,
+    }
 }
 
 /// The same pods created directly in the member: seconds to all created and to all Running.

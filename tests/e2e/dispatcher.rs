@@ -506,6 +506,46 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
 }
 
 #[tokio::test]
+async fn a_gang_whose_pods_arrive_together_is_placed_without_being_told_to_wait() {
+    let env = Env::load();
+    let test = "dispatch-forming";
+    let ns = "e2e-dispatch-forming";
+    let (training, tp) = setup(&env, test, ns, &["member-a"]).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let names: Vec<String> = (0..4).map(|i| format!("forming-{id}-{i}")).collect();
+    let meta =
+        json!({"annotations": {keys::ANNOTATION_GANG: format!("forming-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
+    // Three of four, then a dispatcher round that saw them short of their minimum (its gauge
+    // of waiting gangs counts them), then the fourth, as a job's controller creates pods.
+    for n in &names[..3] {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, meta.clone())).await.unwrap();
+    }
+    wait_for(Duration::from_secs(30), "a dispatcher round that saw the forming gang", || {
+        let text = tp.scrape();
+        async move { (metric_value(&text, "tidepool_gangs_waiting", "")? >= 1.0).then_some(()) }
+    })
+    .await;
+    pods.create(&PostParams::default(), &gang_pod(&names[3], &scheduler_name(test), 1, meta)).await.unwrap();
+    wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    // Bound whole; while it formed, no pod was told it waits (neither condition nor Event).
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(training.clone(), ns);
+    let told: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(keys::REASON_UNPLACEABLE))
+        .filter_map(|e| e.regarding?.name)
+        .filter(|n| names.contains(n))
+        .collect();
+    assert!(told.is_empty(), "pods of a gang still forming were told to wait: {told:?}");
+    wait_running(&pods, &names).await;
+    delete_all(&pods, &names).await;
+}
+
+#[tokio::test]
 async fn a_crash_during_placement_never_splits_a_gang() {
     let env = Env::load();
     let test = "dispatch-crash";
