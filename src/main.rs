@@ -126,9 +126,8 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     let identity = leader::identity();
     let sharded = config.sharding.enabled;
     // Sharded, the leader Lease elects the dispatcher alone (see `elected_dispatcher`).
-    let elector = (config.leader_election.enabled || sharded).then(|| {
-        leader::Elector::new(training.clone(), &config.namespace, &config.leader_election, identity.clone())
-    });
+    let elector = (config.leader_election.enabled || sharded)
+        .then(|| leader::Elector::new(training.clone(), &config.namespace, &config.leader_election, identity.clone()));
     // A standby replica stops here until it leads: it starts no controller, so it writes
     // nothing but the Lease.
     match elector.as_ref().filter(|_| !sharded) {

@@ -73,7 +73,6 @@ impl Seen {
             }
         }
     }
-
 }
 
 /// What to do with one member's Lease.
@@ -115,10 +114,8 @@ pub fn owned_at(renewed: &BTreeMap<MemberName, Instant>, now: Instant, deadline:
 
 /// A Lease name part from an identity: DNS-1123 (lower case, `-` for anything else).
 pub fn lease_part(identity: &str) -> String {
-    let part: String = identity
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
-        .collect();
+    let part: String =
+        identity.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     part.trim_matches('-').chars().take(200).collect()
 }
 
@@ -210,7 +207,8 @@ impl Sharder {
         if let Some(selector) = &self.selector {
             lp = lp.labels(selector);
         }
-        let members: BTreeSet<String> = self.members.list_metadata(&lp).await?.items.iter().map(|m| m.name_any()).collect();
+        let members: BTreeSet<String> =
+            self.members.list_metadata(&lp).await?.items.iter().map(|m| m.name_any()).collect();
         let leases = self.leases("member").await?;
         // Deselected or deleted members are not ours to hold.
         self.renewed.retain(|m, _| members.contains(m.as_str()));
@@ -292,7 +290,13 @@ impl Sharder {
 
     /// Creates Lease `name` held by `holder`, or replaces `lease` (its resourceVersion kept: a
     /// concurrent writer makes this a 409 and this round waits).
-    async fn write_kind(&self, name: &str, lease: Option<&Lease>, holder: Option<&str>, kind: &str) -> Result<(), kube::Error> {
+    async fn write_kind(
+        &self,
+        name: &str,
+        lease: Option<&Lease>,
+        holder: Option<&str>,
+        kind: &str,
+    ) -> Result<(), kube::Error> {
         let now = MicroTime(jiff::Timestamp::now());
         let previous = lease.and_then(|l| l.spec.clone()).unwrap_or_default();
         let same = previous.holder_identity.as_deref() == holder;
@@ -455,10 +459,8 @@ mod tests {
     fn a_member_stops_being_owned_once_its_renewals_are_older_than_the_deadline() {
         let t0 = Instant::now();
         let deadline = Duration::from_secs(10);
-        let renewed = BTreeMap::from([
-            (MemberName::from("fresh"), t0 + Duration::from_secs(5)),
-            (MemberName::from("stale"), t0),
-        ]);
+        let renewed =
+            BTreeMap::from([(MemberName::from("fresh"), t0 + Duration::from_secs(5)), (MemberName::from("stale"), t0)]);
         let owned = owned_at(&renewed, t0 + deadline, deadline);
         assert_eq!(owned, BTreeSet::from([MemberName::from("fresh")]));
     }

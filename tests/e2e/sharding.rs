@@ -97,7 +97,8 @@ fn virtual_node(i: usize) -> String {
 
 /// Holder of each member's Lease.
 async fn holders(leases: &Api<Lease>) -> BTreeMap<usize, String> {
-    let lp = ListParams::default().labels("tidepool.io/shard-lease=member,tidepool.io/shard-group=tidepool-e2e-sharding");
+    let lp =
+        ListParams::default().labels("tidepool.io/shard-lease=member,tidepool.io/shard-group=tidepool-e2e-sharding");
     let listed = leases.list(&lp).await.map(|l| l.items).unwrap_or_default();
     (0..MEMBERS)
         .filter_map(|i| {
@@ -179,27 +180,58 @@ fn audited_writes(env: &Env, cluster: &str, since: jiff::Timestamp) -> Vec<Write
         .collect()
 }
 
-/// Per member: each replica's writing interval (first request received, last completed).
-/// Panics when two replicas' intervals overlap for one member.
+/// One replica's unbroken run of writes to a member: from its first request received to its
+/// last completed.
+#[derive(Debug)]
+struct Run {
+    agent: String,
+    from: jiff::Timestamp,
+    until: jiff::Timestamp,
+    writes: usize,
+}
+
+/// The writes to one member in order of arrival, as runs of one writer each.
+fn runs(mut writes: Vec<Write>) -> Vec<Run> {
+    writes.sort_by_key(|w| w.received);
+    let mut runs: Vec<Run> = Vec::new();
+    for w in writes {
+        match runs.last_mut() {
+            Some(run) if run.agent == w.agent => {
+                run.until = run.until.max(w.completed);
+                run.writes += 1;
+            }
+            _ => runs.push(Run { agent: w.agent, from: w.received, until: w.completed, writes: 1 }),
+        }
+    }
+    runs
+}
+
+/// Per member: the writers in turn. Panics when one writer's run is not over (its last
+/// request answered) before the next writer's first request arrives, or when the writers
+/// alternate more often than ownership can change here (three replicas joining one by one,
+/// then one failover: at most four runs).
 fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<usize, Vec<String>> {
     let mut writers = BTreeMap::new();
     for i in 0..MEMBERS {
         let ns = format!("{}{NS}", prefix(i));
-        let mut spans: BTreeMap<String, (jiff::Timestamp, jiff::Timestamp, usize)> = BTreeMap::new();
-        for w in audited_writes(env, cluster(i), since).into_iter().filter(|w| w.namespace == ns) {
-            let span = spans.entry(w.agent.clone()).or_insert((w.received, w.completed, 0));
-            span.0 = span.0.min(w.received);
-            span.1 = span.1.max(w.completed);
-            span.2 += 1;
+        let writes: Vec<Write> =
+            audited_writes(env, cluster(i), since).into_iter().filter(|w| w.namespace == ns).collect();
+        let runs = runs(writes);
+        eprintln!("{}: writers in turn {runs:?}", member(i));
+        for pair in runs.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            assert!(
+                a.until < b.from,
+                "{}: {} wrote until {}, {} from {}: two writers at once",
+                member(i),
+                a.agent,
+                a.until,
+                b.agent,
+                b.from
+            );
         }
-        let mut ordered: Vec<_> = spans.iter().collect();
-        ordered.sort_by_key(|(_, (start, _, _))| *start);
-        for pair in ordered.windows(2) {
-            let ((a, (_, a_end, _)), (b, (b_start, _, _))) = (pair[0], pair[1]);
-            assert!(a_end < b_start, "{}: {a} wrote until {a_end}, {b} from {b_start}: two writers at once", member(i));
-        }
-        eprintln!("{}: writers {:?}", member(i), ordered);
-        writers.insert(i, ordered.iter().map(|(a, _)| (*a).clone()).collect());
+        assert!(runs.len() <= 4, "{}: writers alternate: {runs:?}", member(i));
+        writers.insert(i, runs.into_iter().map(|r| r.agent).collect());
     }
     writers
 }
@@ -297,7 +329,11 @@ async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_eac
     })
     .await;
     let failover = killed.elapsed();
-    eprintln!("sharding failover: {} member(s) of {} served again {failover:?} after SIGKILL", lost.len(), identity(victim));
+    eprintln!(
+        "sharding failover: {} member(s) of {} served again {failover:?} after SIGKILL",
+        lost.len(),
+        identity(victim)
+    );
 
     // 4. No pod lost or duplicated: every training pod runs with exactly one copy.
     for i in 0..MEMBERS {
