@@ -27,7 +27,7 @@ pub struct Record {
 }
 
 impl Record {
-    fn of(spec: Option<&LeaseSpec>) -> Self {
+    pub fn of(spec: Option<&LeaseSpec>) -> Self {
         Self {
             holder: spec.and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty()),
             renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0.to_string()),

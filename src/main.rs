@@ -7,6 +7,7 @@ mod kubectl;
 mod leader;
 mod ready;
 mod serve;
+mod shard;
 mod status;
 mod supervise;
 
@@ -122,12 +123,14 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     let shutdown = shutdown(exit_on_stdin_eof);
     tokio::pin!(shutdown);
 
+    let identity = leader::identity();
+    let sharded = config.sharding.enabled;
+    // Sharded, the leader Lease elects the dispatcher alone (see `elected_dispatcher`).
+    let elector = (config.leader_election.enabled || sharded)
+        .then(|| leader::Elector::new(training.clone(), &config.namespace, &config.leader_election, identity.clone()));
     // A standby replica stops here until it leads: it starts no controller, so it writes
     // nothing but the Lease.
-    let elector = config.leader_election.enabled.then(|| {
-        leader::Elector::new(training.clone(), &config.namespace, &config.leader_election, leader::identity())
-    });
-    match &elector {
+    match elector.as_ref().filter(|_| !sharded) {
         Some(elector) => {
             ready.send_replace(ready::Readiness::Standby);
             info!(identity = %elector.identity(), "waiting for the leader Lease");
@@ -136,16 +139,19 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
                 result = &mut shutdown => return result,
             }
         }
+        None if sharded => info!(%identity, "sharded: sharing the members with the other replicas"),
         None => {
             tidepool_api::metrics::metrics().leader.set(1);
         }
     }
 
     ready.send_replace(ready::Readiness::Syncing("the federation to start".into()));
-    let mut supervisor = start(Arc::new(config), training, ready).await?;
+    let config = Arc::new(config);
+    let dispatcher_elector = elector.clone().filter(|_| sharded);
+    let mut supervisor = start(config.clone(), training.clone(), ready, &identity, dispatcher_elector).await?;
 
     let lost = async {
-        match &elector {
+        match elector.as_ref().filter(|_| !sharded) {
             Some(elector) => elector.hold().await,
             None => std::future::pending().await,
         }
@@ -158,6 +164,10 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
     }
     // Writes in flight finish before the Lease goes: the next leader starts after them.
     supervisor.stop().await;
+    if sharded {
+        let group = config.leader_election.lease_name.as_str();
+        shard::Sharder::release_all(training, &config.namespace, (&identity, group)).await;
+    }
     if let Some(elector) = &elector {
         elector.release().await;
     }
@@ -165,15 +175,20 @@ async fn run(config: BridgeConfig, exit_on_stdin_eof: bool) -> anyhow::Result<()
 }
 
 /// Starts the components, their controllers supervised (see [`supervise`]).
+/// With `dispatcher_elector` (sharded), the dispatcher runs only while this replica holds the
+/// leader Lease.
 async fn start(
     config: Arc<BridgeConfig>,
     training: kube::Client,
     ready: tokio::sync::watch::Sender<ready::Readiness>,
+    identity: &str,
+    dispatcher_elector: Option<leader::Elector>,
 ) -> anyhow::Result<supervise::Supervisor> {
     let mut supervisor = supervise::Supervisor::default();
     let stop = supervisor.stop_token();
     let tasks = &mut supervisor.tasks;
-    let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone());
+    let ownership = ownership(tasks, &training, &config, identity);
+    let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone(), ownership);
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
     // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
@@ -193,8 +208,54 @@ async fn start(
     // Ends once ready: nothing more to report then.
     let selector = config.member_selector.clone();
     tokio::spawn(ready::follow(ready, training.clone(), selector, members.clone(), pods.clone()));
-    tidepool_dispatcher::Dispatcher::start(tasks, training, config, members, pods, copy_writer);
+    match dispatcher_elector {
+        Some(elector) => {
+            let dispatcher = elected_dispatcher(elector, training, config, members, pods, copy_writer);
+            tasks.spawn("dispatcher-election", dispatcher);
+        }
+        None => {
+            tidepool_dispatcher::Dispatcher::start(tasks, training, config, members, pods, copy_writer);
+        }
+    }
     Ok(supervisor)
+}
+
+/// Which members this replica bridges: sharded, those [`shard::Sharder`] (task `sharding`)
+/// gives it; otherwise every selected one.
+fn ownership(
+    tasks: &mut tidepool_federation::tasks::Tasks,
+    training: &kube::Client,
+    config: &BridgeConfig,
+    identity: &str,
+) -> tidepool_federation::Ownership {
+    let owned = config.sharding.enabled.then(|| {
+        let selector = config.member_selector.clone();
+        let sharding = config.sharding.clone();
+        let names = (identity.to_owned(), config.leader_election.lease_name.clone());
+        let (sharder, owned) = shard::Sharder::new(training.clone(), &config.namespace, selector, names, sharding);
+        tasks.spawn("sharding", sharder.run());
+        owned
+    });
+    tidepool_federation::Ownership { identity: identity.to_owned(), owned }
+}
+
+/// Sharded: the dispatcher runs on the replica holding the leader Lease. Losing the Lease
+/// ends this task, and so the process (it restarts without the dispatcher).
+async fn elected_dispatcher(
+    elector: leader::Elector,
+    training: kube::Client,
+    config: Arc<BridgeConfig>,
+    members: tokio::sync::watch::Receiver<tidepool_federation::Members>,
+    pods: tidepool_federation::TrainingPods,
+    copy_writer: tidepool_federation::writes::CopyWriter,
+) {
+    elector.acquire().await;
+    let mut tasks = tidepool_federation::tasks::Tasks::default();
+    tidepool_dispatcher::Dispatcher::start(&mut tasks, training, config, members, pods, copy_writer);
+    tokio::select! {
+        ended = tasks.first_end() => tracing::error!(%ended, "the dispatcher stopped"),
+        reason = elector.hold() => tracing::error!(%reason, "the dispatcher lost the leader Lease"),
+    }
 }
 
 /// Resolves on SIGINT, SIGTERM, or (for tests) standard input closing.

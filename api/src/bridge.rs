@@ -39,7 +39,53 @@ pub struct BridgeConfig {
     /// What the offload policy lets through that it denies by default. Unset: nothing.
     pub policy: PolicyAllow,
     pub leader_election: LeaderElectionConfig,
+    pub sharding: ShardingConfig,
     pub metrics: MetricsConfig,
+}
+
+/// N replicas share the members: each member is bridged by the one replica holding its Lease
+/// `tidepool-member-<name>` in the bridge `namespace`; each replica keeps a presence Lease
+/// `tidepool-replica-<identity>`, and the owner each member should have is chosen by
+/// rendezvous hashing over the live replicas. The dispatcher runs on the replica holding the
+/// `leaderElection` Lease. Off: one replica bridges every member (as with leader election).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ShardingConfig {
+    pub enabled: bool,
+    /// A member or presence Lease not renewed for this long (as seen by the reader) is free:
+    /// a dead replica's members are taken over within it.
+    pub lease_duration_seconds: u64,
+    /// The owner stops writing for a member once it has not renewed its Lease for this long,
+    /// well before anybody else may take it (fencing).
+    pub renew_deadline_seconds: u64,
+    /// How often the Leases are renewed and the ownership reconsidered.
+    pub retry_period_seconds: u64,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        Self { enabled: false, lease_duration_seconds: 15, renew_deadline_seconds: 10, retry_period_seconds: 2 }
+    }
+}
+
+impl ShardingConfig {
+    fn validate(&self, errors: &mut Vec<FieldError>) {
+        if !(3..=300).contains(&self.lease_duration_seconds) {
+            errors.push(FieldError::new("sharding.leaseDurationSeconds", "must be between 3 and 300"));
+        }
+        if self.renew_deadline_seconds == 0 || self.renew_deadline_seconds >= self.lease_duration_seconds {
+            errors.push(FieldError::new(
+                "sharding.renewDeadlineSeconds",
+                "must be at least 1 and less than leaseDurationSeconds",
+            ));
+        }
+        if self.retry_period_seconds == 0 || self.retry_period_seconds * 2 > self.renew_deadline_seconds {
+            errors.push(FieldError::new(
+                "sharding.retryPeriodSeconds",
+                "must be at least 1 and at most half of renewDeadlineSeconds",
+            ));
+        }
+    }
 }
 
 /// One active replica at a time, chosen through a `coordination.k8s.io` Lease in the training
@@ -302,6 +348,7 @@ impl Default for BridgeConfig {
             dispatcher: DispatcherConfig::default(),
             policy: PolicyAllow::default(),
             leader_election: LeaderElectionConfig::default(),
+            sharding: ShardingConfig::default(),
             metrics: MetricsConfig::default(),
         }
     }
@@ -378,6 +425,7 @@ impl BridgeConfig {
             errors.push(FieldError::new("namespacePrefix", crate::crd::NAMESPACE_PREFIX_RULE));
         }
         self.kubelet.validate(&mut errors);
+        self.sharding.validate(&mut errors);
         let le = &self.leader_election;
         if !crate::is_dns_subdomain(&le.lease_name) {
             errors.push(FieldError::new("leaderElection.leaseName", "must be a DNS-1123 subdomain"));
@@ -466,6 +514,19 @@ mod tests {
         let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
         let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["clusterName", "kubelet.port", "leaseRenewSeconds", "memberLossTimeoutSeconds"]);
+    }
+
+    #[test]
+    fn sharding_timings_must_leave_the_owner_time_to_stop_before_another_takes_over() {
+        let ok = BridgeConfig::parse("sharding: {enabled: true, leaseDurationSeconds: 15, renewDeadlineSeconds: 10}\n");
+        assert!(ok.unwrap().sharding.enabled);
+        let err = BridgeConfig::parse(
+            "sharding: {enabled: true, leaseDurationSeconds: 10, renewDeadlineSeconds: 10, retryPeriodSeconds: 6}\n",
+        )
+        .unwrap_err();
+        let ParseError::Invalid(errors) = err else { panic!("expected validation errors") };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["sharding.renewDeadlineSeconds", "sharding.retryPeriodSeconds"]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::member::Session;
-use crate::{Error, Members};
+use crate::{Error, Members, Ownership};
 
 pub(crate) struct Context {
     pub training: Client,
@@ -25,6 +25,7 @@ pub(crate) struct Context {
     pub members: watch::Sender<Members>,
     /// Reconciles a member now: its session's health changed.
     pub trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
+    pub ownership: Ownership,
 }
 
 impl Context {
@@ -32,6 +33,11 @@ impl Context {
     /// map may be half-updated, and carrying on would hide that.
     pub fn sessions(&self) -> Result<MutexGuard<'_, BTreeMap<MemberName, Session>>, Error> {
         self.sessions.lock().map_err(|_| Error::Poisoned { what: "member sessions" })
+    }
+
+    /// Whether this replica bridges member `name` now (always, without sharding).
+    pub fn owns(&self, name: &MemberName) -> bool {
+        self.ownership.owned.as_ref().is_none_or(|owned| owned.borrow().contains(name))
     }
 }
 
@@ -74,6 +80,20 @@ pub(crate) fn stop(ctx: &Context, name: &MemberName) -> Result<(), Error> {
     let removed = ctx.sessions()?.remove(name);
     if removed.is_some() {
         info!(member = %name, "member session stopped");
+        publish(ctx)?;
+    }
+    Ok(())
+}
+
+/// Ends the session of a member another replica owns now: its client is fenced first (no
+/// call of ours reaches the member any more), and its virtual nodes are left to the new owner.
+pub(crate) fn hand_over(ctx: &Context, name: &MemberName) -> Result<(), Error> {
+    let removed = ctx.sessions()?.remove(name);
+    if let Some(session) = removed {
+        session.fence.cancel();
+        session.handle.handed_over.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(session);
+        info!(member = %name, "member handed over: this replica no longer owns it");
         publish(ctx)?;
     }
     Ok(())

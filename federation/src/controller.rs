@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, instrument, warn};
 
 use crate::capacity::PoolCapacity;
-use crate::context::{Cond, Context, condition, hold, publish, stop};
+use crate::context::{Cond, Context, condition, hand_over, hold, publish, stop};
 use crate::health::Health;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::member::{MemberHandle, Session, SessionOptions};
@@ -248,6 +248,9 @@ pub(crate) async fn run(ctx: Arc<Context>, triggers: mpsc::Receiver<ObjectRef<Me
     let controller = Controller::new(api, cfg);
     let store = controller.store();
     tokio::spawn(sweep(store, ctx.clone()));
+    if let Some(owned) = ctx.ownership.owned.clone() {
+        tokio::spawn(follow_ownership(owned, ctx.clone()));
+    }
     controller
         .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggers))
         .run(reconcile, error_policy, ctx)
@@ -268,10 +271,15 @@ fn error_policy(mc: Arc<MemberCluster>, error: &Error, _ctx: Arc<Context>) -> Ac
 #[instrument(skip_all, fields(member = %mc.name_any()))]
 async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    let name = MemberName::new(mc.name_any());
+    // Another replica's member: nothing of it is ours to write (see `follow_ownership`).
+    if !ctx.owns(&name) {
+        hand_over(&ctx, &name)?;
+        return Ok(Action::await_change());
+    }
     if mc.metadata.deletion_timestamp.is_some() {
         return crate::drain::reconcile(&mc, &ctx).await;
     }
-    let name = MemberName::new(mc.name_any());
     let outcome = match connect(&mc, &name, &ctx).await {
         Ok(outcome) => outcome,
         Err(ConnectError::NotReady(why)) => Outcome::NotReady(why),
@@ -282,6 +290,9 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     metrics().member_ready.get_or_create(&ready).set(i64::from(verdict.ready.ok));
     if verdict.holds_session() {
         hold(&ctx, &name, &verdict.ready)?;
+    }
+    if !ctx.owns(&name) {
+        return Ok(Action::await_change());
     }
     let conflict = ctx.sessions()?.get(&name).map(|s| s.handle.priority_conflict.borrow().clone());
     let requeue = verdict.requeue();
@@ -311,7 +322,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     }
 
     // 4. Vet the kubeconfig and dial the member.
-    let dialed = dial(mc, name, &kubeconfig).await?;
+    let dialed = dial(mc, name, &kubeconfig, &ctx.ownership.identity).await?;
 
     // 5. Before the first write to the member: from now on it is drained when deleted. A
     // member never reached has nothing of ours to undo, so its deletion is not held.
@@ -375,13 +386,20 @@ async fn read_kubeconfig(mc: &MemberCluster, ctx: &Context) -> Result<SecretKube
 /// A member that answered with the vetted credentials.
 struct Dialed {
     client: Client,
+    /// Its client's fence, cancelled when the member is handed over.
+    fence: tokio_util::sync::CancellationToken,
     /// The API server's URL, for messages.
     server: String,
     stats: Arc<MemberStats>,
 }
 
 /// Step 4: vets the kubeconfig, builds the member's client and asks for its version.
-async fn dial(mc: &MemberCluster, name: &MemberName, kubeconfig: &SecretKubeconfig) -> Result<Dialed, NotReady> {
+async fn dial(
+    mc: &MemberCluster,
+    name: &MemberName,
+    kubeconfig: &SecretKubeconfig,
+    identity: &str,
+) -> Result<Dialed, NotReady> {
     let config = kubeconfig::client_config(&kubeconfig.bytes).await.map_err(|source| NotReady::Kubeconfig {
         secret: kubeconfig.secret.clone(),
         key: kubeconfig.key.clone(),
@@ -390,7 +408,8 @@ async fn dial(mc: &MemberCluster, name: &MemberName, kubeconfig: &SecretKubeconf
     let server = config.cluster_url.to_string();
     let stats = Arc::new(MemberStats::default());
     let limits = mc.spec.rate_limits.clone().unwrap_or_default();
-    let client = crate::throttle::client(config, name.as_str(), &limits, stats.clone())
+    let guard = crate::throttle::Guard { user_agent: Some(user_agent(identity)), ..Default::default() };
+    let client = crate::throttle::client_with(config, name.as_str(), &limits, stats.clone(), &guard)
         .map_err(|e| NotReady::Client(e.to_string()))?;
     match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(version)) => info!(%server, version = %version.git_version, "member reachable"),
@@ -400,7 +419,14 @@ async fn dial(mc: &MemberCluster, name: &MemberName, kubeconfig: &SecretKubeconf
         Ok(Err(e)) => return Err(NotReady::Unreachable { server, error: e.to_string() }),
         Err(_) => return Err(NotReady::NoAnswer { server }),
     }
-    Ok(Dialed { client, server, stats })
+    Ok(Dialed { client, fence: guard.fence, server, stats })
+}
+
+/// The `User-Agent` of this replica's member clients: `tidepool/<version> (<identity>)`, so a
+/// member's audit log names the replica behind every call.
+pub fn user_agent(identity: &str) -> String {
+    let identity = if identity.is_empty() { "tidepool" } else { identity };
+    format!("tidepool/{} ({identity})", env!("CARGO_PKG_VERSION"))
 }
 
 /// Step 7: starts the member's session, waits for its first capacity and publishes it.
@@ -420,6 +446,7 @@ async fn start_session(
         paused: mc.spec.paused,
         loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
         stats: dialed.stats,
+        fence: dialed.fence,
     };
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let pools = mc.spec.effective_pools();
@@ -428,6 +455,11 @@ async fn start_session(
         warn!("member watches not synced after 30 s; offering its pools anyway");
     }
     let handle = session.handle.clone();
+    // Handed over while it connected: it never starts.
+    if !ctx.owns(name) {
+        session.fence.cancel();
+        return Ok(handle);
+    }
     tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     tokio::spawn(follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
     ctx.sessions()?.insert(name.clone(), session);
@@ -462,6 +494,35 @@ async fn follow_health(
             res = conflict.changed() => if res.is_err() { return },
         }
         if trigger.send(member.clone()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows this replica's share of the members: a member given to another replica is handed
+/// over at once (its client fenced, its tasks stopped), a member given to this one is
+/// reconciled at once rather than at its next resync.
+async fn follow_ownership(
+    mut owned: tokio::sync::watch::Receiver<std::collections::BTreeSet<MemberName>>,
+    ctx: Arc<Context>,
+) {
+    loop {
+        let now = owned.borrow_and_update().clone();
+        let running: Vec<MemberName> = match ctx.sessions() {
+            Ok(s) => s.keys().cloned().collect(),
+            Err(e) => return error!(error = %e, "cannot follow member ownership"),
+        };
+        for name in running.iter().filter(|n| !now.contains(*n)) {
+            if let Err(e) = hand_over(&ctx, name) {
+                error!(member = %name, error = %e, "cannot hand a member over");
+            }
+        }
+        for name in now.iter().filter(|n| !running.contains(*n)) {
+            if ctx.trigger.send(ObjectRef::new(name.as_str())).await.is_err() {
+                return;
+            }
+        }
+        if owned.changed().await.is_err() {
             return;
         }
     }

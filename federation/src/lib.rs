@@ -18,6 +18,7 @@ pub mod capacity;
 mod context;
 mod controller;
 pub mod drain;
+pub mod fence;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
@@ -57,6 +58,15 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How this replica shares the members with others (see the binary's `shard` module).
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    /// This replica's identity, named in its member clients' user agent.
+    pub identity: String,
+    /// The members this replica owns now; `None`: every selected member (one replica).
+    pub owned: Option<watch::Receiver<std::collections::BTreeSet<MemberName>>>,
+}
+
 /// Handle on the running federation.
 #[derive(Debug, Clone)]
 pub struct Federation {
@@ -64,8 +74,14 @@ pub struct Federation {
 }
 
 impl Federation {
-    /// Starts the `MemberCluster` controller as task `federation` of `tasks`.
-    pub fn start(tasks: &mut tasks::Tasks, training: kube::Client, config: Arc<BridgeConfig>) -> Self {
+    /// Starts the `MemberCluster` controller as task `federation` of `tasks`, bridging the
+    /// members `ownership` gives this replica.
+    pub fn start(
+        tasks: &mut tasks::Tasks,
+        training: kube::Client,
+        config: Arc<BridgeConfig>,
+        ownership: Ownership,
+    ) -> Self {
         let (tx, rx) = watch::channel(Members::new());
         let (trigger, triggers) = tokio::sync::mpsc::channel(256);
         let reporter = kube::runtime::events::Reporter { controller: "tidepool".into(), instance: None };
@@ -76,6 +92,7 @@ impl Federation {
             sessions: std::sync::Mutex::new(BTreeMap::new()),
             members: tx,
             trigger,
+            ownership,
         });
         tasks.spawn("federation", controller::run(ctx, triggers));
         Self { members: rx }

@@ -168,6 +168,9 @@ pub struct MemberHandle {
     pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
     /// The capacity publisher's wake-ups, for [`MemberHandle::want_capacity`].
     wakeups: Wakeups,
+    /// Set before the session ends because another replica owns the member now: its virtual
+    /// nodes stay (the new owner keeps them), only this replica's tasks stop.
+    pub handed_over: std::sync::atomic::AtomicBool,
 }
 
 /// One pool of a member: one virtual node.
@@ -228,6 +231,8 @@ pub(crate) struct SessionOptions {
     pub loss_timeout: Duration,
     /// Counters of the client's throttle layer.
     pub stats: Arc<crate::MemberStats>,
+    /// The fence of the session's client (see [`crate::fence`]).
+    pub fence: CancellationToken,
 }
 
 /// Owns the watch tasks of one member; dropping it stops them.
@@ -236,6 +241,8 @@ pub(crate) struct Session {
     pub handle: Arc<MemberHandle>,
     pub fingerprint: String,
     pub health: watch::Sender<Health>,
+    /// Cancelled when the member is handed over: its client stops at once.
+    pub fence: CancellationToken,
 }
 
 impl Drop for Session {
@@ -598,8 +605,9 @@ impl Session {
             stats: options.stats,
             priority_conflict: conflict_rx,
             wakeups,
+            handed_over: std::sync::atomic::AtomicBool::new(false),
         };
-        Session { handle: Arc::new(handle), fingerprint, health: health_tx }
+        Session { handle: Arc::new(handle), fingerprint, health: health_tx, fence: options.fence }
     }
 }
 

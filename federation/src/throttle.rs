@@ -162,15 +162,44 @@ impl MemberStats {
 /// Every attempt that reaches the member is counted (`tidepool_api_requests_total`) under
 /// `member`, and throttle waits are exported too.
 pub fn client(
-    mut config: kube::Config,
+    config: kube::Config,
     member: &str,
     limits: &RateLimitSpec,
     stats: Arc<MemberStats>,
 ) -> kube::Result<kube::Client> {
+    client_with(config, member, limits, stats, &Guard::default())
+}
+
+/// Who a member client says it is, and the fence that stops it (see [`crate::fence`]).
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    /// `User-Agent` of every call (the member's audit log names the replica by it).
+    pub user_agent: Option<String>,
+    /// Cancelled: every call fails at once, those in flight are abandoned.
+    pub fence: tokio_util::sync::CancellationToken,
+}
+
+/// Like [`client`], with `guard`'s user agent and fence; the fence is outermost, so a call
+/// waiting for its rate limit or retrying stops too.
+pub fn client_with(
+    mut config: kube::Config,
+    member: &str,
+    limits: &RateLimitSpec,
+    stats: Arc<MemberStats>,
+    guard: &Guard,
+) -> kube::Result<kube::Client> {
     config.default_retry = false;
+    if let Some(agent) = guard.user_agent.as_deref().and_then(|a| http::HeaderValue::from_str(a).ok()) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
     let layer = ThrottleLayer::named(limits, stats, member);
     let counted = crate::api_metrics::ApiMetricsLayer::new(member);
-    Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&counted).with_layer(&layer).build())
+    let fence = crate::fence::FenceLayer::new(guard.fence.clone());
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&counted)
+        .with_layer(&layer)
+        .with_layer(&fence)
+        .build())
 }
 
 /// The buckets' clock: tokio's, the one the waits sleep on, so a test that pauses time

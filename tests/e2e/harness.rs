@@ -370,12 +370,30 @@ impl Tidepool {
 
     /// Like [`Tidepool::start_config`], reaching the training cluster with `kubeconfig`.
     pub fn start_as(
-        _env: &Env,
+        env: &Env,
         test: &str,
         secret_ns: &str,
         kubeconfig: &Path,
         dispatcher: &str,
         top_level: &str,
+    ) -> Tidepool {
+        Self::launch(env, (test, secret_ns), kubeconfig, (dispatcher, top_level), &[])
+    }
+
+    /// Like [`Tidepool::start_config`], as replica `identity` (its `POD_NAME`): one of several
+    /// tidepools sharing the test's members.
+    #[allow(dead_code)]
+    pub fn start_replica(env: &Env, test: &str, secret_ns: &str, top_level: &str, identity: &str) -> Tidepool {
+        let kubeconfig = env.kubeconfig_path("training");
+        Self::launch(env, (test, secret_ns), &kubeconfig, ("", top_level), &[("POD_NAME", identity)])
+    }
+
+    fn launch(
+        _env: &Env,
+        (test, secret_ns): (&str, &str),
+        kubeconfig: &Path,
+        (dispatcher, top_level): (&str, &str),
+        vars: &[(&str, &str)],
     ) -> Tidepool {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("tidepool.yaml");
@@ -406,6 +424,7 @@ impl Tidepool {
                 std::env::var("TIDEPOOL_TEST_LOG")
                     .unwrap_or_else(|_| "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn".to_owned()),
             )
+            .envs(vars.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

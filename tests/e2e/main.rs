@@ -29,6 +29,7 @@ mod real_nodes;
 mod reclaim;
 mod restart;
 mod services;
+mod sharding;
 mod skeleton;
 mod throttle;
 mod topology;

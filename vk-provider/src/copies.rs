@@ -118,16 +118,19 @@ pub(crate) struct MemberCopies {
     changes: mpsc::Sender<Change>,
     /// This instance's offload namespaces in the member (label-selected watch).
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The member's offload namespace prefix: other members' namespaces on the same API
+    /// server are theirs (and, sharded, another replica's) to bind and watch.
+    prefix: String,
     by_namespace: Arc<Mutex<BTreeMap<String, MetaStores>>>,
     access: Arc<OffloadAccess>,
 }
 
 impl MemberCopies {
     /// Watches the copies labelled `copy_selector` in every offload namespace labelled
-    /// `namespace_selector`, until `stop`.
+    /// `namespace_selector` whose name starts with `prefix`, until `stop`.
     pub(crate) fn start(
         client: &Client,
-        member: &str,
+        (member, prefix): (&str, &str),
         namespace_selector: &str,
         copy_selector: &str,
         stop: CancellationToken,
@@ -140,6 +143,7 @@ impl MemberCopies {
             stop: stop.clone(),
             changes,
             namespaces,
+            prefix: prefix.to_owned(),
             by_namespace: Arc::default(),
             access: Arc::new(OffloadAccess::new(client.clone(), member)),
         };
@@ -157,10 +161,11 @@ impl MemberCopies {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(ns) => {
+                        Ok(ns) if ns.metadata.name.as_deref().is_some_and(|n| n.starts_with(&found.prefix)) => {
                             let found = found.clone();
                             tokio::spawn(async move { found.enter(&ns.metadata.name.unwrap_or_default()).await });
                         }
+                        Ok(_) => {}
                         Err(e) => warn!(error = %e, "offload namespace watch failed; retrying with backoff"),
                     }
                 }
@@ -172,7 +177,8 @@ impl MemberCopies {
 
     /// This instance's offload namespaces in the member, as its namespace watch lists them.
     pub(crate) fn namespaces(&self) -> Vec<String> {
-        self.namespaces.state().iter().filter_map(|ns| ns.metadata.name.clone()).collect()
+        let names = self.namespaces.state().iter().filter_map(|ns| ns.metadata.name.clone()).collect::<Vec<_>>();
+        names.into_iter().filter(|n| n.starts_with(&self.prefix)).collect()
     }
 
     /// Makes this session's identity able to work in offload namespace `namespace` (binding

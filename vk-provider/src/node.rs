@@ -230,7 +230,7 @@ const TASK_EXIT: Duration = Duration::from_secs(5);
 /// Keeps one task per virtual node of the connected members; deletes the Node of a pool
 /// that is no longer offered, once its task has exited (so nothing registers it again).
 pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch::Receiver<Members>) {
-    let mut running: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let mut running: HashMap<String, Running> = HashMap::new();
     loop {
         let current = members.borrow_and_update().clone();
         let mut wanted = std::collections::HashSet::new();
@@ -239,7 +239,7 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                 let node = pool.node.to_string();
                 wanted.insert(node.clone());
                 // A new session for the same member has a new cancellation token.
-                let fresh = running.get(&node).is_none_or(|(t, _)| t.is_cancelled());
+                let fresh = running.get(&node).is_none_or(|r| r.stop.is_cancelled());
                 if fresh {
                     let stop = member.cancelled.child_token();
                     let task = NodeTask {
@@ -253,17 +253,21 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
                     };
                     let span = info_span!("virtual_node", member = %member.name, node = %node);
                     let handle = tokio::spawn(task.run(stop.clone()).instrument(span));
-                    running.insert(node.clone(), (stop, handle));
+                    running.insert(node.clone(), Running { stop, handle, member: member.clone() });
                 }
             }
         }
         let gone: Vec<String> = running.keys().filter(|n| !wanted.contains(*n)).cloned().collect();
         for node in gone {
-            if let Some((stop, handle)) = running.remove(&node) {
-                stop.cancel();
-                if tokio::time::timeout(TASK_EXIT, handle).await.is_err() {
-                    warn!(node = %node, "virtual node task still busy after being stopped; deleting its node anyway");
-                }
+            let Some(Running { stop, handle, member }) = running.remove(&node) else { continue };
+            stop.cancel();
+            if tokio::time::timeout(TASK_EXIT, handle).await.is_err() {
+                warn!(node = %node, "virtual node task still busy after being stopped");
+            }
+            // Another replica owns the member now and keeps the node (and the pods on it).
+            if member.handed_over.load(std::sync::atomic::Ordering::SeqCst) {
+                info!(node = %node, "member handed over; leaving its virtual node to the new owner");
+                continue;
             }
             info!(node = %node, "pool no longer offered; deleting its virtual node");
             if let Err(e) = delete_node(&training, &node).await {
@@ -274,6 +278,13 @@ pub async fn run(training: Client, config: Arc<BridgeConfig>, mut members: watch
             return;
         }
     }
+}
+
+/// The task of one virtual node: how to stop it, and the session it serves.
+struct Running {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+    member: Arc<MemberHandle>,
 }
 
 async fn delete_node(training: &Client, node: &str) -> Result<(), Error> {

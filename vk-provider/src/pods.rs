@@ -284,7 +284,7 @@ fn start_offload_watch(
     );
     let copies = MemberCopies::start(
         &member.client,
-        member.name.as_str(),
+        (member.name.as_str(), member.namespace_prefix.as_str()),
         &namespace_selector,
         &copy_selector,
         member.cancelled.clone(),

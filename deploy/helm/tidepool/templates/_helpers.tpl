@@ -88,6 +88,9 @@ metrics, kubelet, the namespace) rolls the pods.
 {{- $election := merge (dict "enabled" true "leaseName" (include "tidepool.leaseName" .)) (omit .Values.leaderElection "leaseName") -}}
 {{- $metrics := dict "bindAddress" (printf "0.0.0.0:%v" .Values.metrics.port) -}}
 {{- $config := merge (dict "namespace" $ns "kubelet" $kubelet "leaderElection" $election "metrics" $metrics) (deepCopy .Values.config) -}}
+{{- if .Values.sharding.enabled -}}
+{{- $_ := set $config "sharding" (deepCopy .Values.sharding) -}}
+{{- end -}}
 apiVersion: v1
 kind: ConfigMap
 metadata:

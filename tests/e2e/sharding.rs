@@ -1,0 +1,361 @@
+//! Sharded replicas (issue 21): three `tidepool run` processes share six members — three
+//! MemberClusters on each member API server, each with its own offload namespace prefix and
+//! a pool of its own kwok node, so no capacity is lent twice. One replica is killed (SIGKILL);
+//! its members are served by the others within the lease duration (the takeover) plus a
+//! connection; the members' audit logs show that no member ever had two writers; every
+//! training pod has exactly one copy. Prints the failover time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tidepool_api::crd::{PoolSpec, PoolToleration};
+use tidepool_api::keys;
+
+use crate::harness::*;
+
+const TEST: &str = "sharding";
+const NS: &str = "e2e-sharding";
+const MEMBERS: usize = 6;
+const REPLICAS: usize = 3;
+/// The sharding Leases' duration: a dead replica's members are free after it.
+const LEASE_SECONDS: u64 = 15;
+const RETRY_SECONDS: u64 = 2;
+/// Pods per member before the kill; one more per member of the killed replica after it.
+const PODS: usize = 2;
+const NODE_KEY: &str = "tidepool.io/e2e-shard";
+
+fn member(i: usize) -> String {
+    format!("shard-{i}")
+}
+
+/// Members 0, 2, 4 live in member-a; 1, 3, 5 in member-b.
+fn cluster(i: usize) -> &'static str {
+    if i % 2 == 0 { "member-a" } else { "member-b" }
+}
+
+/// Offload namespace prefix of member `i`: none is a prefix of another's.
+fn prefix(i: usize) -> String {
+    format!("shd{i}-")
+}
+
+fn identity(r: usize) -> String {
+    format!("e2e-shard-{r}")
+}
+
+fn config() -> String {
+    format!(
+        "sharding: {{enabled: true, leaseDurationSeconds: {LEASE_SECONDS}, renewDeadlineSeconds: 10, \
+         retryPeriodSeconds: {RETRY_SECONDS}}}\nleaderElection: {{leaseName: tidepool-e2e-sharding}}"
+    )
+}
+
+/// Member `i`'s own kwok node (tainted, so nothing of other tests lands there).
+async fn member_node(client: &Client, i: usize) {
+    let name = format!("e2e-shard-{i}");
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                     "labels": {"type": "kwok", "kubernetes.io/hostname": name, NODE_KEY: member(i)}},
+        "spec": {"providerID": format!("kwok://{name}"),
+                 "taints": [{"key": NODE_KEY, "value": "true", "effect": "NoSchedule"}]},
+        "status": {"capacity": {"cpu": "16", "memory": "32Gi", "pods": "110"},
+                   "allocatable": {"cpu": "16", "memory": "32Gi", "pods": "110"}}
+    }))
+    .unwrap();
+    match Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create node {name}: {e}"),
+    }
+}
+
+/// MemberCluster `i`: its prefix, one pool on its node.
+async fn apply_shard_member(training: &Client, i: usize) {
+    let mut mc = member_cluster(&member(i), TEST, NS, cluster(i));
+    mc.spec.namespace_prefix = Some(prefix(i));
+    mc.spec.pools = vec![PoolSpec {
+        name: "p".into(),
+        node_selector: BTreeMap::from([(NODE_KEY.to_owned(), member(i))]),
+        tolerations: vec![PoolToleration {
+            key: Some(NODE_KEY.into()),
+            operator: Some("Equal".into()),
+            value: Some("true".into()),
+            effect: Some("NoSchedule".into()),
+        }],
+        ..Default::default()
+    }];
+    apply_member_cluster(training, &mc).await;
+}
+
+fn virtual_node(i: usize) -> String {
+    format!("tidepool-{}-p", member(i))
+}
+
+/// Holder of each member's Lease.
+async fn holders(leases: &Api<Lease>) -> BTreeMap<usize, String> {
+    let lp =
+        ListParams::default().labels("tidepool.io/shard-lease=member,tidepool.io/shard-group=tidepool-e2e-sharding");
+    let listed = leases.list(&lp).await.map(|l| l.items).unwrap_or_default();
+    (0..MEMBERS)
+        .filter_map(|i| {
+            let lease = listed.iter().find(|l| l.name_any() == format!("tidepool-member-{}", member(i)))?;
+            Some((i, lease.spec.as_ref()?.holder_identity.clone()?))
+        })
+        .collect()
+}
+
+async fn node_ready(nodes: &Api<Node>, name: &str) -> bool {
+    let Ok(Some(node)) = nodes.get_opt(name).await else { return false };
+    let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+    conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Creates `count` pods bound to member `i`'s virtual node, named `<tag>-<i>-<n>`.
+async fn pods_on(pods: &Api<Pod>, i: usize, tag: &str, count: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for n in 0..count {
+        let name = format!("{tag}-{i}-{n}");
+        let mut pod = small_bound_pod(&name, &virtual_node(i), TEST);
+        pod.metadata.labels.get_or_insert_default().insert("shard".into(), member(i));
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        names.push(name);
+    }
+    names
+}
+
+/// Copies of training pod `pod` (by origin UID) in member `i`'s offload namespace.
+async fn copies(clients: &BTreeMap<&str, Client>, i: usize, pod: &Pod) -> usize {
+    let ns = format!("{}{NS}", prefix(i));
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let lp = ListParams::default().labels(&format!("{}={uid}", keys::LABEL_ORIGIN_UID));
+    let api = Api::<Pod>::namespaced(clients[cluster(i)].clone(), &ns);
+    api.list(&lp).await.map(|l| l.items.len()).unwrap_or(usize::MAX)
+}
+
+/// Whether every named pod of member `i` runs in training with one copy in the member.
+async fn served(training_pods: &Api<Pod>, clients: &BTreeMap<&str, Client>, i: usize, names: &[String]) -> bool {
+    for name in names {
+        let Ok(Some(pod)) = training_pods.get_opt(name).await else { return false };
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if !running || copies(clients, i, &pod).await != 1 {
+            return false;
+        }
+    }
+    true
+}
+
+/// One write of a tidepool replica to a member, from the member's audit log.
+struct Write {
+    agent: String,
+    /// Offload namespace it touched.
+    namespace: String,
+    received: jiff::Timestamp,
+    completed: jiff::Timestamp,
+}
+
+/// Tidepool's writes since `since` in `cluster`'s audit log.
+fn audited_writes(env: &Env, cluster: &str, since: jiff::Timestamp) -> Vec<Write> {
+    let key = format!("{}_AUDIT_LOG", cluster.to_uppercase().replace('-', "_"));
+    let text = std::fs::read_to_string(env.var(&key)).unwrap_or_else(|e| panic!("audit log of {cluster}: {e}"));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| {
+            let agent = e["userAgent"].as_str()?.to_owned();
+            let namespace = e["objectRef"]["namespace"].as_str().or_else(|| {
+                (e["objectRef"]["resource"] == "namespaces").then(|| e["objectRef"]["name"].as_str()).flatten()
+            })?;
+            let received: jiff::Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+            let completed: jiff::Timestamp = e["stageTimestamp"].as_str()?.parse().ok()?;
+            (agent.starts_with("tidepool/") && received >= since).then(|| Write {
+                agent,
+                namespace: namespace.to_owned(),
+                received,
+                completed,
+            })
+        })
+        .collect()
+}
+
+/// One replica's unbroken run of writes to a member: from its first request received to its
+/// last completed.
+#[derive(Debug)]
+struct Run {
+    agent: String,
+    from: jiff::Timestamp,
+    until: jiff::Timestamp,
+    writes: usize,
+}
+
+/// The writes to one member in order of arrival, as runs of one writer each.
+fn runs(mut writes: Vec<Write>) -> Vec<Run> {
+    writes.sort_by_key(|w| w.received);
+    let mut runs: Vec<Run> = Vec::new();
+    for w in writes {
+        match runs.last_mut() {
+            Some(run) if run.agent == w.agent => {
+                run.until = run.until.max(w.completed);
+                run.writes += 1;
+            }
+            _ => runs.push(Run { agent: w.agent, from: w.received, until: w.completed, writes: 1 }),
+        }
+    }
+    runs
+}
+
+/// Per member: the writers in turn. Panics when one writer's run is not over (its last
+/// request answered) before the next writer's first request arrives, or when the writers
+/// alternate more often than ownership can change here (three replicas joining one by one,
+/// then one failover: at most four runs).
+fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<usize, Vec<String>> {
+    let mut writers = BTreeMap::new();
+    for i in 0..MEMBERS {
+        let ns = format!("{}{NS}", prefix(i));
+        let writes: Vec<Write> =
+            audited_writes(env, cluster(i), since).into_iter().filter(|w| w.namespace == ns).collect();
+        let runs = runs(writes);
+        eprintln!("{}: writers in turn {runs:?}", member(i));
+        for pair in runs.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            assert!(
+                a.until < b.from,
+                "{}: {} wrote until {}, {} from {}: two writers at once",
+                member(i),
+                a.agent,
+                a.until,
+                b.agent,
+                b.from
+            );
+        }
+        assert!(runs.len() <= 4, "{}: writers alternate: {runs:?}", member(i));
+        writers.insert(i, runs.into_iter().map(|r| r.agent).collect());
+    }
+    writers
+}
+
+/// Starts the shared set-up: nodes, members, the three replicas; returns them once every
+/// member has one live owner and its virtual node is Ready.
+async fn start(env: &Env, training: &Client, clients: &BTreeMap<&str, Client>) -> Vec<Option<Tidepool>> {
+    prepare(env, training, TEST, NS).await;
+    let leases = Api::<Lease>::namespaced(training.clone(), NS);
+    // Leases of an earlier run: their holders are gone.
+    let _ = leases.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+    for (cluster, client) in clients {
+        let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
+        put_kubeconfig_secret(training, NS, cluster, &kubeconfig).await;
+        for i in (0..MEMBERS).filter(|i| self::cluster(*i) == *cluster) {
+            member_node(client, i).await;
+            clear_pods(client, &format!("{}{NS}", prefix(i))).await;
+        }
+    }
+    for i in 0..MEMBERS {
+        apply_shard_member(training, i).await;
+    }
+    let replicas: Vec<Option<Tidepool>> =
+        (0..REPLICAS).map(|r| Some(Tidepool::start_replica(env, TEST, NS, &config(), &identity(r)))).collect();
+    let nodes = Api::<Node>::all(training.clone());
+    let live: BTreeSet<String> = (0..REPLICAS).map(identity).collect();
+    wait_for(Duration::from_secs(120), "every member owned by a replica, its node Ready", || async {
+        let holders = holders(&leases).await;
+        let spread: BTreeSet<&String> = holders.values().collect();
+        let owned = holders.len() == MEMBERS && holders.values().all(|h| live.contains(h)) && spread.len() > 1;
+        for i in 0..MEMBERS {
+            if !owned || !node_ready(&nodes, &virtual_node(i)).await {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    replicas
+}
+
+#[tokio::test]
+async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_each() {
+    let env = Env::load();
+    let since = jiff::Timestamp::now();
+    let training = env.client("training").await;
+    let clients: BTreeMap<&str, Client> =
+        BTreeMap::from([("member-a", env.client("member-a").await), ("member-b", env.client("member-b").await)]);
+    let mut replicas = start(&env, &training, &clients).await;
+    let leases = Api::<Lease>::namespaced(training.clone(), NS);
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+
+    // 1. A few pods on every member, each with its one copy.
+    let mut names: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for i in 0..MEMBERS {
+        names.insert(i, pods_on(&pods, i, "before", PODS).await);
+    }
+    wait_for(Duration::from_secs(90), "every pod running with one copy", || async {
+        for (i, n) in &names {
+            if !served(&pods, &clients, *i, n).await {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+
+    // 2. Kill the replica owning the most members.
+    let holders = holders(&leases).await;
+    let victim = (0..REPLICAS).max_by_key(|r| holders.values().filter(|h| **h == identity(*r)).count()).unwrap();
+    let lost: Vec<usize> = holders.iter().filter(|(_, h)| **h == identity(victim)).map(|(i, _)| *i).collect();
+    assert!(!lost.is_empty(), "the victim owns members: {holders:?}");
+    replicas[victim].as_mut().unwrap().kill();
+    let killed = Instant::now();
+    replicas[victim] = None;
+
+    // 3. New pods on its members are offloaded by the others.
+    let mut fresh: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for &i in &lost {
+        fresh.insert(i, pods_on(&pods, i, "after", 1).await);
+    }
+    let nodes = Api::<Node>::all(training.clone());
+    let bound = Duration::from_secs(LEASE_SECONDS + 2 * RETRY_SECONDS + 30);
+    wait_for(bound, "the killed replica's members served by the others", || async {
+        let now = holders_of(&leases, &lost).await;
+        if now.iter().any(|h| h == &identity(victim)) {
+            return None;
+        }
+        for &i in &lost {
+            if !node_ready(&nodes, &virtual_node(i)).await || !served(&pods, &clients, i, &fresh[&i]).await {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    let failover = killed.elapsed();
+    eprintln!(
+        "sharding failover: {} member(s) of {} served again {failover:?} after SIGKILL",
+        lost.len(),
+        identity(victim)
+    );
+
+    // 4. No pod lost or duplicated: every training pod runs with exactly one copy.
+    for i in 0..MEMBERS {
+        let mut all = names[&i].clone();
+        all.extend(fresh.get(&i).cloned().unwrap_or_default());
+        assert!(served(&pods, &clients, i, &all).await, "{}: a pod lost or duplicated", member(i));
+    }
+
+    // 5. One writer at a time for every member; the killed replica's members did change hands.
+    let writers = assert_one_writer_at_a_time(&env, since);
+    for &i in &lost {
+        let agents = &writers[&i];
+        assert!(agents.len() >= 2, "{}: written by the killed replica and its successor: {agents:?}", member(i));
+        assert!(!agents[agents.len() - 1].contains(&format!("({})", identity(victim))), "{agents:?}");
+    }
+
+    // 6. Clean up through the survivors.
+    drain_pods(&training, NS).await;
+    reset_members(&training, TEST).await;
+}
+
+async fn holders_of(leases: &Api<Lease>, members: &[usize]) -> Vec<String> {
+    let all = holders(leases).await;
+    members.iter().filter_map(|i| all.get(i).cloned()).collect()
+}
