@@ -150,6 +150,13 @@ impl Resources {
         *e = e.saturating_add(milli);
     }
 
+    /// Takes `name` out altogether (unlike setting it to zero, which keeps it present).
+    pub fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.find(name) {
+            self.0.remove(i);
+        }
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
         self.0.iter().map(|(k, v)| (&**k, *v))
     }

@@ -213,7 +213,7 @@ fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
                 schedulable,
             );
             for p in by_node.get(pool.node.as_str()).into_iter().flatten() {
-                let in_flight = p.metadata.uid.as_ref().is_some_and(|u| !cap.placed.contains_key(u));
+                let in_flight = p.metadata.uid.as_deref().is_some_and(|u| !cap.placed.contains_key(u));
                 if in_flight {
                     round::assume(&mut view, &requests(p));
                 }

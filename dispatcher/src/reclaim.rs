@@ -210,7 +210,7 @@ fn freeing(pods: &[Arc<PodLite>], node: &str, cap: &PoolCapacity, grace: &BandSe
     let freeing_pods = pods.iter().filter(|p| {
         p.node_name() == Some(node)
             && (deadline_of(p, grace).is_some() || !p.is_live())
-            && p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u))
+            && p.metadata.uid.as_deref().is_some_and(|u| cap.placed.contains_key(u))
     });
     for p in freeing_pods {
         freeing.add(&requests(p));
@@ -226,7 +226,7 @@ fn candidates(on_node: &[&Arc<PodLite>], cap: &PoolCapacity, grace: &BandSeconds
         .iter()
         .filter(|p| deadline_of(p, grace).is_none())
         .filter_map(|p| {
-            let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
+            let member_node = cap.placed.get(p.metadata.uid.as_deref()?)?.node.to_string();
             let fulfillment = jobs.get(&gang::gang_of(p)).copied().unwrap_or((1, 1, 1));
             Some(offload_view(p, member_node, fulfillment))
         })
@@ -320,7 +320,7 @@ fn choose_pool(
 ) -> Option<Preemption> {
     let mut best: Option<Preemption> = None;
     for (node, cap) in pools {
-        let placed = |p: &PodLite| p.metadata.uid.as_ref().is_some_and(|u| cap.placed.contains_key(u));
+        let placed = |p: &PodLite| p.metadata.uid.as_deref().is_some_and(|u| cap.placed.contains_key(u));
         let on_node: Vec<Arc<PodLite>> =
             pods.iter().filter(|p| p.node_name() == Some(node.as_str()) && placed(p)).cloned().collect();
         // What is free, plus what pods under notice are about to free.
@@ -348,7 +348,7 @@ fn choose_pool(
         let views = lower
             .iter()
             .filter_map(|p| {
-                let member_node = cap.placed.get(p.metadata.uid.as_ref()?)?.node.clone();
+                let member_node = cap.placed.get(p.metadata.uid.as_deref()?)?.node.to_string();
                 Some(offload_view(p, member_node, (1, 1, 1)))
             })
             .collect();
@@ -609,7 +609,7 @@ async fn free_copy(ctx: &Context, p: &PodLite) {
     let copy_uid = p
         .node_name()
         .and_then(|n| member.pool_for_node(n))
-        .and_then(|pool| pool.capacity.borrow().placed.get(uid).and_then(|c| c.copy_uid.clone()));
+        .and_then(|pool| pool.capacity.borrow().placed.get(uid).and_then(|c| c.copy_uid.as_deref().map(str::to_owned)));
     ctx.copies.free_copy(Arc::new(p.clone()), member, copy_uid).await;
 }
 
@@ -693,7 +693,7 @@ mod tests {
         for p in pods {
             cap.used.add(&requests(p));
             let uid = p.metadata.uid.clone().unwrap();
-            placed.insert(uid, tidepool_federation::capacity::Placed { node: "n".into(), copy_uid: None });
+            placed.insert(uid.into(), tidepool_federation::capacity::Placed { node: "n".into(), copy_uid: None });
         }
         cap.placed = Arc::new(placed);
         (node.to_owned(), cap)

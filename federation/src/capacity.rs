@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tidepool_api::colocation::Colocation;
@@ -52,9 +53,9 @@ pub struct PodView {
     /// Created by tidepool (carries `tidepool.io/origin-uid`).
     pub offload: bool,
     /// The training pod an offload pod copies.
-    pub origin_uid: Option<String>,
+    pub origin_uid: Option<Arc<str>>,
     /// An offload pod's own UID (`None` for online pods: not needed).
-    pub uid: Option<String>,
+    pub uid: Option<Arc<str>>,
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
     /// `spec.tolerations` of a pending online pod: a pool of tainted (dedicated) nodes is
@@ -96,7 +97,7 @@ pub struct PoolCapacity {
     /// `used`/`free`), which victims would empty a whole member node, and which copy exactly
     /// to delete. Shared: every reader of a published capacity clones it, and it has an entry
     /// per offload pod.
-    pub placed: std::sync::Arc<BTreeMap<String, Placed>>,
+    pub placed: std::sync::Arc<BTreeMap<Arc<str>, Placed>>,
     /// What the policy held back from the surplus (reserve, windows, HPA headroom, pending
     /// online pods), before the watermark.
     pub held_back: Resources,
@@ -121,14 +122,15 @@ impl NodeFree {
     }
 }
 
-/// Where an offload pod runs in the member.
+/// Where an offload pod runs in the member. Its strings are shared with the member pod's
+/// view ([`PodView`]): a pool holds one entry per offload pod in every published capacity.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Placed {
     /// The member node.
-    pub node: String,
+    pub node: Arc<str>,
     /// The copy's UID in the member: a delete made with it as precondition takes this copy and
     /// nothing else of the same name.
-    pub copy_uid: Option<String>,
+    pub copy_uid: Option<Arc<str>>,
 }
 
 /// An admin's capacity settings for a member, parsed (see `CapacitySpec`).
@@ -365,7 +367,8 @@ impl NodeView {
 
 impl PodView {
     pub fn from_pod(pod: &Pod) -> Self {
-        let origin_uid = pod.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).cloned();
+        let origin_uid =
+            pod.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).map(|u| u.as_str().into());
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         // Only a pending online pod's selector is ever read (which pools it could land in).
@@ -382,7 +385,7 @@ impl PodView {
             requests: pod.spec.as_ref().map(pod_requests).unwrap_or_default(),
             terminated: matches!(phase, Some("Succeeded" | "Failed")),
             offload: origin_uid.is_some(),
-            uid: if online { None } else { pod.metadata.uid.clone() },
+            uid: if online { None } else { pod.metadata.uid.as_deref().map(Arc::from) },
             origin_uid,
             node_selector,
             tolerations,
@@ -436,7 +439,7 @@ pub fn pool_capacity<'a>(
 }
 
 /// `resources` as a pool of `colocation` counts them (see [`pool_capacity_in`]).
-fn counted<'r>(colocation: Option<&Colocation>, resources: &'r Resources) -> Cow<'r, Resources> {
+pub(crate) fn counted<'r>(colocation: Option<&Colocation>, resources: &'r Resources) -> Cow<'r, Resources> {
     match colocation {
         Some(c) => Cow::Owned(c.as_plain(resources)),
         None => Cow::Borrowed(resources),
@@ -446,7 +449,7 @@ fn counted<'r>(colocation: Option<&Colocation>, resources: &'r Resources) -> Cow
 /// What the pool holds back before any pod is counted: the reserve, the open windows, the HPA
 /// headroom and the replicas yet to come of the workloads whose pods `could_land` in the pool,
 /// a replica's requests as the pool's `colocation` system counts them ([`counted`]).
-fn announced(
+pub(crate) fn announced(
     demand: &OnlineDemand<'_>,
     could_land: &impl Fn(&BTreeMap<String, String>, &[PoolToleration]) -> bool,
     colocation: Option<&Colocation>,
@@ -493,11 +496,11 @@ pub fn pool_capacity_under<'a>(
 
 /// The pool's nodes that take pods (ready, schedulable, matching its selector, publishing the
 /// mode's resources), by name, with what each lends under the mode.
-fn pool_nodes<'a>(
+pub(crate) fn pool_nodes<'a>(
     nodes: impl IntoIterator<Item = &'a NodeView>,
     selector: &BTreeMap<String, String>,
     colocation: Option<&Colocation>,
-) -> BTreeMap<&'a str, (&'a NodeView, Cow<'a, Resources>)> {
+) -> InPool<'a> {
     let mut in_pool = BTreeMap::new();
     for n in nodes {
         let advertised = colocation.is_none_or(|c| c.advertised_on(&n.allocatable));
@@ -546,6 +549,9 @@ fn node_records<'a>(free: BTreeMap<&str, Resources>, view: impl Fn(&str) -> Opti
 /// resources: the agent has already taken online pods' usage out, so their ordinary
 /// requests do not count again. A node without the batch resources (no agent publishing
 /// there) lends nothing. GPUs and every other resource stay request-based.
+///
+/// Walks every pod: the reference the member sessions' incremental model
+/// ([`crate::capacity_index::pool_capacity_indexed`]) must equal.
 pub fn pool_capacity_in<'a>(
     nodes: impl IntoIterator<Item = &'a NodeView>,
     pods: impl IntoIterator<Item = &'a PodView>,
@@ -555,58 +561,91 @@ pub fn pool_capacity_in<'a>(
 ) -> PoolCapacity {
     let colocation = mode.colocation();
     let in_pool = pool_nodes(nodes, selector, colocation);
-    let mut capacity = Resources::new();
-    let mut products = std::collections::BTreeSet::new();
-    for (n, allocatable) in in_pool.values() {
-        capacity.add(allocatable);
-        products.insert(n.labels.get(GPU_PRODUCT_LABEL).cloned());
-    }
-    let could_land = |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| {
-        in_pool.values().any(|(n, _)| n.matches(sel) && n.tolerated_by(tolerations))
-    };
-    let mut held_back = announced(demand, &could_land, colocation);
-    let mut used = Resources::new();
-    let mut placed = BTreeMap::new();
-    let mut free: BTreeMap<&str, Resources> =
-        in_pool.iter().map(|(k, (_, allocatable))| (*k, allocatable.clone().into_owned())).collect();
+    let could_land =
+        |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| could_land(&in_pool, sel, tolerations);
+    let mut sums = PoolSums::of(&in_pool, announced(demand, &could_land, colocation));
     for p in pods {
         let requests = counted(colocation, &p.requests);
         if p.pending_online() && could_land(&p.node_selector, &p.tolerations) {
-            held_back.add(&requests);
+            sums.held_back.add(&requests);
         }
         let Some(node) = p.node.as_deref() else { continue };
         if p.terminated || !in_pool.contains_key(node) {
             continue;
         }
         if p.offload {
-            used.add(&requests);
+            sums.used.add(&requests);
             if let Some(uid) = &p.origin_uid {
-                placed.insert(uid.clone(), Placed { node: node.to_owned(), copy_uid: p.uid.clone() });
+                sums.placed.insert(uid.clone(), Placed { node: node.into(), copy_uid: p.uid.clone() });
             }
         } else {
-            capacity.sub(&requests);
+            sums.capacity.sub(&requests);
         }
-        if let Some(f) = free.get_mut(node) {
+        if let Some(f) = sums.free.get_mut(node) {
             f.sub(&requests);
         }
     }
-    capacity.sub(&held_back);
-    capacity.clamp_non_negative();
-    apply_watermark(&mut capacity, demand.policy.watermark_percent);
-    let free_per_node = node_records(free, |name| in_pool.get(name).map(|(v, _)| *v));
-    let gpu_product = match products.len() {
-        1 => products.into_iter().next().flatten(),
-        _ => None,
-    };
-    PoolCapacity {
-        capacity,
-        used,
-        nodes: in_pool.len() as u32,
-        gpu_product,
-        free_per_node,
-        topology: Vec::new(),
-        placed: std::sync::Arc::new(placed),
-        held_back,
+    sums.finish(&in_pool, demand.policy.watermark_percent)
+}
+
+/// The nodes of a pool by name, with what each lends under the pool's mode ([`pool_nodes`]).
+pub(crate) type InPool<'a> = BTreeMap<&'a str, (&'a NodeView, Cow<'a, Resources>)>;
+
+/// Whether pods with `selector` and `tolerations` could land on a node of the pool: where
+/// pending online demand and HPA headroom count.
+pub(crate) fn could_land(
+    in_pool: &InPool<'_>,
+    selector: &BTreeMap<String, String>,
+    tolerations: &[PoolToleration],
+) -> bool {
+    in_pool.values().any(|(n, _)| n.matches(selector) && n.tolerated_by(tolerations))
+}
+
+/// A pool's sums while its pods are counted in, before the policy's last steps.
+pub(crate) struct PoolSums<'a> {
+    /// `Σ allocatable − Σ online`, so far.
+    pub capacity: Resources,
+    pub used: Resources,
+    pub placed: BTreeMap<Arc<str>, Placed>,
+    /// Per node: `allocatable − online − offload`, so far.
+    pub free: BTreeMap<&'a str, Resources>,
+    pub held_back: Resources,
+}
+
+impl<'a> PoolSums<'a> {
+    /// Before any pod: the nodes' allocatable, and `held_back` from the policy.
+    pub fn of(in_pool: &InPool<'a>, held_back: Resources) -> Self {
+        let mut capacity = Resources::new();
+        for (_, allocatable) in in_pool.values() {
+            capacity.add(allocatable);
+        }
+        let free = in_pool.iter().map(|(k, (_, allocatable))| (*k, allocatable.clone().into_owned())).collect();
+        Self { capacity, used: Resources::new(), placed: BTreeMap::new(), free, held_back }
+    }
+
+    /// The pool's capacity: what is held back taken out, clamped, the watermark applied, the
+    /// per-node records and the GPU model added.
+    pub fn finish(self, in_pool: &InPool<'a>, watermark_percent: u32) -> PoolCapacity {
+        let Self { mut capacity, used, placed, free, held_back } = self;
+        capacity.sub(&held_back);
+        capacity.clamp_non_negative();
+        apply_watermark(&mut capacity, watermark_percent);
+        let products: std::collections::BTreeSet<Option<&String>> =
+            in_pool.values().map(|(n, _)| n.labels.get(GPU_PRODUCT_LABEL)).collect();
+        let gpu_product = match products.len() {
+            1 => products.into_iter().next().flatten().cloned(),
+            _ => None,
+        };
+        PoolCapacity {
+            capacity,
+            used,
+            nodes: in_pool.len() as u32,
+            gpu_product,
+            free_per_node: node_records(free, |name| in_pool.get(name).map(|(v, _)| *v)),
+            topology: Vec::new(),
+            placed: std::sync::Arc::new(placed),
+            held_back,
+        }
     }
 }
 
@@ -852,7 +891,7 @@ mod tests {
         let c = pool_capacity(&nodes, &[offload, online], &BTreeMap::new());
         // capacity: 8−4 = 4 GPUs, 7 cpu; used: 6 GPUs, 2 cpu → deficit 2 GPUs, no cpu.
         assert_eq!(c.deficit(), r(&[("cpu", "0"), ("nvidia.com/gpu", "2")]));
-        assert_eq!(c.placed.get("u1").map(|p| p.node.as_str()), Some("a"));
+        assert_eq!(c.placed.get("u1").map(|p| &*p.node), Some("a"));
     }
 
     fn policy(reserve: &[(&str, &str)], watermark: u32) -> CapacityPolicy {
@@ -1262,8 +1301,8 @@ mod tests {
                 requests: units(*req),
                 terminated: *terminated,
                 offload: *offload,
-                origin_uid: offload.then(|| format!("origin-{k}")),
-                uid: offload.then(|| format!("copy-{k}")),
+                origin_uid: offload.then(|| format!("origin-{k}").into()),
+                uid: offload.then(|| format!("copy-{k}").into()),
                 node_selector: sel.map(),
                 ..Default::default()
             })
@@ -1318,7 +1357,7 @@ mod tests {
             nodes: got.nodes,
             gpu_product: got.gpu_product.clone(),
             free_per_node,
-            placed: got.placed.iter().map(|(uid, p)| (uid.clone(), p.node.clone())).collect(),
+            placed: got.placed.iter().map(|(uid, p)| (uid.to_string(), p.node.to_string())).collect(),
         }
     }
 

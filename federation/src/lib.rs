@@ -15,6 +15,7 @@
 
 pub mod api_metrics;
 pub mod capacity;
+pub mod capacity_index;
 mod context;
 mod controller;
 pub mod drain;

@@ -29,10 +29,11 @@ use tidepool_api::metrics::metrics;
 
 use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, pool_capacity_in, worth_publishing,
+    ReplicasToCome, pod_requests, worth_publishing,
 };
+use crate::capacity_index::{PodIndex, pool_capacity_indexed};
 use crate::health::Health;
-use crate::priority::{PriorityConflict, offload_ceiling, priority_conflict};
+use crate::priority::{PriorityConflict, offload_ceiling};
 
 /// Namespace, kind and name of an HPA's scale target.
 type WorkloadKey = (String, String, String);
@@ -107,28 +108,18 @@ fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<Worklo
         .collect()
 }
 
-/// Per workload, the replicas it asks for beyond the pods it has (those not ended): pods its
-/// controller is about to create, to hold room for before they exist (see
-/// [`ReplicasToCome`]). One pass over the member's pods.
-fn replicas_to_come<'a>(
-    templates: &ViewCache<WorkloadKey, Template>,
-    pods: impl Iterator<Item = (&'a PodCapacityKey, &'a PodView)>,
-) -> Vec<ReplicasToCome> {
-    if templates.values().next().is_none() {
-        return Vec::new();
-    }
-    let mut existing: HashMap<(&str, &str, &str), i32> = HashMap::new();
-    for ((ns, _), p) in pods {
-        if let Some((kind, name)) = &p.workload
-            && !p.terminated
-        {
-            *existing.entry((ns.as_str(), kind, name)).or_default() += 1;
-        }
-    }
+/// Per workload, the replicas it asks for beyond the pods it has (those not ended, counted
+/// in `pods`): pods its controller is about to create, to hold room for before they exist
+/// (see [`ReplicasToCome`]).
+fn replicas_to_come(templates: &ViewCache<WorkloadKey, Template>, pods: &PodIndex) -> Vec<ReplicasToCome> {
     templates
         .iter()
         .filter_map(|((ns, kind, name), t)| {
-            let have = existing.get(&(ns.as_str(), kind.as_str(), name.as_str())).copied().unwrap_or(0);
+            let have = match kind.as_str() {
+                "Deployment" => pods.existing(ns, "Deployment", name),
+                "StatefulSet" => pods.existing(ns, "StatefulSet", name),
+                _ => 0,
+            };
             (t.replicas > have).then(|| ReplicasToCome {
                 replicas: t.replicas - have,
                 per_replica: t.per_replica.clone(),
@@ -283,7 +274,8 @@ fn coalesce_after(cost: Duration, short: bool) -> Duration {
 #[derive(Clone)]
 struct Caches {
     nodes: Arc<Mutex<ViewCache<String, NodeView>>>,
-    pods: Arc<Mutex<ViewCache<PodCapacityKey, PodView>>>,
+    /// With the pods summed per node ([`PodIndex`]), kept up to date event by event.
+    pods: Arc<Mutex<ViewCache<PodCapacityKey, PodView, PodIndex>>>,
     /// HPAs and the pod templates of their targets, for the HPA headroom (watched only when
     /// the policy keeps any).
     hpas: Arc<Mutex<ViewCache<WorkloadKey, HpaRef>>>,
@@ -322,10 +314,17 @@ fn locked<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T
 
 impl Caches {
     /// Starts the member's watches, each keeping one cache.
-    fn watch(client: &Client, name: &MemberName, hpa_headroom: bool, cancelled: &CancellationToken) -> Caches {
+    fn watch(
+        client: &Client,
+        name: &MemberName,
+        modes: &[PoolMode],
+        hpa: bool,
+        cancelled: &CancellationToken,
+    ) -> Caches {
+        let index = PodIndex::new(modes.iter().copied(), offload_ceiling());
         let caches = Caches {
             nodes: Arc::default(),
-            pods: Arc::default(),
+            pods: Arc::new(Mutex::new(ViewCache::with(index))),
             hpas: Arc::default(),
             templates: Arc::default(),
             wakeups: Wakeups::default(),
@@ -338,7 +337,7 @@ impl Caches {
         let span = info_span!("member_pods", member = %name);
         let pods = watch_all::<Pod>(client);
         spawn_cache(pods, &caches.pods, pod_view, PodView::pending_online, wake, cancelled, span);
-        if !hpa_headroom {
+        if !hpa {
             return caches;
         }
         let span = info_span!("member_hpas", member = %name);
@@ -363,7 +362,7 @@ impl Caches {
 
     /// Every pool's capacity from the views, or `None` while the node or pod watch has not
     /// listed everything yet; updates the priority conflict on the way. Computed under the
-    /// caches' locks, from the views in place: a large member's pods are not copied for it.
+    /// caches' locks from the nodes and the pods' per-node sums: no pod is walked for it.
     fn compute(
         &self,
         pools: &[PoolNodes],
@@ -376,9 +375,9 @@ impl Caches {
         if !(nodes.synced && pods.synced) {
             return Ok(None);
         }
-        let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, pods.iter());
+        let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, &pods.derived);
         let demand = OnlineDemand { policy, hpas: &hpa_views, to_come: &to_come, now: jiff::Timestamp::now() };
-        let found = priority_conflict(pods.iter(), offload_ceiling());
+        let found = pods.derived.priority_conflict();
         conflict.send_if_modified(|cur| {
             let changed = *cur != found;
             *cur = found;
@@ -386,7 +385,7 @@ impl Caches {
         });
         let capacity = |(selector, tolerations, mode, topology): &PoolNodes| {
             let in_pool = nodes.values().filter(|node| node.tolerated_by(tolerations));
-            let mut capacity = pool_capacity_in(in_pool, pods.values(), selector, &demand, *mode);
+            let mut capacity = pool_capacity_indexed(in_pool, &pods.derived, selector, &demand, *mode);
             capacity.label_topology(topology, |name| nodes.get(name));
             capacity
         };
@@ -568,7 +567,8 @@ impl Session {
             crate::health::run(client.clone(), health_tx.clone(), options.loss_timeout, cancelled.clone())
                 .instrument(info_span!("member_health", member = %name)),
         );
-        let caches = Caches::watch(&client, &name, policy.hpa_percent > 0, &cancelled);
+        let modes: Vec<PoolMode> = pools.iter().map(|p| p.mode).collect();
+        let caches = Caches::watch(&client, &name, &modes, policy.hpa_percent > 0, &cancelled);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
         let spans: Vec<PoolNodes> = pools
             .iter()
@@ -686,22 +686,57 @@ pub async fn serves_pod_groups(
 }
 
 /// A map of trimmed views kept in step with a watch, re-listed atomically: the views from a
-/// re-list replace the old ones only once the re-list is complete.
+/// re-list replace the old ones only once the re-list is complete. `D` is kept derived from
+/// the views, told of every change ([`Derived`]).
 #[derive(Debug)]
-pub(crate) struct ViewCache<K, V> {
+pub(crate) struct ViewCache<K, V, D = ()> {
     live: HashMap<K, V>,
     relist: Option<HashMap<K, V>>,
     /// True after the first complete list.
     pub synced: bool,
+    pub derived: D,
 }
 
-impl<K, V> Default for ViewCache<K, V> {
-    fn default() -> Self {
-        Self { live: HashMap::new(), relist: None, synced: false }
+/// What a [`ViewCache`] keeps derived from its views, updated with them.
+pub(crate) trait Derived<K, V> {
+    /// The view of `key` changed from `old` to `new` (`None`: absent).
+    fn changed(&mut self, key: &K, old: Option<&V>, new: Option<&V>);
+    /// A re-list replaced every view with `live`.
+    fn relisted(&mut self, live: &HashMap<K, V>);
+}
+
+impl<K, V> Derived<K, V> for () {
+    fn changed(&mut self, _: &K, _: Option<&V>, _: Option<&V>) {}
+    fn relisted(&mut self, _: &HashMap<K, V>) {}
+}
+
+impl Derived<PodCapacityKey, PodView> for PodIndex {
+    fn changed(&mut self, key: &PodCapacityKey, old: Option<&PodView>, new: Option<&PodView>) {
+        self.change(key, old, new);
+    }
+
+    fn relisted(&mut self, live: &HashMap<PodCapacityKey, PodView>) {
+        self.clear();
+        for (k, v) in live {
+            self.change(k, None, Some(v));
+        }
     }
 }
 
-impl<K: Eq + Hash, V: PartialEq> ViewCache<K, V> {
+impl<K, V, D: Default> Default for ViewCache<K, V, D> {
+    fn default() -> Self {
+        Self::with(D::default())
+    }
+}
+
+impl<K, V, D> ViewCache<K, V, D> {
+    /// An empty cache keeping `derived`.
+    pub fn with(derived: D) -> Self {
+        Self { live: HashMap::new(), relist: None, synced: false, derived }
+    }
+}
+
+impl<K: Eq + Hash, V: PartialEq, D: Derived<K, V>> ViewCache<K, V, D> {
     /// Applies one event; true when the views changed. Most events of a steady member change
     /// nothing a view keeps (a node's heartbeat, a pod's status probe): those wake no one.
     pub fn apply(&mut self, event: watcher::Event<(K, V)>) -> bool {
@@ -710,10 +745,15 @@ impl<K: Eq + Hash, V: PartialEq> ViewCache<K, V> {
                 if self.live.get(&k) == Some(&v) {
                     return false;
                 }
+                self.derived.changed(&k, self.live.get(&k), Some(&v));
                 self.live.insert(k, v);
                 true
             }
-            watcher::Event::Delete((k, _)) => self.live.remove(&k).is_some(),
+            watcher::Event::Delete((k, _)) => {
+                let Some(old) = self.live.remove(&k) else { return false };
+                self.derived.changed(&k, Some(&old), None);
+                true
+            }
             watcher::Event::Init => {
                 self.relist = Some(HashMap::new());
                 false
@@ -725,13 +765,16 @@ impl<K: Eq + Hash, V: PartialEq> ViewCache<K, V> {
             watcher::Event::InitDone => {
                 if let Some(fresh) = self.relist.take() {
                     self.live = fresh;
+                    self.derived.relisted(&self.live);
                 }
                 self.synced = true;
                 true
             }
         }
     }
+}
 
+impl<K: Eq + Hash, V, D> ViewCache<K, V, D> {
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.live.values()
     }
@@ -763,9 +806,9 @@ fn view_event<T, K, V>(event: watcher::Event<T>, view: fn(&T) -> Option<(K, V)>)
 /// Keeps `cache` in step with `events` until `cancelled`, waking the capacity publisher on
 /// every event that changes a view (and flagging `online_demand` changes). A poisoned cache ends the watch, with
 /// an error logged: the publisher meets the same lock and stops too.
-fn spawn_cache<T, K, V, S>(
+fn spawn_cache<T, K, V, D, S>(
     events: S,
-    cache: &Arc<Mutex<ViewCache<K, V>>>,
+    cache: &Arc<Mutex<ViewCache<K, V, D>>>,
     view: fn(&T) -> Option<(K, V)>,
     online_demand: fn(&V) -> bool,
     wakeups: &Wakeups,
@@ -776,6 +819,7 @@ fn spawn_cache<T, K, V, S>(
     T: Send + 'static,
     K: Eq + Hash + Send + 'static,
     V: PartialEq + Send + 'static,
+    D: Derived<K, V> + Send + 'static,
 {
     let (cache, wakeups) = (cache.clone(), wakeups.clone());
     let mut events = Box::pin(events.take_until(cancelled.clone().cancelled_owned()));
@@ -866,11 +910,15 @@ mod tests {
             pod("online", "db-1", Some(("StatefulSet", "db")), false),
             pod("other", "web-1", Some(("Deployment", "web")), false),
         ];
-        let to_come = replicas_to_come(&templates, pods.iter().map(|(k, v)| (k, v)));
+        let mut index = PodIndex::new([PoolMode::Requests], offload_ceiling());
+        for (k, v) in &pods {
+            index.change(k, None, Some(v));
+        }
+        let to_come = replicas_to_come(&templates, &index);
         assert_eq!(to_come.len(), 1);
         assert_eq!((to_come[0].replicas, &to_come[0].per_replica), (3, &gpu("2")));
-        // No workloads known: nothing to come, and the pods are not even counted.
-        assert!(replicas_to_come(&ViewCache::default(), pods.iter().map(|(k, v)| (k, v))).is_empty());
+        // No workloads known: nothing to come.
+        assert!(replicas_to_come(&ViewCache::default(), &index).is_empty());
     }
 
     fn pool(cpu: &str, gpus: &str, used_gpus: &str) -> PoolCapacity {

@@ -1,0 +1,429 @@
+//! The capacity model kept up to date pod by pod: per member node, the sums of what its pods
+//! request ([`PodIndex`]), changed on each pod view change, so a pool's capacity is computed
+//! from its nodes' records ([`pool_capacity_indexed`]) and no computation walks every pod of
+//! the member. [`crate::capacity::pool_capacity_in`] is the reference it equals (see the
+//! property test below).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tidepool_api::Resources;
+use tidepool_api::crd::{PoolMode, PoolToleration};
+
+use crate::capacity::{
+    NodeView, OnlineDemand, Placed, PodCapacityKey, PodView, PoolCapacity, PoolSums, announced, could_land, counted,
+    pool_nodes,
+};
+use crate::priority::{EXAMPLES, PriorityConflict};
+
+/// A sum of requests over some pods, and per resource how many of them name it: a resource
+/// stays in the sum (at zero, too) exactly while a pod naming it is counted, as a sum made
+/// afresh over the same pods would have it.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Tally {
+    sum: Resources,
+    naming: Resources,
+}
+
+impl Tally {
+    fn add(&mut self, requests: &Resources) {
+        self.sum.add(requests);
+        for name in requests.names() {
+            self.naming.add_one(name, 1);
+        }
+    }
+
+    fn sub(&mut self, requests: &Resources) {
+        self.sum.sub(requests);
+        for name in requests.names() {
+            self.naming.add_one(name, -1);
+            if self.naming.get(name) <= 0 {
+                self.naming.remove(name);
+                self.sum.remove(name);
+            }
+        }
+    }
+}
+
+/// The pods on one member node that hold resources (placed, not finished).
+#[derive(Debug, Clone)]
+struct NodePods {
+    /// The node's name, shared by every [`Placed`] of its pods.
+    name: Arc<str>,
+    /// Per indexed mode ([`PodIndex::modes`]), online pods' requests as that mode counts them.
+    online: Vec<Tally>,
+    /// The same for offload pods.
+    offload: Vec<Tally>,
+    /// Offload pods' origin UID and copy UID (shared with their views).
+    placed: Vec<(Arc<str>, Option<Arc<str>>)>,
+    /// Pods counted here; the record goes when it drops to zero.
+    pods: usize,
+}
+
+/// A workload's namespace, kind and name (see [`PodView::workload`]).
+type WorkloadOf = (String, &'static str, Box<str>);
+
+/// What the capacity model needs of a member's pods, summed per node and kept up to date by
+/// [`PodIndex::change`] on every view change.
+#[derive(Debug, Clone)]
+pub struct PodIndex {
+    /// The pool modes counted (each pool's, once).
+    modes: Vec<PoolMode>,
+    nodes: HashMap<String, NodePods>,
+    /// Online pods not placed yet: demand where they could land.
+    pending: HashMap<PodCapacityKey, PodView>,
+    /// Per workload, its pods that have not ended (see [`crate::capacity::ReplicasToCome`]).
+    workloads: HashMap<WorkloadOf, i32>,
+    /// Online pods at or below `ceiling`: priority and `namespace/name`.
+    low_priority: BTreeSet<(i32, String)>,
+    ceiling: i32,
+}
+
+impl PodIndex {
+    /// An empty index counting pods for pools of `modes`, and online pods at or below the
+    /// priority `ceiling`.
+    pub fn new(modes: impl IntoIterator<Item = PoolMode>, ceiling: i32) -> Self {
+        let mut counted = Vec::new();
+        for m in modes {
+            if !counted.contains(&m) {
+                counted.push(m);
+            }
+        }
+        Self {
+            modes: counted,
+            nodes: HashMap::new(),
+            pending: HashMap::new(),
+            workloads: HashMap::new(),
+            low_priority: BTreeSet::new(),
+            ceiling,
+        }
+    }
+
+    /// The pod `key` changed from `old` to `new` (`None`: absent).
+    pub fn change(&mut self, key: &PodCapacityKey, old: Option<&PodView>, new: Option<&PodView>) {
+        if let Some(p) = old {
+            self.count(key, p, false);
+        }
+        if let Some(p) = new {
+            self.count(key, p, true);
+        }
+    }
+
+    /// Forgets every pod, keeping the modes and the ceiling.
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.pending.clear();
+        self.workloads.clear();
+        self.low_priority.clear();
+    }
+
+    /// Counts `p` in (`add`) or out.
+    fn count(&mut self, key: &PodCapacityKey, p: &PodView, add: bool) {
+        if p.pending_online() {
+            if add {
+                self.pending.insert(key.clone(), p.clone());
+            } else {
+                self.pending.remove(key);
+            }
+        }
+        if let Some((kind, name)) = &p.workload
+            && !p.terminated
+        {
+            let k = (key.0.clone(), *kind, name.clone());
+            let n = self.workloads.entry(k.clone()).or_default();
+            *n += if add { 1 } else { -1 };
+            if *n == 0 {
+                self.workloads.remove(&k);
+            }
+        }
+        if let Some(prio) = p.priority.filter(|v| !p.offload && !p.terminated && *v <= self.ceiling) {
+            let named = (prio, format!("{}/{}", key.0, key.1));
+            if add {
+                self.low_priority.insert(named);
+            } else {
+                self.low_priority.remove(&named);
+            }
+        }
+        if let Some(node) = p.node.as_deref()
+            && !p.terminated
+        {
+            self.count_on_node(node, p, add);
+        }
+    }
+
+    fn count_on_node(&mut self, node: &str, p: &PodView, add: bool) {
+        let modes = self.modes.len();
+        let record = self.nodes.entry(node.to_owned()).or_insert_with(|| NodePods {
+            name: node.into(),
+            online: vec![Tally::default(); modes],
+            offload: vec![Tally::default(); modes],
+            placed: Vec::new(),
+            pods: 0,
+        });
+        let tallies = if p.offload { &mut record.offload } else { &mut record.online };
+        for (mode, tally) in self.modes.iter().zip(tallies) {
+            let requests = counted(mode.colocation(), &p.requests);
+            if add { tally.add(&requests) } else { tally.sub(&requests) }
+        }
+        if let Some(origin) = p.origin_uid.as_ref().filter(|_| p.offload) {
+            if add {
+                record.placed.push((origin.clone(), p.uid.clone()));
+            } else if let Some(i) = record.placed.iter().position(|(o, c)| o == origin && *c == p.uid) {
+                record.placed.swap_remove(i);
+            }
+        }
+        if add {
+            record.pods += 1;
+        } else {
+            record.pods = record.pods.saturating_sub(1);
+            if record.pods == 0 {
+                self.nodes.remove(node);
+            }
+        }
+    }
+
+    /// Pods of the workload `kind`/`name` in namespace `ns` that have not ended.
+    pub fn existing(&self, ns: &str, kind: &'static str, name: &str) -> i32 {
+        self.workloads.get(&(ns.to_owned(), kind, name.into())).copied().unwrap_or(0)
+    }
+
+    /// The online pods at or below the ceiling, as
+    /// [`crate::priority::priority_conflict`] reports them.
+    pub fn priority_conflict(&self) -> Option<PriorityConflict> {
+        if self.low_priority.is_empty() {
+            return None;
+        }
+        let examples = self.low_priority.iter().take(EXAMPLES).map(|(p, name)| (name.clone(), *p)).collect();
+        Some(PriorityConflict { count: self.low_priority.len(), examples, ceiling: self.ceiling })
+    }
+}
+
+/// [`crate::capacity::pool_capacity_in`] from the per-node sums of `index`: the same result,
+/// at a cost in the pool's nodes and the member's pending pods, not in all its pods. A mode
+/// the index does not count finds no pods.
+pub fn pool_capacity_indexed<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeView>,
+    index: &PodIndex,
+    selector: &BTreeMap<String, String>,
+    demand: &OnlineDemand<'_>,
+    mode: PoolMode,
+) -> PoolCapacity {
+    let colocation = mode.colocation();
+    let in_pool = pool_nodes(nodes, selector, colocation);
+    let could_land =
+        |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| could_land(&in_pool, sel, tolerations);
+    let mut sums = PoolSums::of(&in_pool, announced(demand, &could_land, colocation));
+    for p in index.pending.values().filter(|p| could_land(&p.node_selector, &p.tolerations)) {
+        sums.held_back.add(&counted(colocation, &p.requests));
+    }
+    let Some(slot) = index.modes.iter().position(|m| *m == mode) else {
+        return sums.finish(&in_pool, demand.policy.watermark_percent);
+    };
+    for name in in_pool.keys() {
+        let Some(record) = index.nodes.get(*name) else { continue };
+        let (Some(online), Some(offload)) = (record.online.get(slot), record.offload.get(slot)) else { continue };
+        let (online, offload) = (&online.sum, &offload.sum);
+        sums.capacity.sub(online);
+        sums.used.add(offload);
+        for (origin, copy_uid) in &record.placed {
+            let placed = Placed { node: record.name.clone(), copy_uid: copy_uid.clone() };
+            sums.placed.insert(origin.clone(), placed);
+        }
+        if let Some(f) = sums.free.get_mut(name) {
+            f.sub(online);
+            f.sub(offload);
+        }
+    }
+    sums.finish(&in_pool, demand.policy.watermark_percent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::{CapacityPolicy, HardTaint, pool_capacity_in};
+    use crate::member::ViewCache;
+    use crate::priority::priority_conflict;
+    use kube::runtime::watcher::Event;
+    use proptest::prelude::*;
+
+    const MODES: [PoolMode; 3] = [PoolMode::Requests, PoolMode::KoordinatorBatch, PoolMode::KatalystReclaimed];
+    /// Plain, device and both colocation systems' resources, so every mode counts something.
+    const NAMES: [&str; 5] = [
+        "cpu",
+        "memory",
+        "nvidia.com/gpu",
+        "kubernetes.io/batch-cpu",
+        "resource.katalyst.kubewharf.io/reclaimed_millicpu",
+    ];
+    const CEILING: i32 = -100;
+
+    fn resources(amounts: &[Option<i64>]) -> Resources {
+        let mut r = Resources::new();
+        for (name, v) in NAMES.iter().zip(amounts) {
+            if let Some(v) = v {
+                // Odd milli amounts too: a colocation mode's `/ 1000` must round alike.
+                r.set(name, *v);
+            }
+        }
+        r
+    }
+
+    fn arb_resources() -> impl Strategy<Value = Resources> {
+        proptest::collection::vec(proptest::option::of(0i64..40_000), NAMES.len()).prop_map(|v| resources(&v))
+    }
+
+    fn arb_node() -> impl Strategy<Value = NodeView> {
+        (0usize..4, any::<bool>(), proptest::bool::weighted(0.1), any::<bool>(), proptest::bool::weighted(0.2))
+            .prop_flat_map(|(i, ready, cordoned, gpu_label, tainted)| {
+                arb_resources().prop_map(move |allocatable| {
+                    let mut labels =
+                        BTreeMap::from([("pool".to_owned(), if gpu_label { "gpu" } else { "cpu" }.into())]);
+                    if gpu_label {
+                        labels.insert(crate::capacity::GPU_PRODUCT_LABEL.to_owned(), format!("model-{}", i % 2));
+                    }
+                    let taints = if tainted {
+                        vec![HardTaint { key: "lend".into(), value: None, effect: "NoSchedule".into() }]
+                    } else {
+                        Vec::new()
+                    };
+                    NodeView { name: format!("n{i}"), labels, ready, unschedulable: cordoned, allocatable, taints }
+                })
+            })
+    }
+
+    fn arb_pod() -> impl Strategy<Value = (PodCapacityKey, PodView)> {
+        let shape = (
+            (0usize..3, 0usize..6),
+            proptest::option::weighted(0.8, 0usize..5),
+            proptest::bool::weighted(0.2),
+            proptest::bool::weighted(0.4),
+            proptest::option::of(-110i32..-90),
+            proptest::option::of(0usize..2),
+            any::<bool>(),
+        );
+        (shape, arb_resources()).prop_map(
+            |(((ns, name), node, terminated, offload, priority, workload, gpu), requests)| {
+                let key = (format!("ns{ns}"), format!("p{name}"));
+                let origin = format!("origin-{}-{}", key.0, key.1);
+                let view = PodView {
+                    node: node.map(|n| format!("n{n}")),
+                    requests,
+                    terminated,
+                    offload,
+                    origin_uid: offload.then(|| origin.into()),
+                    uid: offload.then(|| format!("copy-{ns}-{name}-{gpu}").into()),
+                    node_selector: if gpu { BTreeMap::from([("pool".into(), "gpu".into())]) } else { BTreeMap::new() },
+                    tolerations: Vec::new(),
+                    priority,
+                    workload: workload
+                        .map(|w| (if w == 0 { "Deployment" } else { "StatefulSet" }, format!("w{w}").into())),
+                };
+                (key, view)
+            },
+        )
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Node(NodeView),
+        DeleteNode(usize),
+        Pod(PodCapacityKey, PodView),
+        DeletePod(PodCapacityKey),
+        /// A re-list of the pods, one of them (by position) gone meanwhile.
+        Relist(usize),
+    }
+
+    fn arb_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => arb_node().prop_map(Op::Node),
+            1 => (0usize..4).prop_map(Op::DeleteNode),
+            6 => arb_pod().prop_map(|(k, v)| Op::Pod(k, v)),
+            2 => arb_pod().prop_map(|(k, _)| Op::DeletePod(k)),
+            1 => (0usize..20).prop_map(Op::Relist),
+        ]
+    }
+
+    /// Every pool shape the model has (each mode, a selector, tolerating the taint or not),
+    /// computed both ways, under a reserve and a watermark.
+    fn assert_same(nodes: &BTreeMap<String, NodeView>, pods: &ViewCache<PodCapacityKey, PodView, PodIndex>) {
+        let policy = CapacityPolicy {
+            reserve: resources(&[Some(500), None, Some(1000)]),
+            watermark_percent: 90,
+            ..Default::default()
+        };
+        let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
+        let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
+        let selectors = [BTreeMap::new(), BTreeMap::from([("pool".to_owned(), "gpu".to_owned())])];
+        for mode in MODES {
+            for selector in &selectors {
+                for tolerations in [Vec::new(), vec![lend.clone()]] {
+                    let in_pool = || nodes.values().filter(|n| n.tolerated_by(&tolerations));
+                    let full = pool_capacity_in(in_pool(), pods.values(), selector, &demand, mode);
+                    let indexed = pool_capacity_indexed(in_pool(), &pods.derived, selector, &demand, mode);
+                    assert_eq!(indexed, full, "mode {mode:?}, selector {selector:?}, tolerations {tolerations:?}");
+                }
+            }
+        }
+        assert_eq!(pods.derived.priority_conflict(), priority_conflict(pods.iter(), CEILING));
+        for ns in ["ns0", "ns1", "ns2"] {
+            for (kind, name) in [("Deployment", "w0"), ("StatefulSet", "w1"), ("Deployment", "w1")] {
+                let live = pods
+                    .iter()
+                    .filter(|((n, _), p)| n == ns && !p.terminated && p.workload == Some((kind, name.into())))
+                    .count();
+                assert_eq!(pods.derived.existing(ns, kind, name), live as i32, "{ns}/{kind}/{name}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// After any sequence of node and pod adds, updates, deletes and re-lists, the
+        /// capacity from the per-node sums equals the capacity recomputed over every pod.
+        #[test]
+        fn the_incremental_model_equals_the_full_recomputation(ops in proptest::collection::vec(arb_op(), 1..60)) {
+            let mut nodes = BTreeMap::new();
+            let mut pods = ViewCache::with(PodIndex::new(MODES, CEILING));
+            pods.apply(Event::Init);
+            pods.apply(Event::InitDone);
+            for op in ops {
+                match op {
+                    Op::Node(n) => { nodes.insert(n.name.clone(), n); }
+                    Op::DeleteNode(i) => { nodes.remove(&format!("n{i}")); }
+                    Op::Pod(k, v) => { pods.apply(Event::Apply((k, v))); }
+                    Op::DeletePod(k) => { pods.apply(Event::Delete((k, PodView::default()))); }
+                    Op::Relist(gone) => {
+                        let all: Vec<_> = pods.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                        pods.apply(Event::Init);
+                        for (i, (k, v)) in all.into_iter().enumerate() {
+                            if i != gone {
+                                pods.apply(Event::InitApply((k, v)));
+                            }
+                        }
+                        pods.apply(Event::InitDone);
+                    }
+                }
+                assert_same(&nodes, &pods);
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_record_goes_with_its_last_pod_and_takes_the_names_it_held() {
+        let key = |n: &str| ("ns".to_owned(), n.to_owned());
+        let on = |requests: &[Option<i64>]| PodView {
+            node: Some("n0".into()),
+            requests: resources(requests),
+            ..Default::default()
+        };
+        let mut index = PodIndex::new([PoolMode::Requests], CEILING);
+        index.change(&key("a"), None, Some(&on(&[Some(1000), None, Some(0)])));
+        index.change(&key("b"), None, Some(&on(&[Some(500)])));
+        let online = |index: &PodIndex| index.nodes.get("n0").map(|r| r.online[0].sum.clone());
+        assert_eq!(online(&index), Some(resources(&[Some(1500), None, Some(0)])), "a zero request stays named");
+        index.change(&key("a"), Some(&on(&[Some(1000), None, Some(0)])), None);
+        assert_eq!(online(&index), Some(resources(&[Some(500)])), "no pod names the GPU any more");
+        index.change(&key("b"), Some(&on(&[Some(500)])), None);
+        assert_eq!(online(&index), None);
+    }
+}
