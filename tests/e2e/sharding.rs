@@ -35,7 +35,7 @@ fn member(i: usize) -> String {
 
 /// Members 0, 2, 4 live in member-a; 1, 3, 5 in member-b.
 fn cluster(i: usize) -> &'static str {
-    if i % 2 == 0 { "member-a" } else { "member-b" }
+    if i.is_multiple_of(2) { "member-a" } else { "member-b" }
 }
 
 /// Offload namespace prefix of member `i`: none is a prefix of another's.
