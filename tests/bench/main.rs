@@ -28,6 +28,9 @@
 #[path = "../e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "stats.rs"]
+mod stats;
+use stats::*;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -81,13 +84,6 @@ fn observe(client: Client, ns: &str) -> Arc<Mutex<Seen>> {
         }
     });
     seen
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn pod(name: &str, spec_extra: serde_json::Value, meta: serde_json::Value) -> Pod {
@@ -509,10 +505,6 @@ fn print_runs(runs: &[(&str, usize, Path, Vec<Run>)], rounds: usize) {
             println!("| {scenario} | {} | {} | {} | {tv:.2} | {dv:.2} | {:+.2} |", k.0, k.1, k.2, tv - dv);
         }
     }
-}
-
-fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Creates the pods (bound to `node` when given), 32 at a time, or one every `every`; returns

@@ -30,6 +30,9 @@
 #[path = "../e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "stats.rs"]
+mod stats;
+use stats::*;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -49,26 +52,6 @@ use tidepool_api::{MemberCluster, keys};
 
 const TEST: &str = "bench-members";
 const NS: &str = "bench-members";
-
-fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// CPU seconds (user + system) of a process, from `/proc/<pid>/stat` (100 ticks per second).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
 
 /// Least-squares slope of `y` over `x`.
 fn slope(points: &[(f64, f64)]) -> f64 {
