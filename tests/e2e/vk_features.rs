@@ -391,3 +391,38 @@ async fn offload_pods_whose_training_pod_is_gone_are_collected_and_nothing_else_
     Api::<MemberCluster>::all(s.training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
     drop(tidepool);
 }
+
+#[tokio::test]
+async fn an_offload_priority_class_deleted_in_the_member_is_made_again_and_the_pod_runs() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    const TEST: &str = "vk-prioclass";
+    const NS: &str = "e2e-vk-prioclass";
+    const MEMBER: &str = "e2e-vkp-a";
+    const NODE: &str = "tidepool-e2e-vkp-a";
+    let s = setup(TEST, NS, MEMBER).await;
+    let tidepool = Tidepool::start(&s.env, TEST, NS);
+    wait_node(&s.training, NODE).await;
+    // A first pod runs: the member session is up, its PriorityClasses made.
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+    let first = format!("prio-first-{}", run_id());
+    pods.create(&PostParams::default(), &small_bound_pod(&first, NODE, "prio")).await.unwrap();
+    wait_phase(&pods, &first, "Running").await;
+    // Deleted after tidepool made them: by the member's admin, or by the drain of another
+    // MemberCluster on the same API server (seen in the peer benchmark).
+    let classes = Api::<PriorityClass>::all(s.member.clone());
+    for band in keys::Band::ALL.map(keys::Band::priority_class) {
+        classes.delete(&band, &DeleteParams::default()).await.unwrap();
+        wait_gone(&classes, &band, Duration::from_secs(30), "the band PriorityClasses deleted").await;
+    }
+
+    let name = format!("prio-{}", run_id());
+    pods.create(&PostParams::default(), &small_bound_pod(&name, NODE, "prio")).await.unwrap();
+    wait_phase(&pods, &name, "Running").await;
+    for band in keys::Band::ALL.map(keys::Band::priority_class) {
+        assert!(classes.get_opt(&band).await.unwrap().is_some(), "{band} not made again: {}", tidepool.log_tail());
+    }
+    for pod in [&first, &name] {
+        delete_pod(&pods, pod).await;
+        wait_gone(&pods, pod, Duration::from_secs(60), "the pods deleted").await;
+    }
+}

@@ -734,6 +734,15 @@ impl PodSync<'_> {
                     return Ok(Action::requeue(step::CONFLICT));
                 }
             }
+            // The band PriorityClasses are gone (deleted by the member's admin, or by the drain
+            // of another MemberCluster on the same API server): made again, then the create.
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("no PriorityClass") => {
+                warn!(member = %member.name, error = %e.message, "offload PriorityClasses missing in the member: creating them again");
+                tidepool_federation::member::bootstrap(&member.client)
+                    .await
+                    .map_err(|e| Error::member(&member.name, "create offload PriorityClasses", e))?;
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // The namespace went away under us; create it again next time.
                 ctx.namespaces.locked(NAMESPACES)?.remove(&(member.name.clone(), member_ns.clone()));
