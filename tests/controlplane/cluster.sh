@@ -243,8 +243,8 @@ kubelet_ip() {
 # Reads the kernel's socket tables instead of probing, so nothing is sent to a listener
 # that might belong to someone else, and a listener on 0.0.0.0 or [::] counts as busy too.
 check_ports() {
-  local -A want=() busy=()
-  local c f local_addr st port problems=()
+  local -A want=()
+  local c
   want[$((2379 + OFF))]="etcd client"; want[$((2380 + OFF))]="etcd peer"
   for c in "${CLUSTERS[@]}"; do
     want[$(port_of apiserver "$c")]="$c kube-apiserver"
@@ -260,6 +260,14 @@ check_ports() {
     fi
   done
   if ((REAL)); then want[$(real_port s3 training)]="checkpoint store"; fi
+  fail_if_listening
+}
+
+# Fails naming each port of the caller's `want` (port → what) that something listens on.
+# Also used by members.sh.
+fail_if_listening() {
+  local -A busy=()
+  local f local_addr st port problems=()
   for f in /proc/net/tcp /proc/net/tcp6; do
     [[ -r $f ]] || continue
     while read -r _ local_addr _ st _; do

@@ -44,23 +44,14 @@ usage() {
 }
 
 members_check_ports() {
-  local -A want=() busy=()
-  local c f local_addr st port problems=()
+  local -A want=()
+  local c
   want[$((2379 + OFF))]="etcd client"; want[$((2380 + OFF))]="etcd peer"
   for c in "${CLUSTERS[@]}"; do
     want[$(port_of apiserver "$c")]="$c kube-apiserver"
     want[$(port_of kubelet "$c")]="$c kwok kubelet API"
   done
-  for f in /proc/net/tcp /proc/net/tcp6; do
-    [[ -r $f ]] || continue
-    while read -r _ local_addr _ st _; do
-      if [[ $st == 0A ]]; then busy[$((16#${local_addr##*:}))]=1; fi
-    done < <(tail -n +2 "$f")
-  done
-  for port in "${!want[@]}"; do
-    if [[ ${busy[$port]:-} ]]; then problems+=("$port (${want[$port]})"); fi
-  done
-  ((${#problems[@]} == 0)) || fail "ports already in use: ${problems[*]}; set CP_PORT_OFFSET"
+  fail_if_listening
 }
 
 # Lighter than cluster.sh's: no kubelet client (nothing here dials kwok for logs or exec),
