@@ -221,7 +221,7 @@ impl Sharder {
     }
 
     fn step_for(&mut self, member: &str, name: &str, lease: Option<&Lease>, live: &BTreeSet<String>) -> Step {
-        let record = lease.map(|l| record(l.spec.as_ref()));
+        let record = lease.map(|l| Record::of(l.spec.as_ref()));
         let duration = self.duration();
         let alive = record.as_ref().is_some_and(|r| self.seen.alive(name, r, Instant::now(), duration));
         member_step(record.as_ref().and_then(|r| r.holder.as_deref()), alive, &self.identity, owner(member, live))
@@ -269,7 +269,7 @@ impl Sharder {
         let (now, duration) = (Instant::now(), self.duration());
         let mut live = BTreeSet::from([self.identity.clone()]);
         for (name, lease) in &leases {
-            let record = record(lease.spec.as_ref());
+            let record = Record::of(lease.spec.as_ref());
             if let Some(holder) = record.holder.clone()
                 && self.seen.alive(name, &record, now, duration)
             {
@@ -350,10 +350,6 @@ impl Sharder {
 /// The label selector of one kind of Lease of replica group `group`.
 fn group_selector(kind: &str, group: &str) -> String {
     format!("{LABEL_SHARD_LEASE}={kind},{LABEL_SHARD_GROUP}={group}")
-}
-
-fn record(spec: Option<&LeaseSpec>) -> Record {
-    Record::of(spec)
 }
 
 #[cfg(test)]
