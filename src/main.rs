@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 mod kubectl;
 mod leader;
@@ -188,6 +189,7 @@ async fn start(
     let stop = supervisor.stop_token();
     let tasks = &mut supervisor.tasks;
     let ownership = ownership(tasks, &training, &config, identity);
+    let owned = ownership.owned.clone();
     let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone(), ownership);
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
@@ -207,15 +209,24 @@ async fn start(
     );
     // Ends once ready: nothing more to report then.
     let selector = config.member_selector.clone();
-    tokio::spawn(ready::follow(ready, training.clone(), selector, members.clone(), pods.clone()));
+    tokio::spawn(ready::follow(ready, training.clone(), selector, (members.clone(), owned), pods.clone()));
     match dispatcher_elector {
         Some(elector) => {
-            let dispatcher = elected_dispatcher(elector, training, config, members, pods, copy_writer);
-            tasks.spawn("dispatcher-election", dispatcher);
+            // Sharded: this replica publishes its members' capacity and reads the others'.
+            let heartbeat = Duration::from_secs((config.sharding.lease_duration_seconds / 3).max(1));
+            let (namespace, owner) = (config.namespace.clone(), identity.to_owned());
+            let publish =
+                tidepool_federation::published::publish(training.clone(), namespace, owner, members.clone(), heartbeat);
+            tasks.spawn("capacity-publisher", publish);
+            let records = tidepool_federation::published::watch_records(tasks, training.clone(), &config.namespace);
+            let stale_after = Duration::from_secs(config.sharding.lease_duration_seconds);
+            let remote = tidepool_dispatcher::RemotePools { records, stale_after };
+            let dispatcher =
+                tidepool_dispatcher::Dispatcher::new(training, config, (members, Some(remote)), pods, copy_writer);
+            dispatcher.start_reclaim(tasks);
+            tasks.spawn("dispatcher-election", elected_dispatcher(elector, dispatcher));
         }
-        None => {
-            tidepool_dispatcher::Dispatcher::start(tasks, training, config, members, pods, copy_writer);
-        }
+        None => tidepool_dispatcher::Dispatcher::new(training, config, (members, None), pods, copy_writer).start(tasks),
     }
     Ok(supervisor)
 }
@@ -241,17 +252,10 @@ fn ownership(
 
 /// Sharded: the dispatcher runs on the replica holding the leader Lease. Losing the Lease
 /// ends this task, and so the process (it restarts without the dispatcher).
-async fn elected_dispatcher(
-    elector: leader::Elector,
-    training: kube::Client,
-    config: Arc<BridgeConfig>,
-    members: tokio::sync::watch::Receiver<tidepool_federation::Members>,
-    pods: tidepool_federation::TrainingPods,
-    copy_writer: tidepool_federation::writes::CopyWriter,
-) {
+async fn elected_dispatcher(elector: leader::Elector, dispatcher: tidepool_dispatcher::Dispatcher) {
     elector.acquire().await;
     let mut tasks = tidepool_federation::tasks::Tasks::default();
-    tidepool_dispatcher::Dispatcher::start(&mut tasks, training, config, members, pods, copy_writer);
+    tasks.spawn("dispatcher", dispatcher.schedule());
     tokio::select! {
         ended = tasks.first_end() => tracing::error!(%ended, "the dispatcher stopped"),
         reason = elector.hold() => tracing::error!(%reason, "the dispatcher lost the leader Lease"),

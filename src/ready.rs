@@ -5,9 +5,11 @@
 //! and every selected `MemberCluster` has either a session whose pools have their first
 //! capacity (computed from complete member watches) or been judged by the controller
 //! without one (unreachable, bad Secret: its status says why; it does not hold the replica
-//! back). A standby replica is ready once connected, so a rollout does not wait for
+//! back). Sharded, only the members this replica owns are waited for. A standby replica is
+//! ready once connected, so a rollout does not wait for
 //! leadership. Readiness is not liveness: `/healthz` answers as long as the process runs.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::ListParams;
@@ -95,9 +97,14 @@ pub fn decide(connected: bool, active: bool, progress: &Progress) -> Readiness {
     if waiting.is_empty() { Readiness::Ready } else { Readiness::Syncing(waiting.join("; ")) }
 }
 
-/// How far member `name` has come, from the federation's published sessions.
-fn member_sync(name: &str, members: &Members) -> MemberSync {
-    if let Some(member) = members.get(&MemberName::new(name)) {
+/// How far member `name` has come, from the federation's published sessions. Sharded,
+/// `owned` is what this replica owns now: another replica's member is not waited for here.
+fn member_sync(name: &str, members: &Members, owned: Option<&BTreeSet<MemberName>>) -> MemberSync {
+    let name_ = MemberName::new(name);
+    if owned.is_some_and(|owned| !owned.contains(&name_)) {
+        return MemberSync::Judged;
+    }
+    if let Some(member) = members.get(&name_) {
         // Each pool's capacity channel gets its first value from complete watches (see
         // `Session::wait_synced`); nobody marks the handle's own receiver as seen. A closed
         // channel is a session that ended: nothing to wait for.
@@ -121,7 +128,7 @@ pub async fn follow(
     ready: watch::Sender<Readiness>,
     training: Client,
     member_selector: Option<String>,
-    members: watch::Receiver<Members>,
+    (members, owned): (watch::Receiver<Members>, Option<watch::Receiver<BTreeSet<MemberName>>>),
     pods: TrainingPods,
 ) {
     let api = Api::<MemberCluster>::all(training);
@@ -144,13 +151,14 @@ pub async fn follow(
             .map_err(|e| e.to_string());
         let progress = {
             let members = members.borrow();
+            let owned = owned.as_ref().map(|o| o.borrow().clone());
             Progress {
                 pods_listed,
                 members: selected.map(|names| {
                     names
                         .into_iter()
                         .map(|name| {
-                            let sync = member_sync(&name, &members);
+                            let sync = member_sync(&name, &members, owned.as_ref());
                             (name, sync)
                         })
                         .collect()
@@ -242,9 +250,18 @@ mod tests {
     fn a_member_the_controller_has_not_judged_is_pending_and_a_judged_one_is_not() {
         let members = Members::new();
         let name = "ready-test-member-judged";
-        assert_eq!(member_sync(name, &members), MemberSync::Pending);
+        assert_eq!(member_sync(name, &members, None), MemberSync::Pending);
         metrics().member_ready.get_or_create(&MemberLabels { member: name.to_owned() }).set(0);
-        assert_eq!(member_sync(name, &members), MemberSync::Judged);
+        assert_eq!(member_sync(name, &members, None), MemberSync::Judged);
         metrics().forget_member(name);
+    }
+
+    #[test]
+    fn sharded_a_member_another_replica_owns_is_not_waited_for_and_an_owned_one_is() {
+        let members = Members::new();
+        let (mine, theirs) = ("ready-test-owned", "ready-test-elsewhere");
+        let owned = BTreeSet::from([MemberName::new(mine)]);
+        assert_eq!(member_sync(theirs, &members, Some(&owned)), MemberSync::Judged);
+        assert_eq!(member_sync(mine, &members, Some(&owned)), MemberSync::Pending);
     }
 }

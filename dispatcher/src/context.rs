@@ -16,6 +16,8 @@ use tidepool_api::keys::Band;
 use tidepool_api::pod::PodLite;
 use tidepool_api::{BridgeConfig, Resources};
 use tidepool_federation::Members;
+use tidepool_federation::capacity::PoolCapacity;
+use tidepool_federation::published::Remote;
 use tidepool_federation::writes::CopyWriter;
 use tokio::sync::watch;
 use tracing::warn;
@@ -31,7 +33,10 @@ pub(crate) struct Context {
     pub(crate) config: Arc<BridgeConfig>,
     pub(crate) scheduler_name: String,
     pub(crate) ranges: BandRanges,
+    /// The members this replica bridges.
     pub(crate) members: watch::Receiver<Members>,
+    /// Sharded: the others, as their owners publish them.
+    pub(crate) remote: Option<RemotePools>,
     pub(crate) pods: Store<PodLite>,
     /// Asks vk-provider, the one writer of offload copies, to free a reclaimed pod's copy.
     pub(crate) copies: CopyWriter,
@@ -51,7 +56,7 @@ impl Context {
     pub(crate) fn new(
         training: Client,
         config: Arc<BridgeConfig>,
-        members: watch::Receiver<Members>,
+        (members, remote): (watch::Receiver<Members>, Option<RemotePools>),
         pods: Store<PodLite>,
         copies: CopyWriter,
     ) -> Self {
@@ -65,6 +70,7 @@ impl Context {
             config,
             ranges: BandRanges::default(),
             members,
+            remote,
             pods,
             copies,
             pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
@@ -101,10 +107,84 @@ impl Context {
         Ok(())
     }
 
+    /// Every pool: those of the members this replica bridges, then those of the members
+    /// other replicas own (sharded) as last published. A member bridged here is read here
+    /// even while an older record of it is still published.
+    pub(crate) fn pools(&self) -> Vec<Pool> {
+        let local = self.members.borrow().clone();
+        let mut pools = Vec::new();
+        for m in local.values() {
+            let health = m.health.borrow().clone();
+            for p in &m.pools {
+                pools.push(Pool {
+                    member: m.name.to_string(),
+                    name: p.name.to_string(),
+                    node: p.node.to_string(),
+                    capacity: p.capacity.borrow().clone(),
+                    paused: m.paused,
+                    healthy: health.is_healthy(),
+                    answering: health.is_answering(),
+                });
+            }
+        }
+        let Some(remote) = &self.remote else { return pools };
+        for (name, r) in remote.records.borrow().iter().filter(|(name, _)| !local.contains_key(*name)) {
+            // An owner that stopped rewriting its record may be dead: nothing goes there, and
+            // nothing there is reclaimed, until the member's next owner publishes it.
+            let fresh = r.fresh(remote.stale_after);
+            for (pool, node, capacity) in &r.pools {
+                pools.push(Pool {
+                    member: name.to_string(),
+                    name: pool.clone(),
+                    node: node.clone(),
+                    capacity: capacity.clone(),
+                    paused: r.record.paused,
+                    healthy: fresh && r.record.healthy,
+                    answering: fresh && r.record.answering,
+                });
+            }
+        }
+        pools
+    }
+
+    /// Whether virtual node `node` is a pool of a member another replica owns: its owner ends
+    /// the reclaims there (only it can delete the copies).
+    pub(crate) fn owned_elsewhere(&self, node: &str) -> bool {
+        let Some(remote) = &self.remote else { return false };
+        if self.members.borrow().values().any(|m| m.pool_for_node(node).is_some()) {
+            return false;
+        }
+        remote.records.borrow().values().any(|r| r.pools.iter().any(|(_, n, _)| n == node))
+    }
+
     /// The preemption requests of the last round.
     pub(crate) fn preempt_requests(&self) -> Result<Vec<PreemptRequest>> {
         Ok(lock(&self.preempt, "preempt")?.clone())
     }
+}
+
+/// The pools of members other replicas own, as published (see
+/// [`tidepool_federation::published`]).
+#[derive(Debug, Clone)]
+pub struct RemotePools {
+    pub records: watch::Receiver<Remote>,
+    /// A record not rewritten for this long is its dead owner's.
+    pub stale_after: Duration,
+}
+
+/// One pool as the dispatcher sees it (see [`Context::pools`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    pub member: String,
+    pub name: String,
+    /// Its virtual node.
+    pub node: String,
+    pub capacity: PoolCapacity,
+    pub paused: bool,
+    /// New pods may go there.
+    pub healthy: bool,
+    /// Its pods may be reclaimed: its API server answers.
+    pub answering: bool,
 }
 
 /// How long to wait before the next pass of a loop over every training pod: right away

@@ -21,12 +21,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_api::BridgeConfig;
 use tidepool_api::keys::{self, Band};
 use tidepool_api::metrics::{PlacementLabels, metrics};
 use tidepool_api::pod::PodLite;
-use tidepool_federation::writes::CopyWriter;
-use tidepool_federation::{Members, TrainingPods};
+use tidepool_federation::TrainingPods;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -50,14 +48,8 @@ const BIND_CONCURRENCY: usize = 64;
 /// Pods told at once why they wait (a status write and an Event each).
 const EXPLAIN_CONCURRENCY: usize = 16;
 
-/// Runs the dispatcher until the runtime stops.
-pub async fn run(
-    training: Client,
-    config: Arc<BridgeConfig>,
-    members: watch::Receiver<Members>,
-    training_pods: TrainingPods,
-    copies: CopyWriter,
-) {
+/// Runs the scheduling loop until the runtime stops.
+pub(crate) async fn run(ctx: Arc<Context>, training_pods: TrainingPods) {
     let changed = Arc::new(Notify::new());
     let notify = changed.clone();
     // Any change of any training pod (the cache is shared with the pod sync) starts a round.
@@ -68,11 +60,9 @@ pub async fn run(
             notify.notify_one();
         }
     });
-    let ctx = Context::new(training, config, members.clone(), training_pods.store(), copies);
     training_pods.listed().await;
-    let ctx = Arc::new(ctx);
-    tokio::spawn(crate::reclaim::run(ctx.clone()));
-    let mut members = members;
+    let mut members = ctx.members.clone();
+    let mut remote = ctx.remote.as_ref().map(|r| r.records.clone());
     loop {
         let (started, writes) = (std::time::Instant::now(), ctx.writes());
         if let Err(e) = round(&ctx).await {
@@ -83,10 +73,19 @@ pub async fn run(
         tokio::select! {
             () = changed.notified() => {}
             r = members.changed() => if r.is_err() { return },
+            () = remote_changed(&mut remote) => {}
             () = tokio::time::sleep(TICK) => {}
         }
         // A round reads every training pod (see [`pacing`]).
         tokio::time::sleep(pacing(cost, ctx.writes() != writes, COALESCE, COALESCE_MAX)).await;
+    }
+}
+
+/// Resolves when another replica publishes a change (never, unsharded).
+async fn remote_changed(remote: &mut Option<watch::Receiver<tidepool_federation::published::Remote>>) {
+    let Some(r) = remote else { return std::future::pending().await };
+    if r.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -187,11 +186,11 @@ async fn commit(ctx: &Context, writes: Vec<Write>) -> Result<()> {
     Ok(())
 }
 
-/// Builds the view of every offered pool: federation's capacity minus the pods bound to its
-/// virtual node that the member does not show yet. The pods are grouped by node once, so a
-/// round costs the pods plus the pools, not the pods times the pools.
+/// Builds the view of every offered pool: federation's capacity (or the owner's published
+/// record, sharded) minus the pods bound to its virtual node that the member does not show
+/// yet. The pods are grouped by node once, so a round costs the pods plus the pools, not the
+/// pods times the pools.
 fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
-    let members = ctx.members.borrow().clone();
     let mut by_node: HashMap<&str, Vec<&Arc<PodLite>>> = HashMap::new();
     for p in all.iter().filter(|p| p.is_live()) {
         if let Some(node) = p.node_name() {
@@ -199,27 +198,19 @@ fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
         }
     }
     let mut views = Vec::new();
-    for m in members.values() {
-        for pool in &m.pools {
-            let cap = pool.capacity.borrow().clone();
-            // A paused member takes no new pods; nor does one that is unreachable or whose
-            // credentials are broken (its session lives on for the pods it runs).
-            let schedulable = cap.nodes > 0 && !m.paused && m.health.borrow().is_healthy();
-            let mut view = PoolView::from_capacity(
-                pool.node.to_string(),
-                m.name.to_string(),
-                pool.name.to_string(),
-                &cap,
-                schedulable,
-            );
-            for p in by_node.get(pool.node.as_str()).into_iter().flatten() {
-                let in_flight = p.metadata.uid.as_deref().is_some_and(|u| !cap.placed.contains_key(u));
-                if in_flight {
-                    round::assume(&mut view, &requests(p));
-                }
+    for pool in ctx.pools() {
+        let cap = &pool.capacity;
+        // A paused member takes no new pods; nor does one that is unreachable or whose
+        // credentials are broken (its session lives on for the pods it runs).
+        let schedulable = cap.nodes > 0 && !pool.paused && pool.healthy;
+        let mut view = PoolView::from_capacity(pool.node.clone(), pool.member, pool.name, cap, schedulable);
+        for p in by_node.get(pool.node.as_str()).into_iter().flatten() {
+            let in_flight = p.metadata.uid.as_deref().is_some_and(|u| !cap.placed.contains_key(u));
+            if in_flight {
+                round::assume(&mut view, &requests(p));
             }
-            views.push(view);
         }
+        views.push(view);
     }
     views
 }

@@ -37,25 +37,53 @@ pub(crate) mod testutil {
     }
 }
 
+pub use context::RemotePools;
 use tidepool_api::BridgeConfig;
-use tidepool_federation::Members;
+use tidepool_federation::{Members, TrainingPods};
 use tokio::sync::watch;
 
-/// Handle on the running dispatcher.
-#[derive(Debug)]
-pub struct Dispatcher;
+/// The dispatcher's two loops over one shared context.
+#[derive(Clone)]
+pub struct Dispatcher {
+    ctx: Arc<context::Context>,
+    pods: TrainingPods,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
 
 impl Dispatcher {
-    /// Starts the scheduling loop as task `dispatcher` of `tasks`.
-    pub fn start(
-        tasks: &mut tidepool_federation::tasks::Tasks,
+    /// The dispatcher of the members this replica bridges (`members`) and, sharded, of those
+    /// other replicas publish (`remote`).
+    pub fn new(
         training: kube::Client,
         config: Arc<BridgeConfig>,
-        members: watch::Receiver<Members>,
-        pods: tidepool_federation::TrainingPods,
+        (members, remote): (watch::Receiver<Members>, Option<RemotePools>),
+        pods: TrainingPods,
         copies: tidepool_federation::writes::CopyWriter,
     ) -> Self {
-        tasks.spawn("dispatcher", controller::run(training, config, members, pods, copies));
-        Self
+        let ctx = context::Context::new(training, config, (members, remote), pods.store(), copies);
+        Self { ctx: Arc::new(ctx), pods }
+    }
+
+    /// Starts reclaim as task `reclaim` of `tasks`. It ends the reclaims on the members this
+    /// replica bridges, and carries out the preemptions the scheduling loop asks for: every
+    /// replica runs it, sharded or not.
+    pub fn start_reclaim(&self, tasks: &mut tidepool_federation::tasks::Tasks) {
+        tasks.spawn("reclaim", reclaim::run(self.ctx.clone(), self.pods.clone()));
+    }
+
+    /// The scheduling loop; sharded, only the replica holding the leader Lease runs it.
+    pub fn schedule(&self) -> impl Future<Output = ()> + Send + 'static {
+        controller::run(self.ctx.clone(), self.pods.clone())
+    }
+
+    /// One replica: reclaim, and the scheduling loop as task `dispatcher`.
+    pub fn start(self, tasks: &mut tidepool_federation::tasks::Tasks) {
+        self.start_reclaim(tasks);
+        tasks.spawn("dispatcher", self.schedule());
     }
 }

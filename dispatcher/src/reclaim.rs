@@ -101,7 +101,8 @@ impl State {
     }
 }
 
-pub(crate) async fn run(ctx: Arc<Context>) {
+pub(crate) async fn run(ctx: Arc<Context>, training_pods: tidepool_federation::TrainingPods) {
+    training_pods.listed().await;
     let mut state = State::default();
     loop {
         // Capacities as of now count as seen: a change from here on wakes the next check.
@@ -274,12 +275,14 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
     let mut pending = ctx.preempt_requests()?;
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
-    let members = ctx.members.borrow().clone();
     // Nothing can be freed on a member that does not answer: its pods stay as they are.
-    let pools: Vec<(String, PoolCapacity)> = members
-        .values()
-        .filter(|m| !m.paused && m.health.borrow().is_answering())
-        .flat_map(|m| m.pools.iter().map(|pool| (pool.node.to_string(), pool.capacity.borrow().clone())))
+    // Sharded, the pools of other replicas' members count too: the notices are written here,
+    // and their owners end them.
+    let pools: Vec<(String, PoolCapacity)> = ctx
+        .pools()
+        .into_iter()
+        .filter(|pool| !pool.paused && pool.answering)
+        .map(|pool| (pool.node, pool.capacity))
         .collect();
     for r in pending {
         let Some(chosen) = choose_pool(&pools, pods, &r.demand, r.band, grace) else { continue };
@@ -566,8 +569,13 @@ async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mu
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let mut due = Vec::new();
+    // Another replica's member: that replica ends its reclaims.
+    let here = |p: &PodLite| p.node_name().is_none_or(|n| !ctx.owned_elsewhere(n));
     for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p, grace) else { continue };
+        if !here(p) {
+            continue;
+        }
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
         let Some(end) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };

@@ -24,6 +24,7 @@ pub mod health;
 pub mod kubeconfig;
 pub mod member;
 pub mod priority;
+pub mod published;
 pub mod tasks;
 pub mod throttle;
 pub mod training;

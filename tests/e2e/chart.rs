@@ -1,7 +1,7 @@
 //! tidepool installed as an admin installs it: the chart with helm, in both clusters, from
 //! tidepool's own image (`tidepool.invalid/tidepool:<version>`, built by tests/images/build.sh
-//! and imported into the training cluster's real node). Two replicas elect a leader, their
-//! probes pass, the kubelet API gets its serving certificate from a CSR that an admin
+//! and imported into the training cluster's real node). Two replicas, sharded (the chart's
+//! default), elect a leader and share the member, their probes pass, the kubelet API gets its serving certificate from a CSR that an admin
 //! approves, and a pod crosses the bridge driven by the tidepool in the pod, under the chart's
 //! identities on both sides.
 //!
@@ -167,7 +167,7 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
     assert!(notes.contains("kubectl get memberclusters"), "NOTES.txt not shown: {notes}");
 
     // 3. The kubelet API's serving certificate: each replica asks, the admin approves. Both
-    //    replicas Running and Ready (the leader once its member is synced, the standby at once).
+    //    replicas Running and Ready (each once the members it owns are synced).
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     let selector = format!("app.kubernetes.io/instance={RELEASE}");
     let approved = std::sync::atomic::AtomicUsize::new(0);
@@ -201,17 +201,22 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
         .collect();
     assert_eq!(images, vec![format!("tidepool.invalid/tidepool:{version}"); 2]);
 
-    // 4. One leader, holding the release's Lease.
+    // 4. Sharded (the chart's default): one leader, holding the release's Lease, runs the
+    //    dispatcher; the member is owned through its own Lease by one of the two.
     let leases = Api::<Lease>::namespaced(training.clone(), NS);
-    let holder = wait_for(Duration::from_secs(60), "leader Lease held", || {
+    let held = |name: String| {
         let leases = leases.clone();
-        async move { leases.get_opt(RELEASE).await.ok().flatten()?.spec?.holder_identity }
-    })
-    .await;
+        async move { leases.get_opt(&name).await.ok().flatten()?.spec?.holder_identity }
+    };
+    let holder = wait_for(Duration::from_secs(60), "leader Lease held", || held(RELEASE.to_owned())).await;
     let leader = ready.iter().find(|(name, _)| holder.contains(name.as_str()));
-    let (leader_name, leader_ip) = leader.unwrap_or_else(|| panic!("Lease holder {holder} is none of {ready:?}"));
+    leader.unwrap_or_else(|| panic!("Lease holder {holder} is none of {ready:?}"));
+    let member_lease = format!("tidepool-member-{MEMBER}");
+    let owner = wait_for(Duration::from_secs(60), "member Lease held", || held(member_lease.clone())).await;
+    let owner = ready.iter().find(|(name, _)| owner.contains(name.as_str()));
+    let (owner_name, owner_ip) = owner.unwrap_or_else(|| panic!("member Lease holder is none of {ready:?}"));
 
-    // 5. The virtual node points at the leader's pod IP, where its kubelet API listens.
+    // 5. The virtual node points at its owner's pod IP, where its kubelet API listens.
     let nodes = Api::<Node>::all(training.clone());
     let address = wait_for(Duration::from_secs(60), "virtual node registered by the pod", || {
         let nodes = nodes.clone();
@@ -222,7 +227,7 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
         }
     })
     .await;
-    assert_eq!(&address, leader_ip, "virtual node address is not the leader {leader_name}'s pod IP");
+    assert_eq!(&address, owner_ip, "virtual node address is not its owner {owner_name}'s pod IP");
 
     // 6. A pod crosses the bridge, placed by the tidepool in the pod; its logs come back
     //    through that pod's kubelet API, with the certificate the CSR gave it.

@@ -498,7 +498,9 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     std::fs::write(&training_kubeconfig, token_kubeconfig(&env, env.var("TRAINING_SERVER"), &training_token)).unwrap();
 
     apply_member(&training, MEMBER, TEST, NS, "member-a-least").await;
-    let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", "");
+    // Sharded, as the chart runs it: its member and presence Leases and its published capacity
+    // record are written under the Role too.
+    let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", "sharding: {enabled: true}");
 
     // 3. Everything works: virtual node, a pod with a ConfigMap and a Secret offloaded and
     //    running, its copies reflected into the offload namespace.
@@ -534,6 +536,14 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     wait_for(Duration::from_secs(90), "pod Running through the least-privilege identities", || {
         let (pods, name) = (pods.clone(), name.clone());
         async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+    // The member's capacity record, published for the other replicas.
+    let records = Api::<ConfigMap>::namespaced(training.clone(), NS);
+    let record = tidepool_federation::published::record_name(MEMBER);
+    wait_for(Duration::from_secs(30), "capacity record published under the chart's Role", || {
+        let (records, record) = (records.clone(), record.clone());
+        async move { records.get_opt(&record).await.ok().flatten() }
     })
     .await;
     let offload_ns = format!("tp-{NS}");

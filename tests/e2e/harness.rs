@@ -383,9 +383,14 @@ impl Tidepool {
     /// Like [`Tidepool::start_config`], as replica `identity` (its `POD_NAME`): one of several
     /// tidepools sharing the test's members.
     #[allow(dead_code)]
-    pub fn start_replica(env: &Env, test: &str, secret_ns: &str, top_level: &str, identity: &str) -> Tidepool {
+    pub fn start_replica(
+        env: &Env,
+        (test, secret_ns): (&str, &str),
+        (dispatcher, top_level): (&str, &str),
+        identity: &str,
+    ) -> Tidepool {
         let kubeconfig = env.kubeconfig_path("training");
-        Self::launch(env, (test, secret_ns), &kubeconfig, ("", top_level), &[("POD_NAME", identity)])
+        Self::launch(env, (test, secret_ns), &kubeconfig, (dispatcher, top_level), &[("POD_NAME", identity)])
     }
 
     fn launch(

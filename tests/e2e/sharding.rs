@@ -9,12 +9,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tidepool_api::crd::{PoolSpec, PoolToleration};
 use tidepool_api::keys;
+use tidepool_federation::published;
 
 use crate::harness::*;
 
@@ -28,6 +30,10 @@ const RETRY_SECONDS: u64 = 2;
 /// Pods per member before the kill; one more per member of the killed replica after it.
 const PODS: usize = 2;
 const NODE_KEY: &str = "tidepool.io/e2e-shard";
+/// Short notices and hysteresis, for the reclaim on a member the leader does not own.
+const DISPATCHER: &str = "reclaimGraceSeconds: {high: 5, medium: 5, low: 5}, deficitHysteresisSeconds: 1";
+/// Where the online pod that takes the capacity back runs.
+const ONLINE_NS: &str = "e2e-shard-online";
 
 fn member(i: usize) -> String {
     format!("shard-{i}")
@@ -73,10 +79,11 @@ async fn member_node(client: &Client, i: usize) {
     }
 }
 
-/// MemberCluster `i`: its prefix, one pool on its node.
-async fn apply_shard_member(training: &Client, i: usize) {
+/// MemberCluster `i`: its prefix, one pool on its node; `paused` or not.
+async fn apply_shard_member(training: &Client, i: usize, paused: bool) {
     let mut mc = member_cluster(&member(i), TEST, NS, cluster(i));
     mc.spec.namespace_prefix = Some(prefix(i));
+    mc.spec.paused = paused;
     mc.spec.pools = vec![PoolSpec {
         name: "p".into(),
         node_selector: BTreeMap::from([(NODE_KEY.to_owned(), member(i))]),
@@ -252,10 +259,11 @@ async fn start(env: &Env, training: &Client, clients: &BTreeMap<&str, Client>) -
         }
     }
     for i in 0..MEMBERS {
-        apply_shard_member(training, i).await;
+        apply_shard_member(training, i, false).await;
     }
-    let replicas: Vec<Option<Tidepool>> =
-        (0..REPLICAS).map(|r| Some(Tidepool::start_replica(env, TEST, NS, &config(), &identity(r)))).collect();
+    let replicas: Vec<Option<Tidepool>> = (0..REPLICAS)
+        .map(|r| Some(Tidepool::start_replica(env, (TEST, NS), (DISPATCHER, &config()), &identity(r))))
+        .collect();
     let nodes = Api::<Node>::all(training.clone());
     let live: BTreeSet<String> = (0..REPLICAS).map(identity).collect();
     wait_for(Duration::from_secs(120), "every member owned by a replica, its node Ready", || async {
@@ -358,4 +366,146 @@ async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_eac
 async fn holders_of(leases: &Api<Lease>, members: &[usize]) -> Vec<String> {
     let all = holders(leases).await;
     members.iter().filter_map(|i| all.get(i).cloned()).collect()
+}
+
+/// Holder of the leader Lease: the replica running the scheduling loop.
+async fn leader(leases: &Api<Lease>) -> Option<String> {
+    let lease = leases.get_opt("tidepool-e2e-sharding").await.ok().flatten()?;
+    lease.spec?.holder_identity
+}
+
+/// A pod of gang `gang` (2 core pods) for the dispatcher, asking 4 of a member node's 16 cpus.
+fn gang_pod(name: &str, gang: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": TEST},
+                     "annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: "2"}},
+        "spec": {
+            "schedulerName": scheduler_name(TEST),
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                            "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}]
+        }
+    }))
+    .unwrap()
+}
+
+/// An online pod in member `i`'s cluster that wants 12 of its node's 16 cpus and never
+/// preempts (PriorityClass `ONLINE_NS`): only tidepool's reclaim can make room for it.
+fn online_pod(name: &str, i: usize) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {NODE_KEY: member(i)},
+            "tolerations": [{"key": NODE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+            "priorityClassName": ONLINE_NS,
+            "containers": [{"name": "main", "image": "example.invalid/online:1",
+                            "resources": {"requests": {"cpu": "12", "memory": "1Gi"}}}]
+        }
+    }))
+    .unwrap()
+}
+
+async fn pod_phase(pods: &Api<Pod>, name: &str) -> Option<(String, Option<String>)> {
+    let status = pods.get(name).await.ok()?.status?;
+    Some((status.phase?, status.reason))
+}
+
+#[tokio::test]
+async fn the_leader_places_a_gang_on_a_member_another_replica_owns_and_its_owner_reclaims_it_after_notice() {
+    let env = Env::load();
+    let training = env.client("training").await;
+    let clients: BTreeMap<&str, Client> =
+        BTreeMap::from([("member-a", env.client("member-a").await), ("member-b", env.client("member-b").await)]);
+    let replicas = start(&env, &training, &clients).await;
+    let leases = Api::<Lease>::namespaced(training.clone(), NS);
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+
+    // 1. The target: a member some replica other than the leader owns. Every other member is
+    //    paused, so the gang can only go there.
+    let (leader, holders) = wait_for(Duration::from_secs(60), "a leader", || async {
+        Some((leader(&leases).await?, holders(&leases).await))
+    })
+    .await;
+    let t = (0..MEMBERS).find(|i| holders.get(i).is_some_and(|h| *h != leader));
+    let t = t.unwrap_or_else(|| panic!("the leader {leader} owns every member: {holders:?}"));
+    for i in (0..MEMBERS).filter(|i| *i != t) {
+        apply_shard_member(&training, i, true).await;
+    }
+    // The pause reaches the leader through the owners' published records.
+    let records = Api::<ConfigMap>::namespaced(training.clone(), NS);
+    wait_for(Duration::from_secs(60), "every other member's record published paused", || async {
+        for i in 0..MEMBERS {
+            let cm = records.get_opt(&published::record_name(&member(i))).await.ok().flatten()?;
+            let record = published::parse(&cm).ok()?;
+            if record.paused != (i != t) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+
+    // 2. A gang of two, placed whole on that member's virtual node and run there.
+    let id = run_id();
+    let gang: Vec<String> = (0..2).map(|n| format!("gang-{id}-{n}")).collect();
+    for name in &gang {
+        pods.create(&PostParams::default(), &gang_pod(name, &format!("g-{id}"))).await.unwrap();
+    }
+    wait_for(
+        Duration::from_secs(90),
+        "the gang placed on the member another replica owns, each pod with its copy",
+        || async {
+            for name in &gang {
+                let pod = pods.get(name).await.ok()?;
+                let on = pod.spec.as_ref()?.node_name.clone()?;
+                assert_eq!(on, virtual_node(t), "{name} went to a paused member");
+                let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
+                if !running || copies(&clients, t, &pod).await != 1 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+
+    // 3. Online demand in that member takes the capacity back: the owner notices the deficit,
+    //    warns both gang pods, and at the deadline deletes their copies; the online pod runs.
+    let member_client = clients[cluster(t)].clone();
+    ensure_namespace(&member_client, ONLINE_NS).await;
+    let never: PriorityClass = serde_json::from_value(
+        json!({"metadata": {"name": ONLINE_NS}, "value": 0, "preemptionPolicy": "Never", "globalDefault": false}),
+    )
+    .unwrap();
+    match Api::<PriorityClass>::all(member_client.clone()).create(&PostParams::default(), &never).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create PriorityClass {ONLINE_NS}: {e}"),
+    }
+    let online = Api::<Pod>::namespaced(member_client, ONLINE_NS);
+    let online_name = format!("online-{id}");
+    online.create(&PostParams::default(), &online_pod(&online_name, t)).await.unwrap();
+    for name in &gang {
+        let reason = wait_for(Duration::from_secs(60), &format!("{name} reclaimed"), || async {
+            let (phase, reason) = pod_phase(&pods, name).await?;
+            (phase == "Failed").then_some(reason)
+        })
+        .await;
+        assert_eq!(reason.as_deref(), Some(keys::REASON_RECLAIMED), "{name} ended otherwise");
+        let pod = pods.get(name).await.unwrap();
+        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(
+            conditions.iter().any(|c| c.type_ == keys::CONDITION_RECLAIM_REQUESTED),
+            "{name} was reclaimed without its notice: {conditions:?}"
+        );
+    }
+    wait_for(Duration::from_secs(60), "the online pod running in the room given back", || async {
+        (pod_phase(&online, &online_name).await?.0 == "Running").then_some(())
+    })
+    .await;
+
+    // 4. Clean up.
+    let _ = online.delete(&online_name, &DeleteParams::default()).await;
+    drain_pods(&training, NS).await;
+    reset_members(&training, TEST).await;
+    drop(replicas);
 }
