@@ -498,6 +498,10 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     std::fs::write(&training_kubeconfig, token_kubeconfig(&env, env.var("TRAINING_SERVER"), &training_token)).unwrap();
 
     apply_member(&training, MEMBER, TEST, NS, "member-a-least").await;
+    // An earlier run's capacity record would read as this run's.
+    let records = Api::<ConfigMap>::namespaced(training.clone(), NS);
+    let record = tidepool_federation::published::record_name(MEMBER);
+    let _ = records.delete(&record, &Default::default()).await;
     // Sharded, as the chart runs it: its member and presence Leases and its published capacity
     // record are written under the Role too.
     let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", "sharding: {enabled: true}");
@@ -539,8 +543,6 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     })
     .await;
     // The member's capacity record, published for the other replicas.
-    let records = Api::<ConfigMap>::namespaced(training.clone(), NS);
-    let record = tidepool_federation::published::record_name(MEMBER);
     wait_for(Duration::from_secs(30), "capacity record published under the chart's Role", || {
         let (records, record) = (records.clone(), record.clone());
         async move { records.get_opt(&record).await.ok().flatten() }

@@ -159,9 +159,12 @@ async fn mirrors_in(
         ListParams::default().labels(&services::mirror_selector(&ctx.config.cluster_name, member.name.as_str()));
     let mut existing = Vec::new();
     for ns in namespaces {
+        // Bound there first (once per namespace; the namespace watch may not have got to it
+        // yet): a list refused for want of the binding would be a needless 403.
+        watch.copies.enter(ns).await;
         match Api::<Service>::namespaced(member.client.clone(), ns).list(&selector).await {
             Ok(list) => existing.extend(list.items),
-            // Not bound there yet (the pod sync binds on first use) or gone: nothing of ours.
+            // Not bound there (the binding failed) or gone: nothing of ours.
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => debug!(namespace = ns, "no mirrors readable"),
             Err(e) => return Err(e),
         }
