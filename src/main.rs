@@ -15,6 +15,7 @@ mod supervise;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tidepool_api::BridgeConfig;
+use tidepool_federation::published;
 use tokio::io::AsyncReadExt;
 use tracing::info;
 
@@ -212,23 +213,39 @@ async fn start(
     tokio::spawn(ready::follow(ready, training.clone(), selector, (members.clone(), owned), pods.clone()));
     match dispatcher_elector {
         Some(elector) => {
-            // Sharded: this replica publishes its members' capacity and reads the others'.
-            let heartbeat = Duration::from_secs((config.sharding.lease_duration_seconds / 3).max(1));
-            let (namespace, owner) = (config.namespace.clone(), identity.to_owned());
-            let publish =
-                tidepool_federation::published::publish(training.clone(), namespace, owner, members.clone(), heartbeat);
-            tasks.spawn("capacity-publisher", publish);
-            let records = tidepool_federation::published::watch_records(tasks, training.clone(), &config.namespace);
-            let stale_after = Duration::from_secs(config.sharding.lease_duration_seconds);
-            let remote = tidepool_dispatcher::RemotePools { records, stale_after };
+            let (remote, publish_wanted) = share_capacity(tasks, &training, &config, identity, &members);
             let dispatcher =
                 tidepool_dispatcher::Dispatcher::new(training, config, (members, Some(remote)), pods, copy_writer);
             dispatcher.start_reclaim(tasks);
-            tasks.spawn("dispatcher-election", elected_dispatcher(elector, dispatcher));
+            tasks.spawn("dispatcher-election", elected_dispatcher(elector, dispatcher, publish_wanted));
         }
         None => tidepool_dispatcher::Dispatcher::new(training, config, (members, None), pods, copy_writer).start(tasks),
     }
     Ok(supervisor)
+}
+
+/// Sharded: this replica publishes its members' capacity (task `capacity-publisher`), watches
+/// the others' (`capacity-records`) and whether the dispatcher wants capacity
+/// (`capacity-wanted`). Returns the others' pools for the dispatcher, and the publisher of
+/// what it wants, for the replica that runs it.
+fn share_capacity(
+    tasks: &mut tidepool_federation::tasks::Tasks,
+    training: &kube::Client,
+    config: &BridgeConfig,
+    identity: &str,
+    members: &tokio::sync::watch::Receiver<tidepool_federation::Members>,
+) -> (tidepool_dispatcher::RemotePools, impl std::future::Future<Output = ()> + Send + 'static) {
+    let namespace = config.namespace.clone();
+    let lease = Duration::from_secs(config.sharding.lease_duration_seconds);
+    let heartbeat = (lease / 3).max(Duration::from_secs(1));
+    let publish =
+        published::publish(training.clone(), namespace.clone(), identity.to_owned(), members.clone(), heartbeat);
+    tasks.spawn("capacity-publisher", publish);
+    let records = published::watch_records(tasks, training.clone(), &namespace);
+    tasks.spawn("capacity-wanted", published::follow_wanted(training.clone(), namespace.clone(), members.clone()));
+    let (wanted, wanted_rx) = tokio::sync::watch::channel(false);
+    let remote = tidepool_dispatcher::RemotePools { records, stale_after: lease, wanted: Arc::new(wanted) };
+    (remote, published::publish_wanted(training.clone(), namespace, wanted_rx))
 }
 
 /// Which members this replica bridges: sharded, those [`shard::Sharder`] (task `sharding`)
@@ -252,10 +269,15 @@ fn ownership(
 
 /// Sharded: the dispatcher runs on the replica holding the leader Lease. Losing the Lease
 /// ends this task, and so the process (it restarts without the dispatcher).
-async fn elected_dispatcher(elector: leader::Elector, dispatcher: tidepool_dispatcher::Dispatcher) {
+async fn elected_dispatcher(
+    elector: leader::Elector,
+    dispatcher: tidepool_dispatcher::Dispatcher,
+    publish_wanted: impl std::future::Future<Output = ()> + Send + 'static,
+) {
     elector.acquire().await;
     let mut tasks = tidepool_federation::tasks::Tasks::default();
     tasks.spawn("dispatcher", dispatcher.schedule());
+    tasks.spawn("capacity-wanted-publisher", publish_wanted);
     tokio::select! {
         ended = tasks.first_end() => tracing::error!(%ended, "the dispatcher stopped"),
         reason = elector.hold() => tracing::error!(%reason, "the dispatcher lost the leader Lease"),

@@ -170,6 +170,9 @@ pub struct RemotePools {
     pub records: watch::Receiver<Remote>,
     /// A record not rewritten for this long is its dead owner's.
     pub stale_after: Duration,
+    /// Whether a gang waits for capacity, for the other replicas' members (see
+    /// [`tidepool_federation::published::publish_wanted`]).
+    pub wanted: Arc<watch::Sender<bool>>,
 }
 
 /// One pool as the dispatcher sees it (see [`Context::pools`]).

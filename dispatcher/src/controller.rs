@@ -145,10 +145,14 @@ async fn round(ctx: &Context) -> Result<()> {
 }
 
 /// Tells every member whether a gang waits for capacity, so room that frees up reaches the
-/// next round at once.
+/// next round at once (sharded, every member: see [`crate::RemotePools::wanted`]).
 fn want_capacity(ctx: &Context, waiting: bool) {
     for m in ctx.members.borrow().values() {
         m.want_capacity(waiting);
+    }
+    // Sharded: the owners of the others hear it through the training cluster.
+    if let Some(remote) = &ctx.remote {
+        remote.wanted.send_if_modified(|w| std::mem::replace(w, waiting) != waiting);
     }
 }
 

@@ -320,6 +320,65 @@ async fn remove(api: &Api<ConfigMap>, name: &MemberName, members: &watch::Receiv
     }
 }
 
+/// The ConfigMap saying whether the dispatcher waits for capacity (data `waiting`: `true` or
+/// `false`), written by the replica that runs it.
+pub const WANTED: &str = "tidepool-capacity-wanted";
+
+/// Publishes `wanted` (whether a gang waits for capacity) as [`WANTED`], the latest value
+/// whenever it changes, so the owners of other members publish room that grows at once, as
+/// the dispatcher's own replica does ([`MemberHandle::want_capacity`]).
+pub async fn publish_wanted(training: Client, namespace: String, mut wanted: watch::Receiver<bool>) {
+    let api = Api::<ConfigMap>::namespaced(training, &namespace);
+    loop {
+        let waiting = *wanted.borrow_and_update();
+        let cm = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": WANTED, "labels": {tidepool_api::keys::LABEL_MANAGED_BY: tidepool_api::keys::MANAGED_BY}},
+            "data": {"waiting": waiting.to_string()},
+        });
+        if let Err(e) = api.patch(WANTED, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(cm)).await {
+            warn!(error = %e, "cannot publish whether capacity is wanted; will retry");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        if wanted.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows [`WANTED`]: every member this replica bridges (`members`) wants capacity while the
+/// dispatcher, on whichever replica, says a gang waits.
+pub async fn follow_wanted(training: Client, namespace: String, mut members: watch::Receiver<Members>) {
+    let api = Api::<ConfigMap>::namespaced(training, &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={WANTED}"));
+    let mut events = std::pin::pin!(watcher(api, config));
+    let mut waiting = false;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => waiting = says_waiting(&cm),
+                Some(Ok(watcher::Event::Delete(_))) => waiting = false,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    warn!(error = %e, "capacity-wanted watch failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                None => return,
+            },
+            r = members.changed() => if r.is_err() { return },
+        }
+        for m in members.borrow().values() {
+            m.want_capacity(waiting);
+        }
+    }
+}
+
+fn says_waiting(cm: &ConfigMap) -> bool {
+    cm.data.as_ref().and_then(|d| d.get("waiting")).is_some_and(|w| w == "true")
+}
+
 /// Watches the published records in `namespace`; the channel holds the valid ones by member.
 /// A record that does not parse is logged and left out: the others still count.
 pub fn watch_records(tasks: &mut crate::tasks::Tasks, training: Client, namespace: &str) -> watch::Receiver<Remote> {
@@ -465,6 +524,16 @@ mod tests {
         let later = MemberRecord { written: a.written + jiff::SignedDuration::from_secs(5), ..a.clone() };
         assert!(!later.differs(&a));
         assert!(MemberRecord { paused: true, ..a.clone() }.differs(&a));
+    }
+
+    #[test]
+    fn capacity_is_wanted_only_while_the_dispatcher_says_true() {
+        let cm = |data: serde_json::Value| -> ConfigMap {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": WANTED}, "data": data})).unwrap()
+        };
+        assert!(says_waiting(&cm(serde_json::json!({"waiting": "true"}))));
+        assert!(!says_waiting(&cm(serde_json::json!({"waiting": "false"}))));
+        assert!(!says_waiting(&cm(serde_json::json!({}))));
     }
 
     #[tokio::test(start_paused = true)]

@@ -248,8 +248,11 @@ fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<us
 async fn start(env: &Env, training: &Client, clients: &BTreeMap<&str, Client>) -> Vec<Option<Tidepool>> {
     prepare(env, training, TEST, NS).await;
     let leases = Api::<Lease>::namespaced(training.clone(), NS);
-    // Leases of an earlier run: their holders are gone.
+    // Leases and published records of an earlier run: their holders are gone.
     let _ = leases.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+    let managed = ListParams::default().labels(&format!("{}={}", keys::LABEL_MANAGED_BY, keys::MANAGED_BY));
+    let _ =
+        Api::<ConfigMap>::namespaced(training.clone(), NS).delete_collection(&DeleteParams::default(), &managed).await;
     for (cluster, client) in clients {
         let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
         put_kubeconfig_secret(training, NS, cluster, &kubeconfig).await;
@@ -467,6 +470,25 @@ async fn the_leader_places_a_gang_on_a_member_another_replica_owns_and_its_owner
         },
     )
     .await;
+
+    // 2b. A second gang that fits nowhere waits: the leader says capacity is wanted, for the
+    //     owners of the members it does not bridge (they publish growing room at once then).
+    let big: Vec<String> = (0..2).map(|n| format!("big-{id}-{n}")).collect();
+    for name in &big {
+        let mut pod = gang_pod(name, &format!("big-{id}"));
+        let requests = json!({"cpu": "12", "memory": "1Gi"});
+        pod.spec.as_mut().unwrap().containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": requests})).unwrap());
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    wait_for(Duration::from_secs(60), "capacity wanted while the big gang waits", || async {
+        let cm = records.get_opt(published::WANTED).await.ok().flatten()?;
+        (cm.data?.get("waiting")? == "true").then_some(())
+    })
+    .await;
+    for name in &big {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
 
     // 3. Online demand in that member takes the capacity back: the owner notices the deficit,
     //    warns both gang pods, and at the deadline deletes their copies; the online pod runs.
