@@ -39,8 +39,11 @@ const KEY: &str = "member.json";
 const FIELD_MANAGER: &str = "tidepool-capacity";
 /// Records written at once.
 const WRITE_CONCURRENCY: usize = 8;
-/// Changes closer together than this are published as one.
-const COALESCE: Duration = Duration::from_millis(20);
+/// Changes closer together than this are published as one: a record carries every member
+/// node and offload pod of its pools, and a burst changes it with every copy that lands. At
+/// most ten writes a second per member; the dispatcher counts a pod bound but not yet in the
+/// record as in flight meanwhile, so a late record only delays, never overbooks.
+const COALESCE: Duration = Duration::from_millis(100);
 
 /// Name of the ConfigMap publishing `member`.
 pub fn record_name(member: &str) -> String {

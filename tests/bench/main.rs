@@ -219,7 +219,15 @@ async fn main() {
         "member-a rate limit for tidepool: {}",
         if qps > 0 { format!("{qps} calls/s, burst {}", 2 * qps) } else { "the default".to_owned() }
     );
-    let tp = Tidepool::start(&env, TEST, NS);
+    // `BENCH_SHARDED=1`: the member owned by a replica that does not run the dispatcher; the
+    // memory readings are the owner's.
+    let (replicas, owner) = if bench_sharded() {
+        let sharded = Sharded::start(&env, &training, (TEST, NS), "", "bench-a").await;
+        (sharded.replicas, sharded.owner)
+    } else {
+        (vec![Tidepool::start(&env, TEST, NS)], 0)
+    };
+    let tp = &replicas[owner];
     let node = "tidepool-bench-a";
     let nodes = Api::<Node>::all(training.clone());
     wait_for(Duration::from_secs(60), "virtual node", || {
@@ -337,7 +345,7 @@ async fn main() {
         .delete("bench-a", &DeleteParams::default())
         .await
         .unwrap();
-    drop(tp);
+    drop(replicas);
     remove_bench_nodes(&member, &bench_nodes).await;
 }
 

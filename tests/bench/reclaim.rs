@@ -212,45 +212,6 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() { f64::NAN } else { v[((v.len() as f64 - 1.0) * p).round() as usize] }
 }
 
-/// `BENCH_SHARDED=1`: two sharded replicas, the member owned by the one that does not run the
-/// dispatcher, so placement reads the owner's published capacity and the owner notices and
-/// ends the reclaims. Returns the replicas once so arranged.
-async fn sharded(env: &Env, training: &Client, settings: &str) -> Vec<Tidepool> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let config = "sharding: {enabled: true, leaseDurationSeconds: 15, renewDeadlineSeconds: 10, retryPeriodSeconds: 2}\n\
-                  leaderElection: {leaseName: bench-reclaim}";
-    let leases = Api::<Lease>::namespaced(training.clone(), NS);
-    let _ = leases.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
-    let identity = |r: usize| format!("bench-reclaim-{r}");
-    let start = |r: usize| Tidepool::start_replica(env, (TEST, NS), (settings, config), &identity(r));
-    let mut replicas: Vec<Option<Tidepool>> = (0..2).map(|r| Some(start(r))).collect();
-    let holder = |name: &'static str| {
-        let leases = leases.clone();
-        async move { leases.get_opt(name).await.ok().flatten()?.spec?.holder_identity }
-    };
-    let arranged = || async {
-        let (leader, owner) = (holder("bench-reclaim").await?, holder("tidepool-member-bench-reclaim-b").await?);
-        Some((leader, owner))
-    };
-    let (leader, owner) = until(Duration::from_secs(90), arranged).await.expect("a leader and an owner");
-    if leader == owner {
-        // The other replica takes the leader Lease; the restarted one gets its member back
-        // (the rendezvous hash names it again) and stands by for the dispatcher.
-        let r = (0..2).find(|r| identity(*r) == leader).expect("the leader is a replica");
-        replicas[r].as_mut().expect("started").kill();
-        let moved = || async { (holder("bench-reclaim").await? != leader).then_some(()) };
-        until(Duration::from_secs(60), moved).await.expect("the leader Lease moved");
-        replicas[r] = Some(start(r));
-    }
-    let apart = || async {
-        let (leader, owner) = arranged().await?;
-        (leader != owner).then_some((leader, owner))
-    };
-    let (leader, owner) = until(Duration::from_secs(90), apart).await.expect("leader and owner apart");
-    eprintln!("sharded: the dispatcher runs on {leader}, member bench-reclaim-b is owned by {owner}");
-    replicas.into_iter().flatten().collect()
-}
-
 #[tokio::main]
 async fn main() {
     let env = Env::load();
@@ -263,8 +224,9 @@ async fn main() {
     put_kubeconfig_secret(&training, NS, "member-b", &kubeconfig).await;
     apply_member(&training, "bench-reclaim-b", TEST, NS, "member-b").await;
     let settings = "deficitHysteresisSeconds: 0, reclaimGraceSeconds: {high: 0, medium: 0, low: 0}";
-    let _tp = if std::env::var("BENCH_SHARDED").is_ok_and(|v| v == "1") {
-        sharded(&env, &training, settings).await
+    // `BENCH_SHARDED=1`: the member owned by a replica that does not run the dispatcher.
+    let _tp = if bench_sharded() {
+        Sharded::start(&env, &training, (TEST, NS), settings, "bench-reclaim-b").await.replicas
     } else {
         vec![Tidepool::start_with(&env, TEST, NS, settings)]
     };

@@ -33,6 +33,7 @@ real_group() { echo $((OFF / 10)); }
 real_node_name() { echo "$1-real-0"; }
 real_node_ip() { echo "10.87.$(real_group).$((10 + $(real_index "$1")))"; }
 real_bridge() { echo "tp$(real_group)br$(real_index "$1")"; }
+real_bridge_mac() { printf '02:74:70:%02x:%02x:01\n' "$(real_group)" "$(real_index "$1")"; }  # locally administered
 real_bridge_ip() { echo "10.88.$(($(real_group) * 4 + $(real_index "$1"))).1"; }
 real_subnet() { echo "10.88.$(($(real_group) * 4 + $(real_index "$1"))).0/24"; }
 real_group_net() { echo "10.88.$(($(real_group) * 4)).0/22"; }
@@ -126,6 +127,11 @@ real_network_up() {
     ip link add "$br" type bridge || fail "cannot create bridge $br"
     echo "link $br" >>"$S/nodes/network"
   fi
+  # A fixed address: a bridge without one takes the lowest MAC of its ports, so it changes
+  # whenever that pod's veth goes, and every other pod on it keeps sending to the old gateway
+  # MAC until its neighbour entry expires (20-40 s of connect timeouts, seen as a gang
+  # restart's survivors failing to reach the checkpoint store).
+  ip link set "$br" address "$(real_bridge_mac "$c")"
   ip addr replace "$(real_bridge_ip "$c")/24" dev "$br"
   ip link set "$br" up
 }

@@ -501,6 +501,73 @@ impl Drop for Tidepool {
     }
 }
 
+/// `BENCH_SHARDED=1`: a benchmark runs two sharded replicas (see [`Sharded`]).
+#[allow(dead_code)]
+pub fn bench_sharded() -> bool {
+    std::env::var("BENCH_SHARDED").is_ok_and(|v| v == "1")
+}
+
+/// Two sharded replicas of a benchmark, arranged so that its one member is owned by the
+/// replica that does not run the dispatcher: placement then reads the owner's published
+/// capacity record, and the owner notices and ends the reclaims.
+#[allow(dead_code)]
+pub struct Sharded {
+    pub replicas: Vec<Tidepool>,
+    /// Index in `replicas` of the member's owner.
+    pub owner: usize,
+}
+
+impl Sharded {
+    #[allow(dead_code)]
+    pub async fn start(
+        env: &Env,
+        training: &Client,
+        (test, ns): (&str, &str),
+        dispatcher: &str,
+        member: &str,
+    ) -> Sharded {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let election = format!("{test}-shards");
+        let config = format!(
+            "sharding: {{enabled: true, leaseDurationSeconds: 15, renewDeadlineSeconds: 10, retryPeriodSeconds: 2}}\n\
+             leaderElection: {{leaseName: {election}}}"
+        );
+        let leases = Api::<Lease>::namespaced(training.clone(), ns);
+        let _ = leases.delete_collection(&kube::api::DeleteParams::default(), &kube::api::ListParams::default()).await;
+        let identity = |r: usize| format!("{test}-{r}");
+        let start = |r: usize| Tidepool::start_replica(env, (test, ns), (dispatcher, &config), &identity(r));
+        let mut replicas: Vec<Option<Tidepool>> = (0..2).map(|r| Some(start(r))).collect();
+        let member_lease = format!("tidepool-member-{member}");
+        let holders = || async {
+            let held = |name: String| {
+                let leases = leases.clone();
+                async move { leases.get_opt(&name).await.ok().flatten()?.spec?.holder_identity }
+            };
+            Some((held(election.clone()).await?, held(member_lease.clone()).await?))
+        };
+        let (leader, owner) = wait_for(Duration::from_secs(90), "a leader and an owner", holders).await;
+        if leader == owner {
+            // The other replica takes the leader Lease; the restarted one gets its member
+            // back (the rendezvous hash names it again) and does not run the dispatcher.
+            let r = (0..2).find(|r| identity(*r) == leader).expect("the leader is a replica");
+            replicas[r].as_mut().expect("started").kill();
+            wait_for(Duration::from_secs(60), "the leader Lease moved", || async {
+                (holders().await?.0 != leader).then_some(())
+            })
+            .await;
+            replicas[r] = Some(start(r));
+        }
+        let (leader, owner) = wait_for(Duration::from_secs(90), "the leader and the owner apart", || async {
+            let (leader, owner) = holders().await?;
+            (leader != owner).then_some((leader, owner))
+        })
+        .await;
+        eprintln!("sharded: the dispatcher runs on {leader}, member {member} is owned by {owner}");
+        let owner = (0..2).find(|r| identity(*r) == owner).expect("the owner is a replica");
+        Sharded { replicas: replicas.into_iter().flatten().collect(), owner }
+    }
+}
+
 /// Resident memory (VmRSS) of process `pid`, in MiB; NaN if it cannot be read. For the
 /// benchmarks, which share this harness.
 #[allow(dead_code)]
