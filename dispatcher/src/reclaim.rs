@@ -273,6 +273,10 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 /// needs the least taken ([`choose_pool`]).
 async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) -> Result<()> {
     let mut pending = ctx.preempt_requests()?;
+    // Most passes have none: the pools (every member node of each) are not copied for nothing.
+    if pending.is_empty() {
+        return Ok(());
+    }
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     // Nothing can be freed on a member that does not answer: its pods stay as they are.
