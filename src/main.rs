@@ -244,7 +244,7 @@ fn share_capacity(
     let records = published::watch_records(tasks, training.clone(), &namespace);
     tasks.spawn("capacity-wanted", published::follow_wanted(training.clone(), namespace.clone(), members.clone()));
     let (wanted, wanted_rx) = tokio::sync::watch::channel(false);
-    let remote = tidepool_dispatcher::RemotePools { records, stale_after: lease, wanted: Arc::new(wanted) };
+    let remote = tidepool_dispatcher::RemotePools { records, stale_after: lease, wanted };
     (remote, published::publish_wanted(training.clone(), namespace, wanted_rx))
 }
 

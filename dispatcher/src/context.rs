@@ -132,15 +132,15 @@ impl Context {
             // An owner that stopped rewriting its record may be dead: nothing goes there, and
             // nothing there is reclaimed, until the member's next owner publishes it.
             let fresh = r.fresh(remote.stale_after);
-            for (pool, node, capacity) in &r.pools {
+            for pool in &r.pools {
                 pools.push(Pool {
                     member: name.to_string(),
-                    name: pool.clone(),
-                    node: node.clone(),
-                    capacity: capacity.clone(),
-                    paused: r.record.paused,
-                    healthy: fresh && r.record.healthy,
-                    answering: fresh && r.record.answering,
+                    name: pool.name.clone(),
+                    node: pool.node.clone(),
+                    capacity: pool.capacity.clone(),
+                    paused: r.paused,
+                    healthy: fresh && r.healthy,
+                    answering: fresh && r.answering,
                 });
             }
         }
@@ -154,7 +154,7 @@ impl Context {
         if self.members.borrow().values().any(|m| m.pool_for_node(node).is_some()) {
             return false;
         }
-        remote.records.borrow().values().any(|r| r.pools.iter().any(|(_, n, _)| n == node))
+        remote.records.borrow().values().any(|r| r.pools.iter().any(|p| p.node == node))
     }
 
     /// The preemption requests of the last round.
@@ -172,7 +172,7 @@ pub struct RemotePools {
     pub stale_after: Duration,
     /// Whether a gang waits for capacity, for the other replicas' members (see
     /// [`tidepool_federation::published::publish_wanted`]).
-    pub wanted: Arc<watch::Sender<bool>>,
+    pub wanted: watch::Sender<bool>,
 }
 
 /// One pool as the dispatcher sees it (see [`Context::pools`]).

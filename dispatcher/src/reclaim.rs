@@ -573,11 +573,10 @@ async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mu
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let mut due = Vec::new();
-    // Another replica's member: that replica ends its reclaims.
-    let here = |p: &PodLite| p.node_name().is_none_or(|n| !ctx.owned_elsewhere(n));
     for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p, grace) else { continue };
-        if !here(p) {
+        // Another replica's member: that replica ends its reclaims.
+        if p.node_name().is_some_and(|n| ctx.owned_elsewhere(n)) {
             continue;
         }
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();

@@ -178,11 +178,34 @@ impl MemberRecord {
 /// A member another replica owns, as its last record says.
 #[derive(Debug, Clone)]
 pub struct RemoteMember {
-    pub record: MemberRecord,
-    /// The record's pools with their capacity.
-    pub pools: Vec<(String, String, PoolCapacity)>,
+    pub paused: bool,
+    pub healthy: bool,
+    pub answering: bool,
+    pub pools: Vec<RemotePool>,
     /// When this replica last saw the record rewritten.
     pub seen: Instant,
+}
+
+/// One pool of a [`RemoteMember`], its record read back as capacity.
+#[derive(Debug, Clone)]
+pub struct RemotePool {
+    pub name: String,
+    /// Its virtual node.
+    pub node: String,
+    pub capacity: PoolCapacity,
+}
+
+impl RemoteMember {
+    /// The member `record` describes, seen now.
+    fn of(record: &MemberRecord) -> Self {
+        let pools = record
+            .pools
+            .iter()
+            .map(|p| RemotePool { name: p.name.clone(), node: p.node.clone(), capacity: p.capacity() })
+            .collect();
+        let MemberRecord { paused, healthy, answering, .. } = *record;
+        Self { paused, healthy, answering, pools, seen: Instant::now() }
+    }
 }
 
 impl RemoteMember {
@@ -294,20 +317,34 @@ async fn write(api: &Api<ConfigMap>, record: MemberRecord) -> Option<MemberRecor
             return None;
         }
     };
-    let name = record_name(&record.member);
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {LABEL_CAPACITY_OF: record.member,
-                                              tidepool_api::keys::LABEL_MANAGED_BY: tidepool_api::keys::MANAGED_BY}},
-        "data": {KEY: body},
-    });
-    match api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(cm)).await {
-        Ok(_) => Some(record),
+    let labels = [(LABEL_CAPACITY_OF, record.member.as_str())];
+    match put(api, &record_name(&record.member), &labels, (KEY, &body)).await {
+        Ok(()) => Some(record),
         Err(e) => {
             warn!(member = %record.member, error = %e, "cannot publish capacity; will retry");
             None
         }
     }
+}
+
+/// Applies ConfigMap `name` holding `data` (one key), labelled as tidepool's and with `labels`.
+async fn put(
+    api: &Api<ConfigMap>,
+    name: &str,
+    labels: &[(&str, &str)],
+    (key, value): (&str, &str),
+) -> kube::Result<()> {
+    let mut all = serde_json::Map::new();
+    all.insert(tidepool_api::keys::LABEL_MANAGED_BY.into(), tidepool_api::keys::MANAGED_BY.into());
+    for (k, v) in labels {
+        all.insert((*k).into(), (*v).into());
+    }
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": all},
+        "data": {key: value},
+    });
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(cm)).await.map(drop)
 }
 
 /// Deletes the record of `name`, which left this replica (not handed over) — unless it came
@@ -334,12 +371,7 @@ pub async fn publish_wanted(training: Client, namespace: String, mut wanted: wat
     let api = Api::<ConfigMap>::namespaced(training, &namespace);
     loop {
         let waiting = *wanted.borrow_and_update();
-        let cm = serde_json::json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": WANTED, "labels": {tidepool_api::keys::LABEL_MANAGED_BY: tidepool_api::keys::MANAGED_BY}},
-            "data": {"waiting": waiting.to_string()},
-        });
-        if let Err(e) = api.patch(WANTED, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(cm)).await {
+        if let Err(e) = put(&api, WANTED, &[], ("waiting", &waiting.to_string())).await {
             warn!(error = %e, "cannot publish whether capacity is wanted; will retry");
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
@@ -423,9 +455,7 @@ async fn follow(api: Api<ConfigMap>, tx: watch::Sender<Remote>) {
 fn apply(remote: &mut Remote, cm: &ConfigMap) {
     match parse(cm) {
         Ok(record) => {
-            let pools = record.pools.iter().map(|p| (p.name.clone(), p.node.clone(), p.capacity())).collect();
-            let name = MemberName::new(record.member.clone());
-            remote.insert(name, Arc::new(RemoteMember { record, pools, seen: Instant::now() }));
+            remote.insert(MemberName::new(record.member.clone()), Arc::new(RemoteMember::of(&record)));
         }
         Err(e) => warn!(record = %cm.name_any(), error = %e, "capacity record ignored"),
     }
@@ -541,7 +571,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_record_not_rewritten_within_the_stale_time_is_not_fresh() {
-        let r = RemoteMember { record: record("a"), pools: Vec::new(), seen: Instant::now() };
+        let r = RemoteMember::of(&record("a"));
         assert!(r.fresh(Duration::from_secs(15)));
         tokio::time::advance(Duration::from_secs(16)).await;
         assert!(!r.fresh(Duration::from_secs(15)));
