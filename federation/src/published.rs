@@ -184,6 +184,8 @@ pub struct RemoteMember {
     pub pools: Vec<RemotePool>,
     /// When this replica last saw the record rewritten.
     pub seen: Instant,
+    /// The ConfigMap's resourceVersion then: a re-list that finds the same one saw no write.
+    version: Option<String>,
 }
 
 /// One pool of a [`RemoteMember`], its record read back as capacity.
@@ -196,15 +198,15 @@ pub struct RemotePool {
 }
 
 impl RemoteMember {
-    /// The member `record` describes, seen now.
-    fn of(record: &MemberRecord) -> Self {
+    /// The member `record` describes, at resourceVersion `version`, seen `seen`.
+    fn of(record: &MemberRecord, version: Option<String>, seen: Instant) -> Self {
         let pools = record
             .pools
             .iter()
             .map(|p| RemotePool { name: p.name.clone(), node: p.node.clone(), capacity: p.capacity() })
             .collect();
         let MemberRecord { paused, healthy, answering, .. } = *record;
-        Self { paused, healthy, answering, pools, seen: Instant::now() }
+        Self { paused, healthy, answering, pools, seen, version }
     }
 }
 
@@ -430,7 +432,10 @@ async fn follow(api: Api<ConfigMap>, tx: watch::Sender<Remote>) {
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(cm)) => {
-                tx.send_modify(|remote| apply(remote, &cm));
+                tx.send_modify(|remote| {
+                    let known = remote.clone();
+                    apply(remote, &cm, &known);
+                });
             }
             Ok(watcher::Event::Delete(cm)) => {
                 tx.send_modify(|remote| {
@@ -438,7 +443,7 @@ async fn follow(api: Api<ConfigMap>, tx: watch::Sender<Remote>) {
                 });
             }
             Ok(watcher::Event::Init) => listing.clear(),
-            Ok(watcher::Event::InitApply(cm)) => apply(&mut listing, &cm),
+            Ok(watcher::Event::InitApply(cm)) => apply(&mut listing, &cm, &tx.borrow()),
             Ok(watcher::Event::InitDone) => {
                 let listed = std::mem::take(&mut listing);
                 tx.send_replace(listed);
@@ -451,11 +456,17 @@ async fn follow(api: Api<ConfigMap>, tx: watch::Sender<Remote>) {
     }
 }
 
-/// Puts the record `cm` holds into `remote`, or says why it cannot.
-fn apply(remote: &mut Remote, cm: &ConfigMap) {
+/// Puts the record `cm` holds into `remote`, or says why it cannot. A record `known` at the
+/// same resourceVersion (a re-list after a watch restart) keeps the time it was last seen
+/// written: a dead owner's record must not look fresh again.
+fn apply(remote: &mut Remote, cm: &ConfigMap, known: &Remote) {
     match parse(cm) {
         Ok(record) => {
-            remote.insert(MemberName::new(record.member.clone()), Arc::new(RemoteMember::of(&record)));
+            let name = MemberName::new(record.member.clone());
+            let version = cm.metadata.resource_version.clone();
+            let unchanged = known.get(&name).filter(|k| version.is_some() && k.version == version);
+            let seen = unchanged.map_or_else(Instant::now, |k| k.seen);
+            remote.insert(name, Arc::new(RemoteMember::of(&record, version, seen)));
         }
         Err(e) => warn!(record = %cm.name_any(), error = %e, "capacity record ignored"),
     }
@@ -538,12 +549,12 @@ mod tests {
 
     #[test]
     fn a_record_that_does_not_parse_or_names_another_member_is_left_out_and_the_others_stay() {
-        let mut remote = Remote::new();
-        apply(&mut remote, &config_map("a", &serde_json::to_string(&record("a")).unwrap()));
-        apply(&mut remote, &config_map("b", "{not json"));
+        let (mut remote, known) = (Remote::new(), Remote::new());
+        apply(&mut remote, &config_map("a", &serde_json::to_string(&record("a")).unwrap()), &known);
+        apply(&mut remote, &config_map("b", "{not json"), &known);
         // A record labelled for one member that describes another is refused: the label is
         // what deletions and the record's name go by.
-        apply(&mut remote, &config_map("c", &serde_json::to_string(&record("d")).unwrap()));
+        apply(&mut remote, &config_map("c", &serde_json::to_string(&record("d")).unwrap()), &known);
         assert_eq!(remote.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["a"]);
         assert!(parse(&config_map("b", "{not json")).unwrap_err().contains(KEY));
         assert!(
@@ -559,6 +570,25 @@ mod tests {
         assert!(MemberRecord { paused: true, ..a.clone() }.differs(&a));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_record_relisted_unchanged_keeps_its_age_and_a_rewritten_one_is_fresh() {
+        let at = |version: &str| {
+            let mut cm = config_map("a", &serde_json::to_string(&record("a")).unwrap());
+            cm.metadata.resource_version = Some(version.into());
+            cm
+        };
+        let mut remote = Remote::new();
+        apply(&mut remote, &at("7"), &Remote::new());
+        tokio::time::advance(Duration::from_secs(16)).await;
+        // The watch restarts and lists again: the same resourceVersion, no write since.
+        let mut listing = Remote::new();
+        apply(&mut listing, &at("7"), &remote);
+        assert!(!listing[&MemberName::new("a")].fresh(Duration::from_secs(15)), "a re-list made a stale record fresh");
+        let mut rewritten = Remote::new();
+        apply(&mut rewritten, &at("8"), &remote);
+        assert!(rewritten[&MemberName::new("a")].fresh(Duration::from_secs(15)));
+    }
+
     #[test]
     fn capacity_is_wanted_only_while_the_dispatcher_says_true() {
         let cm = |data: serde_json::Value| -> ConfigMap {
@@ -571,7 +601,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_record_not_rewritten_within_the_stale_time_is_not_fresh() {
-        let r = RemoteMember::of(&record("a"));
+        let r = RemoteMember::of(&record("a"), None, Instant::now());
         assert!(r.fresh(Duration::from_secs(15)));
         tokio::time::advance(Duration::from_secs(16)).await;
         assert!(!r.fresh(Duration::from_secs(15)));
