@@ -190,7 +190,7 @@ async fn start(
     let stop = supervisor.stop_token();
     let tasks = &mut supervisor.tasks;
     let ownership = ownership(tasks, &training, &config, identity);
-    let owned = ownership.owned.clone();
+    let owned = ownership.owned.as_ref().map(tidepool_federation::fence::Owned::members);
     let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone(), ownership);
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
     tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;

@@ -24,7 +24,7 @@ use kube::{Api, ResourceExt};
 use sha2::{Digest, Sha256};
 use tidepool_api::bridge::ShardingConfig;
 use tidepool_api::{MemberCluster, MemberName};
-use tokio::sync::watch;
+use tidepool_federation::fence::{Owned, OwnedSender};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -134,7 +134,8 @@ pub struct Sharder {
     /// Members given up last round, whose Lease is released this round: their tasks have
     /// had a retry period to stop before the new owner may start.
     releasing: BTreeSet<MemberName>,
-    owned: watch::Sender<BTreeSet<MemberName>>,
+    /// Published after every round; a member leaving it is fenced in the same step.
+    owned: OwnedSender,
 }
 
 impl Sharder {
@@ -144,8 +145,8 @@ impl Sharder {
         selector: Option<String>,
         (identity, group): (String, String),
         config: ShardingConfig,
-    ) -> (Self, watch::Receiver<BTreeSet<MemberName>>) {
-        let (owned, rx) = watch::channel(BTreeSet::new());
+    ) -> (Self, Owned) {
+        let (owned, rx) = tidepool_federation::fence::owned();
         let sharder = Self {
             api: Api::namespaced(training.clone(), namespace),
             members: Api::all(training),
@@ -189,14 +190,9 @@ impl Sharder {
         let deadline = Duration::from_secs(self.config.renew_deadline_seconds);
         let owned = owned_at(&self.renewed, Instant::now(), deadline);
         self.renewed.retain(|m, _| owned.contains(m));
-        self.owned.send_if_modified(|current| {
-            if *current == owned {
-                return false;
-            }
+        if self.owned.publish(&owned) {
             info!(owned = ?owned.iter().map(MemberName::as_str).collect::<Vec<_>>(), "sharding: members owned");
-            *current = owned.clone();
-            true
-        });
+        }
     }
 
     /// One round: presence, live set, then every member's Lease.

@@ -37,7 +37,7 @@ impl Context {
 
     /// Whether this replica bridges member `name` now (always, without sharding).
     pub fn owns(&self, name: &MemberName) -> bool {
-        self.ownership.owned.as_ref().is_none_or(|owned| owned.borrow().contains(name))
+        self.ownership.owned.as_ref().is_none_or(|owned| owned.contains(name))
     }
 }
 

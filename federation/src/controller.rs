@@ -248,7 +248,7 @@ pub(crate) async fn run(ctx: Arc<Context>, triggers: mpsc::Receiver<ObjectRef<Me
     let controller = Controller::new(api, cfg);
     let store = controller.store();
     tokio::spawn(sweep(store, ctx.clone()));
-    if let Some(owned) = ctx.ownership.owned.clone() {
+    if let Some(owned) = ctx.ownership.owned.as_ref().map(crate::fence::Owned::members) {
         tokio::spawn(follow_ownership(owned, ctx.clone()));
     }
     controller
@@ -322,7 +322,7 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
     }
 
     // 4. Vet the kubeconfig and dial the member.
-    let dialed = dial(mc, name, &kubeconfig, &ctx.ownership.identity).await?;
+    let dialed = dial(mc, name, &kubeconfig, &ctx.ownership).await?;
 
     // 5. Before the first write to the member: from now on it is drained when deleted. A
     // member never reached has nothing of ours to undo, so its deletion is not held.
@@ -398,7 +398,7 @@ async fn dial(
     mc: &MemberCluster,
     name: &MemberName,
     kubeconfig: &SecretKubeconfig,
-    identity: &str,
+    ownership: &crate::Ownership,
 ) -> Result<Dialed, NotReady> {
     let config = kubeconfig::client_config(&kubeconfig.bytes).await.map_err(|source| NotReady::Kubeconfig {
         secret: kubeconfig.secret.clone(),
@@ -408,7 +408,8 @@ async fn dial(
     let server = config.cluster_url.to_string();
     let stats = Arc::new(MemberStats::default());
     let limits = mc.spec.rate_limits.clone().unwrap_or_default();
-    let guard = crate::throttle::Guard { user_agent: Some(user_agent(identity)), ..Default::default() };
+    let guard =
+        crate::throttle::Guard { user_agent: Some(user_agent(&ownership.identity)), fence: ownership.fence(name) };
     let client = crate::throttle::client_with(config, name.as_str(), &limits, stats.clone(), &guard)
         .map_err(|e| NotReady::Client(e.to_string()))?;
     match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {

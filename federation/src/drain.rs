@@ -50,8 +50,8 @@ pub struct MemberLeft {
     /// This training cluster's offload namespaces not yet being deleted, and those that are.
     pub namespaces: usize,
     pub terminating: usize,
-    /// Offload namespaces of other training clusters, or shared with another
-    /// `MemberCluster` of this one: they keep the PriorityClasses (and are not deleted).
+    /// Offload namespaces of other training clusters, of another `MemberCluster` of this one
+    /// (its prefix), or shared with one: they keep the PriorityClasses (and are not deleted).
     pub foreign_namespaces: usize,
     /// The offload PriorityClasses tidepool created.
     pub priority_classes: usize,
@@ -147,7 +147,7 @@ pub fn describe(view: &DrainView) -> String {
     let member = match &view.member {
         Some(m) => format!(
             "{} offload pod(s), {} reflected object(s), {} offload namespace(s) ({} terminating), {} PriorityClass(es) \
-             ({} other training cluster namespace(s))",
+             ({} namespace(s) of other members or training clusters kept)",
             m.copies,
             m.reflected,
             m.namespaces + m.terminating,
@@ -261,8 +261,9 @@ async fn observe(mc: &MemberCluster, name: &MemberName, ctx: &Context, elapsed: 
             .map_err(|source| Error::Training { what: "list training pods", source: Box::new(source) })?;
         pods.extend(list.items.into_iter().filter(unfinished));
     }
+    let prefix = mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix);
     let member = match member_client(mc, name, ctx).await? {
-        Some(client) => match member_objects(&client, &ctx.config.cluster_name, name).await {
+        Some(client) => match member_objects(&client, &ctx.config.cluster_name, (name, &prefix)).await {
             Ok((left, objects)) => Some((client, left, objects)),
             Err(e) => {
                 warn!(error = %crate::kubeconfig::scrub_urls(&e.to_string()), "cannot read the member to drain it");
@@ -303,7 +304,11 @@ async fn dial(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Option<Cl
     let config = crate::kubeconfig::client_config(&bytes.0).await.ok()?;
     let limits = mc.spec.rate_limits.clone().unwrap_or_default();
     let stats = std::sync::Arc::new(crate::MemberStats::default());
-    crate::throttle::client(config, name.as_str(), &limits, stats).ok()
+    let guard = crate::throttle::Guard {
+        user_agent: Some(crate::controller::user_agent(&ctx.ownership.identity)),
+        fence: ctx.ownership.fence(name),
+    };
+    crate::throttle::client_with(config, name.as_str(), &limits, stats, &guard).ok()
 }
 
 /// The label selector of this bridge instance's objects of one kind (`kind=true` plus both
@@ -314,11 +319,13 @@ fn owned_selector(kind: &str, cluster: &str, member: &MemberName) -> String {
     format!("{kind}=true,{}={cluster},{}={member}", keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_MEMBER)
 }
 
-/// Lists what tidepool made in the member for this training cluster and member.
+/// Lists what tidepool made in the member for this training cluster and member, in the
+/// offload namespaces named with the member's `prefix` (another MemberCluster on the same API
+/// server has namespaces of its own, never this one's to empty or delete).
 async fn member_objects(
     client: &Client,
     cluster: &str,
-    member: &MemberName,
+    (member, prefix): (&MemberName, &str),
 ) -> Result<(MemberLeft, MemberObjects), kube::Error> {
     let ours = ListParams::default().labels(&format!(
         "{}={cluster},{}={member}",
@@ -335,6 +342,10 @@ async fn member_objects(
             continue;
         }
         let ns_name = ns.name_any();
+        if !ns_name.starts_with(prefix) {
+            left.foreign_namespaces += 1;
+            continue;
+        }
         // Another MemberCluster of this training cluster (the same member bridged twice)
         // still has copies there: the namespace and the PriorityClasses are its too.
         let cluster_only = ListParams::default().labels(&format!("{}={cluster}", keys::LABEL_ORIGIN_CLUSTER));
@@ -658,7 +669,8 @@ mod tests {
         assert_eq!(
             describe(&v),
             "1 unfinished training pod(s), 2 offload pod(s), 3 reflected object(s), 2 offload namespace(s) \
-             (1 terminating), 3 PriorityClass(es) (0 other training cluster namespace(s)), 1 virtual node(s) left"
+             (1 terminating), 3 PriorityClass(es) (0 namespace(s) of other members or training clusters kept), \
+             1 virtual node(s) left"
         );
         assert!(describe(&view(0, None, 0)).contains("member objects unknown"));
     }

@@ -66,7 +66,15 @@ pub struct Ownership {
     /// This replica's identity, named in its member clients' user agent.
     pub identity: String,
     /// The members this replica owns now; `None`: every selected member (one replica).
-    pub owned: Option<watch::Receiver<std::collections::BTreeSet<MemberName>>>,
+    pub owned: Option<fence::Owned>,
+}
+
+impl Ownership {
+    /// The fence of a new client of `member`: one replica's are never cancelled but by its
+    /// session's end; a sharded replica's also when the member is no longer owned.
+    pub fn fence(&self, member: &MemberName) -> tokio_util::sync::CancellationToken {
+        self.owned.as_ref().map_or_else(tokio_util::sync::CancellationToken::new, |owned| owned.fence(member))
+    }
 }
 
 /// Handle on the running federation.

@@ -6,13 +6,13 @@
 //! and tainted `tidepool.io/not-ready`, the pod left running; rotating to a new working
 //! kubeconfig brings the member back with the same offload pod (same UID, not recreated).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tidepool_api::{MemberCluster, keys};
 
@@ -221,6 +221,112 @@ async fn each_credentials_reason_is_reported_and_revoked_then_rotated_credential
     for name in ["revocable", "rotated"] {
         let _ = Api::<ClusterRoleBinding>::all(member_b.clone())
             .delete(&format!("e2e-credentials-{name}"), &DeleteParams::default())
+            .await;
+    }
+    drop(tidepool);
+}
+
+/// Waits until training pod `ns/name` runs.
+async fn running(training: &Client, ns: &str, name: &str) {
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    wait_for(Duration::from_secs(90), &format!("pod {name} Running"), || {
+        let pods = pods.clone();
+        async move { (pods.get(name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+}
+
+/// The ServiceAccounts bound by tidepool's RoleBindings in member namespace `ns`.
+async fn bound_identities(member: &Client, ns: &str) -> BTreeSet<String> {
+    let managed = ListParams::default().labels(&format!("{}={}", keys::LABEL_MANAGED_BY, keys::MANAGED_BY));
+    let bindings = Api::<RoleBinding>::namespaced(member.clone(), ns).list(&managed).await.unwrap().items;
+    bindings.into_iter().flat_map(|b| b.subjects.unwrap_or_default()).map(|s| s.name).collect()
+}
+
+/// Two MemberClusters on one member API server, each with an identity and an offload
+/// namespace prefix of its own: neither session enters the other's namespaces (no binding of
+/// its identity there, which would give it the other's Secrets), and draining one leaves the
+/// other's namespaces standing, even while they hold no pod.
+#[tokio::test]
+async fn two_members_on_one_api_server_never_enter_or_drain_each_others_offload_namespaces() {
+    const TEST: &str = "isolation";
+    const NS: &str = "e2e-isolation";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    prepare(&env, &training, TEST, NS).await;
+    ensure_namespace(&member_b, MEMBER_NS).await;
+    let mut namespaces = BTreeMap::new();
+    for (member, id) in [("e2e-iso-x", "iso-x"), ("e2e-iso-y", "iso-y")] {
+        let kubeconfig = member_identity(&env, &member_b, id, true).await;
+        put_kubeconfig_secret(&training, NS, id, kubeconfig.as_bytes()).await;
+        namespaces.insert(member, format!("{id}-{NS}"));
+    }
+    let members = Api::<MemberCluster>::all(training.clone());
+    let member = |name: &str, id: &str| {
+        let mut mc = member_cluster(name, TEST, NS, id);
+        mc.spec.namespace_prefix = Some(format!("{id}-"));
+        mc
+    };
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let tidepool = Tidepool::start(&env, TEST, NS);
+
+    // 1. X alone: its pod runs, its namespace holds its identity's binding.
+    apply_member_cluster(&training, &member("e2e-iso-x", "iso-x")).await;
+    pods.create(&PostParams::default(), &small_bound_pod("iso-x-0", "tidepool-e2e-iso-x", TEST)).await.unwrap();
+    running(&training, NS, "iso-x-0").await;
+
+    // 2. Y joins after X's namespace exists, so its first look around the server sees it.
+    //    Y's pod runs and a training Service selecting it is mirrored: Y's mirror has made its
+    //    passes over the offload namespaces it found.
+    apply_member_cluster(&training, &member("e2e-iso-y", "iso-y")).await;
+    let mut pod = small_bound_pod("iso-y-0", "tidepool-e2e-iso-y", TEST);
+    pod.metadata.labels.get_or_insert_default().insert("iso".into(), "y".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&training, NS, "iso-y-0").await;
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "iso-y"},
+        "spec": {"clusterIP": "None", "selector": {"iso": "y"}, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(training.clone(), NS).create(&PostParams::default(), &service).await.unwrap();
+    let y_services = Api::<Service>::namespaced(member_b.clone(), &namespaces["e2e-iso-y"]);
+    wait_for(Duration::from_secs(60), "Service iso-y mirrored into Y's namespace", || {
+        let y_services = y_services.clone();
+        async move { y_services.get_opt("iso-y").await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(bound_identities(&member_b, &namespaces["e2e-iso-x"]).await, BTreeSet::from(["iso-x".to_owned()]));
+    assert_eq!(bound_identities(&member_b, &namespaces["e2e-iso-y"]).await, BTreeSet::from(["iso-y".to_owned()]));
+
+    // 3. Y's namespace empty of pods, X deleted and drained: Y's namespace stays.
+    pods.delete("iso-y-0", &DeleteParams::default()).await.unwrap();
+    let y_pods = Api::<Pod>::namespaced(member_b.clone(), &namespaces["e2e-iso-y"]);
+    wait_for(Duration::from_secs(60), "Y's copy gone", || {
+        let y_pods = y_pods.clone();
+        async move { y_pods.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
+    pods.delete("iso-x-0", &DeleteParams::default()).await.unwrap();
+    members.delete("e2e-iso-x", &DeleteParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(90), "X drained and gone", || {
+        let members = members.clone();
+        async move { members.get_opt("e2e-iso-x").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let namespaces_api = Api::<Namespace>::all(member_b.clone());
+    let x_ns = namespaces_api.get_opt(&namespaces["e2e-iso-x"]).await.unwrap();
+    assert!(x_ns.is_none_or(|n| n.metadata.deletion_timestamp.is_some()), "X's namespace left after its drain");
+    let y_ns = namespaces_api.get_opt(&namespaces["e2e-iso-y"]).await.unwrap().expect("Y's namespace");
+    assert!(y_ns.metadata.deletion_timestamp.is_none(), "X's drain deleted Y's namespace");
+    assert_eq!(bound_identities(&member_b, &namespaces["e2e-iso-y"]).await, BTreeSet::from(["iso-y".to_owned()]));
+
+    Api::<Service>::namespaced(training.clone(), NS).delete("iso-y", &DeleteParams::default()).await.unwrap();
+    drain_pods(&training, NS).await;
+    reset_members(&training, TEST).await;
+    for id in ["iso-x", "iso-y"] {
+        let _ = Api::<ClusterRoleBinding>::all(member_b.clone())
+            .delete(&format!("e2e-credentials-{id}"), &DeleteParams::default())
             .await;
     }
     drop(tidepool);

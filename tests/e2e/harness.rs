@@ -485,6 +485,12 @@ impl Tidepool {
         text
     }
 
+    /// Where tidepool's log is written; it outlives the process.
+    #[allow(dead_code)]
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// The last lines of tidepool's log, for failure messages.
     pub fn log_tail(&self) -> String {
         tail(&self.log, 40)

@@ -156,12 +156,15 @@ async fn served(training_pods: &Api<Pod>, clients: &BTreeMap<&str, Client>, i: u
 }
 
 /// One write of a tidepool replica to a member, from the member's audit log.
+#[derive(Debug)]
 struct Write {
     agent: String,
     /// Offload namespace it touched.
     namespace: String,
     received: jiff::Timestamp,
     completed: jiff::Timestamp,
+    /// `verb resource/name -> code`, for failure messages.
+    what: String,
 }
 
 /// Tidepool's writes since `since` in `cluster`'s audit log.
@@ -177,11 +180,19 @@ fn audited_writes(env: &Env, cluster: &str, since: jiff::Timestamp) -> Vec<Write
             })?;
             let received: jiff::Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
             let completed: jiff::Timestamp = e["stageTimestamp"].as_str()?.parse().ok()?;
+            let what = format!(
+                "{} {}/{} -> {}",
+                e["verb"].as_str().unwrap_or("?"),
+                e["objectRef"]["resource"].as_str().unwrap_or("?"),
+                e["objectRef"]["name"].as_str().unwrap_or(""),
+                e["responseStatus"]["code"]
+            );
             (agent.starts_with("tidepool/") && received >= since).then(|| Write {
                 agent,
                 namespace: namespace.to_owned(),
                 received,
                 completed,
+                what,
             })
         })
         .collect()
@@ -194,7 +205,8 @@ struct Run {
     agent: String,
     from: jiff::Timestamp,
     until: jiff::Timestamp,
-    writes: usize,
+    /// Each write's time received and what it was.
+    writes: Vec<String>,
 }
 
 /// The writes to one member in order of arrival, as runs of one writer each.
@@ -205,9 +217,14 @@ fn runs(mut writes: Vec<Write>) -> Vec<Run> {
         match runs.last_mut() {
             Some(run) if run.agent == w.agent => {
                 run.until = run.until.max(w.completed);
-                run.writes += 1;
+                run.writes.push(format!("{} {}", w.received, w.what));
             }
-            _ => runs.push(Run { agent: w.agent, from: w.received, until: w.completed, writes: 1 }),
+            _ => runs.push(Run {
+                writes: vec![format!("{} {}", w.received, w.what)],
+                agent: w.agent,
+                from: w.received,
+                until: w.completed,
+            }),
         }
     }
     runs
@@ -217,7 +234,11 @@ fn runs(mut writes: Vec<Write>) -> Vec<Run> {
 /// request answered) before the next writer's first request arrives, or when the writers
 /// alternate more often than ownership can change here (three replicas joining one by one,
 /// then one failover: at most four runs).
-fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<usize, Vec<String>> {
+fn assert_one_writer_at_a_time(
+    env: &Env,
+    since: jiff::Timestamp,
+    logs: &[std::path::PathBuf],
+) -> BTreeMap<usize, Vec<String>> {
     let mut writers = BTreeMap::new();
     for i in 0..MEMBERS {
         let ns = format!("{}{NS}", prefix(i));
@@ -227,6 +248,9 @@ fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<us
         eprintln!("{}: writers in turn {runs:?}", member(i));
         for pair in runs.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
+            if a.until >= b.from {
+                ownership_history(logs);
+            }
             assert!(
                 a.until < b.from,
                 "{}: {} wrote until {}, {} from {}: two writers at once",
@@ -241,6 +265,18 @@ fn assert_one_writer_at_a_time(env: &Env, since: jiff::Timestamp) -> BTreeMap<us
         writers.insert(i, runs.into_iter().map(|r| r.agent).collect());
     }
     writers
+}
+
+/// Prints what each replica's log says about member ownership and sessions, for a failure.
+fn ownership_history(logs: &[std::path::PathBuf]) {
+    const ABOUT: [&str; 6] = ["sharding", "handed over", "session", "member reachable", "offload pod created", "Lease"];
+    for log in logs {
+        let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("cannot read {}: {e}", log.display()));
+        eprintln!("--- ownership in {} ---", log.display());
+        for line in text.lines().filter(|l| ABOUT.iter().any(|a| l.contains(a))) {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// Starts the shared set-up: nodes, members, the three replicas; returns them once every
@@ -292,6 +328,7 @@ async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_eac
     let clients: BTreeMap<&str, Client> =
         BTreeMap::from([("member-a", env.client("member-a").await), ("member-b", env.client("member-b").await)]);
     let mut replicas = start(&env, &training, &clients).await;
+    let logs: Vec<std::path::PathBuf> = replicas.iter().flatten().map(|r| r.log_path().to_owned()).collect();
     let leases = Api::<Lease>::namespaced(training.clone(), NS);
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
 
@@ -354,7 +391,7 @@ async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_eac
     }
 
     // 5. One writer at a time for every member; the killed replica's members did change hands.
-    let writers = assert_one_writer_at_a_time(&env, since);
+    let writers = assert_one_writer_at_a_time(&env, since, &logs);
     for &i in &lost {
         let agents = &writers[&i];
         assert!(agents.len() >= 2, "{}: written by the killed replica and its successor: {agents:?}", member(i));

@@ -161,7 +161,7 @@ impl MemberCopies {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(ns) if ns.metadata.name.as_deref().is_some_and(|n| n.starts_with(&found.prefix)) => {
+                        Ok(ns) if ns.metadata.name.as_deref().is_some_and(|n| found.is_ours(n)) => {
                             let found = found.clone();
                             tokio::spawn(async move { found.enter(&ns.metadata.name.unwrap_or_default()).await });
                         }
@@ -178,7 +178,13 @@ impl MemberCopies {
     /// This instance's offload namespaces in the member, as its namespace watch lists them.
     pub(crate) fn namespaces(&self) -> Vec<String> {
         let names = self.namespaces.state().iter().filter_map(|ns| ns.metadata.name.clone()).collect::<Vec<_>>();
-        names.into_iter().filter(|n| n.starts_with(&self.prefix)).collect()
+        names.into_iter().filter(|n| self.is_ours(n)).collect()
+    }
+
+    /// Whether `namespace` is one of this member's offload namespaces, by its prefix. Another
+    /// member's on the same API server is never entered: no binding, no watch, no write.
+    pub(crate) fn is_ours(&self, namespace: &str) -> bool {
+        namespace.starts_with(&self.prefix)
     }
 
     /// Makes this session's identity able to work in offload namespace `namespace` (binding
@@ -186,6 +192,9 @@ impl MemberCopies {
     pub(crate) async fn enter(&self, namespace: &str) {
         if namespace.is_empty() || self.stores(namespace).is_some() {
             return;
+        }
+        if !self.is_ours(namespace) {
+            return warn!(namespace, prefix = %self.prefix, "not this member's offload namespace; not entered");
         }
         self.access.bind(namespace).await;
         self.watch_namespace(namespace);

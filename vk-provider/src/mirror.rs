@@ -176,7 +176,8 @@ fn key_of(m: &ObjectMeta) -> (String, String) {
     (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
 }
 
-/// This instance's offload namespaces in the member.
+/// This member's offload namespaces (this instance's, with its prefix: other members may
+/// share the API server).
 async fn offload_namespaces(ctx: &Context, watch: &OffloadWatch) -> Result<Vec<String>, kube::Error> {
     let selector = format!(
         "{}={},{}={}",
@@ -188,7 +189,7 @@ async fn offload_namespaces(ctx: &Context, watch: &OffloadWatch) -> Result<Vec<S
     let list = Api::<Namespace>::all(watch.member.client.clone())
         .list_metadata(&ListParams::default().labels(&selector))
         .await?;
-    Ok(list.items.into_iter().filter_map(|n| n.metadata.name).collect())
+    Ok(list.items.into_iter().filter_map(|n| n.metadata.name).filter(|n| watch.copies.is_ours(n)).collect())
 }
 
 async fn execute(
