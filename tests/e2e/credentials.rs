@@ -257,15 +257,31 @@ async fn two_members_on_one_api_server_never_enter_or_drain_each_others_offload_
     prepare(&env, &training, TEST, NS).await;
     ensure_namespace(&member_b, MEMBER_NS).await;
     let mut namespaces = BTreeMap::new();
+    // Prefixes are a word and one '-' (validated), so neither names the other's namespaces.
+    let prefix = |id: &str| format!("{}-", id.replace('-', ""));
     for (member, id) in [("e2e-iso-x", "iso-x"), ("e2e-iso-y", "iso-y")] {
         let kubeconfig = member_identity(&env, &member_b, id, true).await;
         put_kubeconfig_secret(&training, NS, id, kubeconfig.as_bytes()).await;
-        namespaces.insert(member, format!("{id}-{NS}"));
+        namespaces.insert(member, format!("{}{NS}", prefix(id)));
     }
+    // An earlier run's offload namespaces (and whatever it bound in them) are gone first.
+    let namespaces_api = Api::<Namespace>::all(member_b.clone());
+    for ns in namespaces.values() {
+        let _ = namespaces_api.delete(ns, &DeleteParams::default()).await;
+    }
+    wait_for(Duration::from_secs(90), "an earlier run's offload namespaces gone", || async {
+        for ns in namespaces.values() {
+            if namespaces_api.get_opt(ns).await.ok()?.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
     let members = Api::<MemberCluster>::all(training.clone());
     let member = |name: &str, id: &str| {
         let mut mc = member_cluster(name, TEST, NS, id);
-        mc.spec.namespace_prefix = Some(format!("{id}-"));
+        mc.spec.namespace_prefix = Some(prefix(id));
         mc
     };
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
@@ -289,7 +305,10 @@ async fn two_members_on_one_api_server_never_enter_or_drain_each_others_offload_
         "spec": {"clusterIP": "None", "selector": {"iso": "y"}, "ports": [{"port": 80}]}
     }))
     .unwrap();
-    Api::<Service>::namespaced(training.clone(), NS).create(&PostParams::default(), &service).await.unwrap();
+    Api::<Service>::namespaced(training.clone(), NS)
+        .patch("iso-y", &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&service))
+        .await
+        .unwrap();
     let y_services = Api::<Service>::namespaced(member_b.clone(), &namespaces["e2e-iso-y"]);
     wait_for(Duration::from_secs(60), "Service iso-y mirrored into Y's namespace", || {
         let y_services = y_services.clone();
@@ -314,7 +333,6 @@ async fn two_members_on_one_api_server_never_enter_or_drain_each_others_offload_
         async move { members.get_opt("e2e-iso-x").await.ok()?.is_none().then_some(()) }
     })
     .await;
-    let namespaces_api = Api::<Namespace>::all(member_b.clone());
     let x_ns = namespaces_api.get_opt(&namespaces["e2e-iso-x"]).await.unwrap();
     assert!(x_ns.is_none_or(|n| n.metadata.deletion_timestamp.is_some()), "X's namespace left after its drain");
     let y_ns = namespaces_api.get_opt(&namespaces["e2e-iso-y"]).await.unwrap().expect("Y's namespace");
