@@ -28,6 +28,7 @@ pub mod published;
 pub mod tasks;
 pub mod throttle;
 pub mod training;
+pub mod wire;
 pub mod writes;
 
 use std::collections::BTreeMap;

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
@@ -34,6 +33,7 @@ use crate::capacity::{
 use crate::capacity_index::{PodIndex, pool_capacity_indexed};
 use crate::health::Health;
 use crate::priority::{PriorityConflict, offload_ceiling};
+use crate::wire::{MemberNode, MemberPod};
 
 /// Namespace, kind and name of an HPA's scale target.
 type WorkloadKey = (String, String, String);
@@ -330,12 +330,14 @@ impl Caches {
             wakeups: Wakeups::default(),
         };
         let wake = &caches.wakeups;
-        let node_view = |n: &Node| Some((n.name_any(), NodeView::from_node(n)));
+        // Nodes and pods are many and change often: decoded lean (see `crate::wire`).
+        let node_view = |n: &MemberNode| Some((n.0.name_any(), NodeView::from_node(&n.0)));
         let span = info_span!("member_nodes", member = %name);
-        spawn_cache(watch_all::<Node>(client), &caches.nodes, node_view, |_| false, wake, cancelled, span);
-        let pod_view = |p: &Pod| Some(((p.namespace().unwrap_or_default(), p.name_any()), PodView::from_pod(p)));
+        spawn_cache(watch_all::<MemberNode>(client), &caches.nodes, node_view, |_| false, wake, cancelled, span);
+        let pod_view =
+            |p: &MemberPod| Some(((p.0.namespace().unwrap_or_default(), p.0.name_any()), PodView::from_pod(&p.0)));
         let span = info_span!("member_pods", member = %name);
-        let pods = watch_all::<Pod>(client);
+        let pods = watch_all::<MemberPod>(client);
         spawn_cache(pods, &caches.pods, pod_view, PodView::pending_online, wake, cancelled, span);
         if !hpa {
             return caches;
