@@ -426,3 +426,67 @@ async fn an_offload_priority_class_deleted_in_the_member_is_made_again_and_the_p
         wait_gone(&pods, pod, Duration::from_secs(60), "the pods deleted").await;
     }
 }
+
+#[tokio::test]
+async fn an_offload_namespace_deleted_in_the_member_is_made_again_while_it_terminates_and_the_pod_runs() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+    const TEST: &str = "vk-nsgone";
+    const NS: &str = "e2e-vk-nsgone";
+    const MEMBER: &str = "e2e-vkn-a";
+    const NODE: &str = "tidepool-e2e-vkn-a";
+    let s = setup(TEST, NS, MEMBER).await;
+    let member_ns = format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX);
+    let holds = Api::<ConfigMap>::namespaced(s.member.clone(), &member_ns);
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    // A failed earlier run may have left its hold, and the namespace stuck terminating.
+    let _ = holds.patch("e2e-hold", &PatchParams::default(), &Patch::Merge(&release)).await;
+    let namespaces = Api::<Namespace>::all(s.member.clone());
+    wait_for(Duration::from_secs(60), "an earlier run's offload namespace not terminating", || async {
+        let ns = namespaces.get_opt(&member_ns).await.ok()?;
+        ns.is_none_or(|n| n.metadata.deletion_timestamp.is_none()).then_some(())
+    })
+    .await;
+    let tidepool = Tidepool::start(&s.env, TEST, NS);
+    wait_node(&s.training, NODE).await;
+    // A first pod runs: tidepool made the offload namespace and remembers it.
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+    let first = format!("nsgone-first-{}", run_id());
+    pods.create(&PostParams::default(), &small_bound_pod(&first, NODE, "nsgone")).await.unwrap();
+    wait_phase(&pods, &first, "Running").await;
+    delete_pod(&pods, &first).await;
+    wait_gone(&pods, &first, Duration::from_secs(60), "the first pod deleted").await;
+
+    // The member's admin deletes the offload namespace; a ConfigMap with a finalizer keeps it
+    // terminating for a while, as a namespace with content does.
+    let hold: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "e2e-hold", "finalizers": ["tidepool.io/e2e-hold"]}
+    }))
+    .unwrap();
+    holds.create(&PostParams::default(), &hold).await.unwrap();
+    namespaces.delete(&member_ns, &DeleteParams::default()).await.unwrap();
+
+    // A new pod comes while the namespace terminates: its copy is refused for a while.
+    let name = format!("nsgone-{}", run_id());
+    pods.create(&PostParams::default(), &small_bound_pod(&name, NODE, "nsgone")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let terminating = namespaces.get_opt(&member_ns).await.unwrap();
+    assert!(terminating.is_some_and(|n| n.metadata.deletion_timestamp.is_some()), "the namespace terminates");
+    holds.patch("e2e-hold", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+
+    // Once it is gone, tidepool makes it again and the pod runs, well before a refusal's
+    // five-minute retry.
+    wait_phase(&pods, &name, "Running").await;
+    let made_again = namespaces.get_opt(&member_ns).await.unwrap().expect("the offload namespace made again");
+    assert!(made_again.metadata.deletion_timestamp.is_none(), "{}", tidepool.log_tail());
+    // And entered again: tidepool's identity is bound in the new namespace as in the old.
+    let managed = ListParams::default().labels(&format!("{}={}", keys::LABEL_MANAGED_BY, keys::MANAGED_BY));
+    let bindings = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(s.member.clone(), &member_ns);
+    let bound = wait_for(Duration::from_secs(30), "the offload role bound in the new namespace", || async {
+        let items = bindings.list(&managed).await.ok()?.items;
+        (!items.is_empty()).then_some(items.len())
+    })
+    .await;
+    assert!(bound > 0);
+    delete_pod(&pods, &name).await;
+    wait_gone(&pods, &name, Duration::from_secs(60), "the pod deleted").await;
+}

@@ -44,6 +44,8 @@ const CACHE_WAIT: Duration = Duration::from_secs(10);
 pub(crate) struct MetaStores {
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
     secrets: Store<PartialObjectMeta<Secret>>,
+    /// Stops both watches.
+    stop: CancellationToken,
 }
 
 /// A change seen by a metadata watch (after its initial list).
@@ -80,7 +82,8 @@ impl MetaStores {
                 stop.clone(),
                 changes.clone(),
             ),
-            secrets: spawn_watch(Api::all(client.clone()), config, Kind::Secret, trim, stop, changes),
+            secrets: spawn_watch(Api::all(client.clone()), config, Kind::Secret, trim, stop.clone(), changes),
+            stop,
         }
     }
 
@@ -200,6 +203,16 @@ impl MemberCopies {
         self.watch_namespace(namespace);
     }
 
+    /// Forgets `namespace` (it was deleted): its watches stop, and entering it again binds
+    /// and watches the namespace made anew.
+    pub(crate) fn leave(&self, namespace: &str) {
+        let Some(mut by_namespace) = self.by_namespace.locked_or_log("reflected copy watches") else { return };
+        if let Some(stores) = by_namespace.remove(namespace) {
+            stores.stop.cancel();
+            debug!(namespace, "offload namespace gone; its copy watches stopped");
+        }
+    }
+
     /// Starts the watches of `namespace` if not yet running.
     fn watch_namespace(&self, namespace: &str) {
         let Some(mut by_namespace) = self.by_namespace.locked_or_log("reflected copy watches") else { return };
@@ -210,13 +223,14 @@ impl MemberCopies {
         let api = |ns: &str| (Api::namespaced(self.client.clone(), ns), Api::namespaced(self.client.clone(), ns));
         let (config_maps, secrets) = api(namespace);
         let config = watcher::Config::default().labels(&self.selector);
+        let stop = self.stop.child_token();
         let stores = MetaStores {
             config_maps: spawn_watch(
                 config_maps,
                 config.clone(),
                 Kind::ConfigMap,
                 Trim::ManagedFields,
-                self.stop.clone(),
+                stop.clone(),
                 self.changes.clone(),
             ),
             secrets: spawn_watch(
@@ -224,9 +238,10 @@ impl MemberCopies {
                 config,
                 Kind::Secret,
                 Trim::ManagedFields,
-                self.stop.clone(),
+                stop.clone(),
                 self.changes.clone(),
             ),
+            stop,
         };
         by_namespace.insert(namespace.to_owned(), stores);
     }

@@ -69,13 +69,14 @@ impl Error {
         Self::Member { member: member.clone(), what, source: Box::new(source) }
     }
 
-    /// Worth a quick retry (network, throttling, server errors) rather than a slow one.
-    /// A refusal (401, 403, or any other 4xx) is not: the same call is refused again until
-    /// someone changes RBAC, credentials or the object, so it is reported
-    /// ([`Error::event_reason`]) and retried slowly.
+    /// Worth a quick retry (network, throttling, server errors, a namespace still being
+    /// deleted) rather than a slow one. A refusal (401, 403, or any other 4xx) is not: the
+    /// same call is refused again until someone changes RBAC, credentials or the object, so
+    /// it is reported ([`Error::event_reason`]) and retried slowly.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Training { source, .. } | Self::Member { source, .. } => match source.as_ref() {
+                e if namespace_terminating(e) => true,
                 kube::Error::Api(e) => e.code == 429 || e.code >= 500,
                 _ => true,
             },
@@ -87,7 +88,9 @@ impl Error {
     /// lacks a permission, its credentials are refused, the offload namespace is somebody
     /// else's), or `None`.
     pub fn event_reason(&self) -> Option<&'static str> {
-        let refused = |source: &kube::Error| matches!(source, kube::Error::Api(e) if e.code == 401 || e.code == 403);
+        let refused = |source: &kube::Error| {
+            matches!(source, kube::Error::Api(e) if e.code == 401 || e.code == 403) && !namespace_terminating(source)
+        };
         match self {
             Self::Member { source, .. } if refused(source) => Some("MemberForbidden"),
             Self::Training { source, .. } if refused(source) => Some("TrainingForbidden"),
@@ -110,6 +113,15 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A write refused because its namespace is being deleted (a 403 with cause
+/// `NamespaceTerminating`): not a permission anybody must fix, and over once the namespace is
+/// gone and made again. An offload namespace deleted by the member's admin or by a drain is
+/// re-created within seconds, instead of the pod waiting out a refusal's slow retry.
+pub fn namespace_terminating(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403
+        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
+}
 
 /// Handle on the running virtual kubelet.
 #[derive(Debug)]
@@ -168,5 +180,25 @@ mod tests {
         assert_eq!(Error::member(&member, "create offload pod", api(401)).event_reason(), Some("MemberForbidden"));
         assert_eq!(Error::training("update pod status", api(403)).event_reason(), Some("TrainingForbidden"));
         assert_eq!(Error::member(&member, "create offload pod", api(503)).event_reason(), None);
+    }
+
+    #[test]
+    fn a_write_into_a_namespace_being_deleted_is_retried_soon_and_told_to_nobody() {
+        let member = MemberName::from("member-a");
+        let terminating = kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({
+                "code": 403, "reason": "Forbidden",
+                "message": "pods \"p\" is forbidden: unable to create new content in namespace tp-a because it is being terminated",
+                "details": {"name": "p", "kind": "pods", "causes": [
+                    {"reason": "NamespaceTerminating", "message": "namespace tp-a is being terminated", "field": "metadata.namespace"}
+                ]}
+            }))
+            .unwrap(),
+        ));
+        assert!(namespace_terminating(&terminating));
+        assert!(!namespace_terminating(&api(403)), "a plain refusal is not");
+        let error = Error::member(&member, "create offload pod", terminating);
+        assert!(error.is_transient());
+        assert_eq!(error.event_reason(), None);
     }
 }

@@ -744,8 +744,10 @@ impl PodSync<'_> {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                // The namespace went away under us; create it again next time.
+                // The namespace went away under us; create (and bind, and watch) it again next
+                // time.
                 ctx.namespaces.locked(NAMESPACES)?.remove(&(member.name.clone(), member_ns.clone()));
+                self.watch.copies.leave(member_ns);
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(e) => return Err(Error::member(&member.name, "create offload pod", e)),
