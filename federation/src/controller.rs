@@ -408,8 +408,7 @@ async fn dial(
     let server = config.cluster_url.to_string();
     let stats = Arc::new(MemberStats::default());
     let limits = mc.spec.rate_limits.clone().unwrap_or_default();
-    let guard =
-        crate::throttle::Guard { user_agent: Some(user_agent(&ownership.identity)), fence: ownership.fence(name) };
+    let guard = ownership.guard(name);
     let client = crate::throttle::client_with(config, name.as_str(), &limits, stats.clone(), &guard)
         .map_err(|e| NotReady::Client(e.to_string()))?;
     match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {

@@ -304,11 +304,7 @@ async fn dial(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Option<Cl
     let config = crate::kubeconfig::client_config(&bytes.0).await.ok()?;
     let limits = mc.spec.rate_limits.clone().unwrap_or_default();
     let stats = std::sync::Arc::new(crate::MemberStats::default());
-    let guard = crate::throttle::Guard {
-        user_agent: Some(crate::controller::user_agent(&ctx.ownership.identity)),
-        fence: ctx.ownership.fence(name),
-    };
-    crate::throttle::client_with(config, name.as_str(), &limits, stats, &guard).ok()
+    crate::throttle::client_with(config, name.as_str(), &limits, stats, &ctx.ownership.guard(name)).ok()
 }
 
 /// The label selector of this bridge instance's objects of one kind (`kind=true` plus both

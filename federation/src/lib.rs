@@ -71,10 +71,13 @@ pub struct Ownership {
 }
 
 impl Ownership {
-    /// The fence of a new client of `member`: one replica's are never cancelled but by its
-    /// session's end; a sharded replica's also when the member is no longer owned.
-    pub fn fence(&self, member: &MemberName) -> tokio_util::sync::CancellationToken {
-        self.owned.as_ref().map_or_else(tokio_util::sync::CancellationToken::new, |owned| owned.fence(member))
+    /// Who a new client of `member` says it is (this replica, in its user agent) and its
+    /// fence: one replica's is cancelled only by its session's end; a sharded replica's also
+    /// when the member is no longer owned.
+    pub(crate) fn guard(&self, member: &MemberName) -> throttle::Guard {
+        let fence =
+            self.owned.as_ref().map_or_else(tokio_util::sync::CancellationToken::new, |owned| owned.fence(member));
+        throttle::Guard { user_agent: Some(controller::user_agent(&self.identity)), fence }
     }
 }
 
