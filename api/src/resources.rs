@@ -224,6 +224,14 @@ impl Resources {
     /// Sets every amount named in `other` to `f(own amount, other's amount)`, a missing own
     /// amount counting as zero.
     fn merge(&mut self, other: &Resources, f: impl Fn(i64, i64) -> i64) {
+        // The same names in the same order (a pool's nodes and their pods mostly name the
+        // same resources): amount by amount, without a search per name.
+        if self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|((a, _), (b, _))| a == b) {
+            for ((_, own), (_, theirs)) in self.0.iter_mut().zip(&other.0) {
+                *own = f(*own, *theirs);
+            }
+            return;
+        }
         let missing = other.names().filter(|k| self.find(k).is_err()).count();
         self.0.reserve_exact(missing);
         for (k, v) in other.iter() {

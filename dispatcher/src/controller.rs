@@ -2,13 +2,14 @@
 //! [`crate::order`].
 //!
 //! One round: (1) read every pending `schedulerName: tidepool` pod and every pod on a
-//! virtual node from the cache; (2) build each pool's view from federation's capacity,
-//! minus the pods bound there but not yet visible in the member ("in flight"); (3) group
-//! pods into gangs, roll back placed gangs past their timeout, and order the rest; (4) admit
-//! each gang whole on one pool — record the placement on every core pod, then bind — or
-//! explain why not; (5) admit elastic pods one by one to their gang's pool. Steps 3–5 are
-//! planned first, as a list of [`Write`]s, and committed after. All state is re-derived from
-//! the API each round, so a restarted dispatcher continues where the last one stopped.
+//! virtual node from the cache; (2) group pods into gangs and roll back placed gangs past
+//! their timeout; then, only when a gang waits, (3) build each pool's view from federation's
+//! capacity, minus the pods bound there but not yet visible in the member ("in flight"), and
+//! order the gangs; (4) admit each gang whole on one pool — record the placement on every
+//! core pod, then bind — or explain why not; (5) admit elastic pods one by one to their
+//! gang's pool. Steps 2–5 are planned first, as a list of [`Write`]s, and committed after.
+//! All state is re-derived from the API each round, so a restarted dispatcher continues
+//! where the last one stopped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -92,9 +93,7 @@ async fn remote_changed(remote: &mut Option<watch::Receiver<tidepool_federation:
 /// One round (see the module docs): plans its writes, then commits them in order.
 async fn round(ctx: &Context) -> Result<()> {
     let all = ctx.pods.state();
-    // 1–2. Pool views, with in-flight pods simulated onto them.
-    let mut pools = pool_views(ctx, &all);
-    // 3. Gangs of our pods; a placed gang whose core is not running within its timeout is
+    // 2. Gangs of our pods; a placed gang whose core is not running within its timeout is
     //    rolled back whole.
     let mut gangs = round::gangs_of(&all, &ctx.scheduler_name);
     let now = jiff::Timestamp::now();
@@ -109,6 +108,9 @@ async fn round(ctx: &Context) -> Result<()> {
         want_capacity(ctx, false);
         return commit(ctx, writes).await;
     }
+    // 3. Pool views, with in-flight pods simulated onto them: built only when a gang waits
+    //    (each copies every member node of every pool).
+    let mut pools = pool_views(ctx, &all);
     let mut queue = Vec::new();
     let mut mins = HashMap::new();
     for (key, g) in &gangs {

@@ -219,20 +219,20 @@ pub fn pool_capacity_indexed<'a>(
     let Some(slot) = index.modes.iter().position(|m| *m == mode) else {
         return sums.finish(&in_pool, demand.policy.watermark_percent);
     };
-    for name in in_pool.keys() {
+    // `free` has a record for every node of the pool (see `PoolSums::of`): walked in step
+    // with it, no node is looked up twice.
+    let PoolSums { capacity, used, placed, free, .. } = &mut sums;
+    for (name, free) in free.iter_mut() {
         let Some(record) = index.nodes.get(*name) else { continue };
         let (Some(online), Some(offload)) = (record.online.get(slot), record.offload.get(slot)) else { continue };
         let (online, offload) = (&online.sum, &offload.sum);
-        sums.capacity.sub(online);
-        sums.used.add(offload);
+        capacity.sub(online);
+        used.add(offload);
         for (origin, copy_uid) in &record.placed {
-            let placed = Placed { node: record.name.clone(), copy_uid: copy_uid.clone() };
-            sums.placed.insert(origin.clone(), placed);
+            placed.insert(origin.clone(), Placed { node: record.name.clone(), copy_uid: copy_uid.clone() });
         }
-        if let Some(f) = sums.free.get_mut(name) {
-            f.sub(online);
-            f.sub(offload);
-        }
+        free.sub(online);
+        free.sub(offload);
     }
     sums.finish(&in_pool, demand.policy.watermark_percent)
 }

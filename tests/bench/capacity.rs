@@ -6,7 +6,9 @@
 //! ```
 //! 1. BENCH_NODES (default 1000) kwok nodes and BENCH_PODS (default 10000) online pods bound to
 //!    them (`nodeName`, no scheduler) are created straight in member-b, BENCH_CONCURRENCY
-//!    (default 32) calls at a time. kwok marks the pods Running.
+//!    (default 32) calls at a time. kwok marks the pods Running; the benchmark then waits
+//!    (at most 300 s) until the controller-manager has lifted every new node's not-ready
+//!    taint, so the 30 s steady window that follows sees no node join the pool.
 //! 2. CPU seconds and resident memory (from `/proc`) of tidepool watching member-b, next to a
 //!    direct-path process: this program re-run as a plain kube-rs reflector of the same Nodes
 //!    and Pods (full objects, as a controller without trimmed views holds them).
@@ -89,6 +91,19 @@ fn bench_node(name: &str) -> Node {
         }
     }))
     .unwrap()
+}
+
+/// How many of the benchmark's nodes are Ready and carry no taint, so take pods (0 when the
+/// list fails).
+async fn ready_nodes(api: &Api<Node>) -> usize {
+    let lp = ListParams::default().labels(&format!("{BENCH_LABEL}=capacity"));
+    let Ok(nodes) = api.list(&lp).await else { return 0 };
+    let ready = |n: &Node| {
+        let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let untainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(Vec::is_empty);
+        untainted && conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    nodes.items.iter().filter(|n| ready(n)).count()
 }
 
 fn online_pod(name: &str, node: &str, cpu: &str) -> Pod {
@@ -235,7 +250,10 @@ async fn main() {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut usage: Vec<(String, f64, f64, f64, f64)> = Vec::new();
+    // Each moment also goes to stderr as it happens, with the time: a profiler attached to
+    // tidepool (`perf record -p`) can be lined up with the window it is about.
     let mark = |what: &str, usage: &mut Vec<_>| {
+        eprintln!("[capacity {}] {what}", jiff::Timestamp::now());
         usage.push((what.to_owned(), cpu_seconds(tp), rss_mib(tp), cpu_seconds(rf), rss_mib(rf)));
     };
     mark("idle (member-b as started)", &mut usage);
@@ -303,6 +321,19 @@ async fn main() {
     }
     let run_secs = wait_start.elapsed().as_secs_f64();
     mark(&format!("after {running_now} pods Running"), &mut usage);
+    // kwok makes new nodes Ready at once, but the controller-manager lifts their
+    // `node.kubernetes.io/not-ready` taint only a few nodes a second (its client's rate
+    // limit). Until it is done, every node it frees joins the pool (a computation and a
+    // virtual node write for tidepool, a stored object for the reflector): the window below
+    // is steady only after that.
+    let ready_start = Instant::now();
+    let mut ready_now = ready_nodes(&node_api).await;
+    while ready_now < made_nodes && ready_start.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        ready_now = ready_nodes(&node_api).await;
+    }
+    let ready_secs = ready_start.elapsed().as_secs_f64();
+    mark(&format!("after {ready_now} nodes Ready and untainted"), &mut usage);
     tokio::time::sleep(Duration::from_secs(30)).await;
     mark("30 s later (steady watching)", &mut usage);
 
@@ -372,7 +403,8 @@ async fn main() {
     println!("\n## capacity: member-b with {load}\n");
     println!(
         "created {made_nodes} nodes in {node_secs:.1} s, {made_pods} pods in {pod_secs:.1} s \
-         (concurrency {concurrency}); kwok had {running_now} Running after {run_secs:.0} s more\n"
+         (concurrency {concurrency}); kwok had {running_now} Running after {run_secs:.0} s more, \
+         and {ready_now} nodes Ready and untainted {ready_secs:.0} s after that\n"
     );
     println!("| moment | tidepool CPU s | tidepool RSS MiB | direct reflector CPU s | direct reflector RSS MiB |");
     println!("|---|---|---|---|---|");

@@ -19,6 +19,9 @@
 #   CP_NODE_BIN     containerd, ctr, shim, runc, coredns, cni/ (default: tests/nodes/build.sh)
 #   CP_IMAGES       pause.tar, workload.tar [, tidepool.tar] (default: tests/images/build.sh)
 #   CP_METRICS_BIN  metrics-server (default: tests/metrics/build.sh); with real nodes only
+#   CP_PROFILING    0 (default); 1: the API servers serve /debug/pprof (for finding where a
+#                   benchmark's API server CPU goes: `kubectl get --raw
+#                   '/debug/pprof/profile?seconds=10'`, then `go tool pprof -top`)
 #   CP_SKEW_BIN     unset (default): every cluster runs CP_BIN's Kubernetes. Set: a directory
 #                   with kube-apiserver, kube-controller-manager, kube-scheduler and kubelet of
 #                   the previous minor (tests/controlplane/build-skew.sh), which member-b
@@ -473,7 +476,7 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true \
-    --allow-privileged=true --profiling=false --v=1 "${audit[@]}"
+    --allow-privileged=true --profiling="$([[ ${CP_PROFILING:-0} == 1 ]] && echo true || echo false)" --v=1 "${audit[@]}"
 }
 
 start_kcm_and_scheduler() {
