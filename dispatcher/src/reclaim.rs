@@ -183,13 +183,15 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             let node = pool.node.to_string();
             // Most passes find no deficit: the capacity (every member node of the pool, and
             // every offload pod placed there) is copied only for a pool that has one.
-            let deficit = pool.capacity.borrow().deficit();
-            if deficit.is_empty() {
-                state.plan_pool(&node, &deficit, &Resources::new(), Vec::new(), now, hysteresis);
-                continue;
-            }
-            let cap = pool.capacity.borrow().clone();
-            let deficit = cap.deficit();
+            let (cap, deficit) = {
+                let cap = pool.capacity.borrow();
+                let deficit = cap.deficit();
+                if deficit.is_empty() {
+                    state.plan_pool(&node, &deficit, &Resources::new(), Vec::new(), now, hysteresis);
+                    continue;
+                }
+                (cap.clone(), deficit)
+            };
             let on_node: Vec<&Arc<PodLite>> =
                 pods.iter().filter(|p| p.is_live() && p.node_name() == Some(node.as_str())).collect();
             let freeing = freeing(pods, &node, &cap, grace);

@@ -322,10 +322,10 @@ async fn main() {
     let run_secs = wait_start.elapsed().as_secs_f64();
     mark(&format!("after {running_now} pods Running"), &mut usage);
     // kwok makes new nodes Ready at once, but the controller-manager lifts their
-    // `node.kubernetes.io/not-ready` taint only a few nodes a second (its client's rate
-    // limit). Until it is done, every node it frees joins the pool (a computation and a
-    // virtual node write for tidepool, a stored object for the reflector): the window below
-    // is steady only after that.
+    // `node.kubernetes.io/not-ready` taint only a few nodes a second (~4.4 here). Until it
+    // is done, every node it frees joins the pool (a computation and a virtual node write
+    // for tidepool, a stored object for the reflector): the window below is steady only
+    // after that.
     let ready_start = Instant::now();
     let mut ready_now = ready_nodes(&node_api).await;
     while ready_now < made_nodes && ready_start.elapsed() < Duration::from_secs(300) {

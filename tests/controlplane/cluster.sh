@@ -452,7 +452,8 @@ POLICY
 }
 
 start_apiserver() {
-  local c=$1 port audit; port=$(port_of apiserver "$c")
+  local c=$1 port audit profiling=false; port=$(port_of apiserver "$c")
+  [[ ${CP_PROFILING:-0} == 1 ]] && profiling=true
   mapfile -t audit < <(audit_flags "$c")
   # One etcd, disjoint prefixes. Loopback advertise address needs the endpoint reconciler
   # off (it may not write 127/8 into Endpoints). InternalIP first, because tidepool's node
@@ -476,7 +477,7 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true \
-    --allow-privileged=true --profiling="$([[ ${CP_PROFILING:-0} == 1 ]] && echo true || echo false)" --v=1 "${audit[@]}"
+    --allow-privileged=true --profiling="$profiling" --v=1 "${audit[@]}"
 }
 
 start_kcm_and_scheduler() {
