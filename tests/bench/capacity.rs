@@ -93,6 +93,22 @@ fn bench_node(name: &str) -> Node {
     .unwrap()
 }
 
+/// Polls `count` every 5 s until it reaches `target` or 300 s have passed; the last count and
+/// the seconds waited.
+async fn count_up_to<F, Fut>(target: usize, mut count: F) -> (usize, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    let start = Instant::now();
+    let mut now = count().await;
+    while now < target && start.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        now = count().await;
+    }
+    (now, start.elapsed().as_secs_f64())
+}
+
 /// How many of the benchmark's nodes are Ready and carry no taint, so take pods (0 when the
 /// list fails).
 async fn ready_nodes(api: &Api<Node>) -> usize {
@@ -313,26 +329,14 @@ async fn main() {
             }
         }
     };
-    let wait_start = Instant::now();
-    let mut running_now = running(pod_api.clone()).await;
-    while running_now < made_pods && wait_start.elapsed() < Duration::from_secs(300) {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        running_now = running(pod_api.clone()).await;
-    }
-    let run_secs = wait_start.elapsed().as_secs_f64();
+    let (running_now, run_secs) = count_up_to(made_pods, || running(pod_api.clone())).await;
     mark(&format!("after {running_now} pods Running"), &mut usage);
     // kwok makes new nodes Ready at once, but the controller-manager lifts their
     // `node.kubernetes.io/not-ready` taint only a few nodes a second (~4.4 here). Until it
     // is done, every node it frees joins the pool (a computation and a virtual node write
     // for tidepool, a stored object for the reflector): the window below is steady only
     // after that.
-    let ready_start = Instant::now();
-    let mut ready_now = ready_nodes(&node_api).await;
-    while ready_now < made_nodes && ready_start.elapsed() < Duration::from_secs(300) {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        ready_now = ready_nodes(&node_api).await;
-    }
-    let ready_secs = ready_start.elapsed().as_secs_f64();
+    let (ready_now, ready_secs) = count_up_to(made_nodes, || ready_nodes(&node_api)).await;
     mark(&format!("after {ready_now} nodes Ready and untainted"), &mut usage);
     tokio::time::sleep(Duration::from_secs(30)).await;
     mark("30 s later (steady watching)", &mut usage);
