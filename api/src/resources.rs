@@ -93,12 +93,75 @@ pub fn format_milli(milli: i64) -> String {
     if milli % 1000 == 0 { (milli / 1000).to_string() } else { format!("{milli}m") }
 }
 
+/// The resource names of Kubernetes itself, the GPU vendors and the colocation systems, in
+/// byte order: held as [`Name::Known`], never allocated.
+const KNOWN: [&str; 14] = [
+    "amd.com/gpu",
+    "cpu",
+    "ephemeral-storage",
+    "hugepages-1Gi",
+    "hugepages-2Mi",
+    "kubernetes.io/batch-cpu",
+    "kubernetes.io/batch-memory",
+    "kubernetes.io/mid-cpu",
+    "kubernetes.io/mid-memory",
+    "memory",
+    "nvidia.com/gpu",
+    "pods",
+    "resource.katalyst.kubewharf.io/reclaimed_memory",
+    "resource.katalyst.kubewharf.io/reclaimed_millicpu",
+];
+
+/// A resource name in a [`Resources`]. A well-known one ([`KNOWN`]) is a static string:
+/// copying a sum copies no name, and two known names compare by address. Any other name is
+/// allocated (a tenant may write any name; nothing is interned globally).
+#[derive(Clone)]
+enum Name {
+    Known(&'static str),
+    Other(Box<str>),
+}
+
+impl Name {
+    fn of(name: &str) -> Self {
+        match KNOWN.binary_search(&name) {
+            Ok(i) => Name::Known(KNOWN[i]),
+            Err(_) => Name::Other(name.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Name::Known(s) => s,
+            Name::Other(s) => s,
+        }
+    }
+}
+
+/// Equal names have equal text; a known name is never held as [`Name::Other`].
+impl PartialEq for Name {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Name::Known(a), Name::Known(b)) => std::ptr::eq(a.as_ptr(), b.as_ptr()),
+            (Name::Other(a), Name::Other(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Name {}
+
+impl std::hash::Hash for Name {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
 /// A set of named resource amounts in milli-units. Missing names are zero.
 ///
 /// Held as a vector of `(name, amount)` sorted by name, with no name twice, rather than a
 /// `BTreeMap`: every cached pod keeps one, and a pod names only a handful of resources,
-/// while a `BTreeMap` allocates a node of eleven slots for its first entry. Names are
-/// `Box<str>` (no spare capacity), and the vector grows by exactly the names an update adds,
+/// while a `BTreeMap` allocates a node of eleven slots for its first entry. Well-known names
+/// are static and others `Box<str>` (see [`Name`]), and the vector grows by exactly the names an update adds,
 /// so it keeps no spare capacity either: the reallocations that costs are bounded by the
 /// number of distinct names, not by the number of updates.
 ///
@@ -106,7 +169,7 @@ pub fn format_milli(milli: i64) -> String {
 /// stays present (and counts for equality and hashing), and the serde form is a map from
 /// name to integer.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Resources(Vec<(Box<str>, i64)>);
+pub struct Resources(Vec<(Name, i64)>);
 
 impl Resources {
     pub fn new() -> Self {
@@ -128,7 +191,7 @@ impl Resources {
         // The list is already sorted by name, without duplicates: no search needed.
         let mut entries = Vec::with_capacity(list.len());
         for (k, v) in list {
-            entries.push((Box::from(k.as_str()), parse_milli(&v.0)?));
+            entries.push((Name::of(k), parse_milli(&v.0)?));
         }
         Ok(Self(entries))
     }
@@ -158,11 +221,11 @@ impl Resources {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
-        self.0.iter().map(|(k, v)| (&**k, *v))
+        self.0.iter().map(|(k, v)| (k.as_str(), *v))
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(k, _)| &**k)
+        self.0.iter().map(|(k, _)| k.as_str())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -204,7 +267,7 @@ impl Resources {
 
     /// Where `name` is (`Ok`), or where it would go to keep the names sorted (`Err`).
     fn find(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| (**k).cmp(name))
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(name))
     }
 
     /// The amount of `name`, inserted as zero if it is missing (like `BTreeMap::entry`).
@@ -214,7 +277,7 @@ impl Resources {
             Err(i) => {
                 // Exact growth: a no-op when `merge` reserved already.
                 self.0.reserve_exact(1);
-                self.0.insert(i, (Box::from(name), 0));
+                self.0.insert(i, (Name::of(name), 0));
                 i
             }
         };
@@ -261,7 +324,7 @@ impl<'de> serde::Deserialize<'de> for Resources {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let map = BTreeMap::<String, i64>::deserialize(deserializer)?;
         let mut entries = Vec::with_capacity(map.len());
-        entries.extend(map.into_iter().map(|(k, v)| (k.into_boxed_str(), v)));
+        entries.extend(map.into_iter().map(|(k, v)| (Name::of(&k), v)));
         Ok(Self(entries))
     }
 }
@@ -423,6 +486,23 @@ mod tests {
         assert_eq!(back, r);
         assert!(serde_json::from_str::<Resources>(r#"{"cpu":"1"}"#).is_err());
         assert_eq!(r.to_string(), "cpu=250m,memory=1024");
+    }
+
+    #[test]
+    fn known_names_are_found_and_equal_the_same_text_allocated() {
+        assert!(KNOWN.windows(2).all(|w| w[0] < w[1]), "KNOWN must be sorted for its binary search");
+        for name in KNOWN {
+            assert!(matches!(Name::of(name), Name::Known(_)), "{name}");
+            let (text, list) = (
+                Resources::from_pairs([(name, "1")]).unwrap(),
+                BTreeMap::from([(name.to_owned(), Quantity("1".into()))]),
+            );
+            assert_eq!(text, Resources::from_quantities(&list).unwrap());
+        }
+        assert!(matches!(Name::of("example.com/fpga"), Name::Other(_)));
+        let mut a = Resources::from_pairs([("cpu", "1"), ("example.com/fpga", "1")]).unwrap();
+        a.sub(&Resources::from_pairs([("cpu", "1"), ("example.com/fpga", "1")]).unwrap());
+        assert_eq!(a.iter().collect::<Vec<_>>(), [("cpu", 0), ("example.com/fpga", 0)]);
     }
 
     #[test]

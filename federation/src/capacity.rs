@@ -511,6 +511,15 @@ pub(crate) fn pool_nodes<'a>(
     in_pool
 }
 
+/// What a pool lends of `capacity` (`Σ allocatable − Σ online`): `held_back` taken out,
+/// clamped at zero, `watermark_percent` of the rest.
+pub(crate) fn lendable(mut capacity: Resources, held_back: &Resources, watermark_percent: u32) -> Resources {
+    capacity.sub(held_back);
+    capacity.clamp_non_negative();
+    apply_watermark(&mut capacity, watermark_percent);
+    capacity
+}
+
 /// Lends `percent` of each resource of `capacity` (the watermark); 100 lends all of it.
 fn apply_watermark(capacity: &mut Resources, percent: u32) {
     if percent >= 100 {
@@ -551,7 +560,7 @@ fn node_records<'a>(free: BTreeMap<&str, Resources>, view: impl Fn(&str) -> Opti
 /// there) lends nothing. GPUs and every other resource stay request-based.
 ///
 /// Walks every pod: the reference the member sessions' incremental model
-/// ([`crate::capacity_index::pool_capacity_indexed`]) must equal.
+/// ([`crate::pool_model::PoolModel`]) must equal.
 pub fn pool_capacity_in<'a>(
     nodes: impl IntoIterator<Item = &'a NodeView>,
     pods: impl IntoIterator<Item = &'a PodView>,
@@ -626,10 +635,8 @@ impl<'a> PoolSums<'a> {
     /// The pool's capacity: what is held back taken out, clamped, the watermark applied, the
     /// per-node records and the GPU model added.
     pub fn finish(self, in_pool: &InPool<'a>, watermark_percent: u32) -> PoolCapacity {
-        let Self { mut capacity, used, placed, free, held_back } = self;
-        capacity.sub(&held_back);
-        capacity.clamp_non_negative();
-        apply_watermark(&mut capacity, watermark_percent);
+        let Self { capacity, used, placed, free, held_back } = self;
+        let capacity = lendable(capacity, &held_back, watermark_percent);
         let products: std::collections::BTreeSet<Option<&String>> =
             in_pool.values().map(|(n, _)| n.labels.get(GPU_PRODUCT_LABEL)).collect();
         let gpu_product = match products.len() {

@@ -1,39 +1,37 @@
 //! The capacity model kept up to date pod by pod: per member node, the sums of what its pods
 //! request ([`PodIndex`]), changed on each pod view change, so a pool's capacity is computed
-//! from its nodes' records ([`pool_capacity_indexed`]) and no computation walks every pod of
-//! the member. [`crate::capacity::pool_capacity_in`] is the reference it equals (see the
-//! property test below).
+//! from its nodes' records ([`crate::pool_model::PoolModel`]) and no computation walks every
+//! pod of the member. [`crate::capacity::pool_capacity_in`] is the reference both equal (see
+//! the property test below).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tidepool_api::Resources;
-use tidepool_api::crd::{PoolMode, PoolToleration};
+use tidepool_api::crd::PoolMode;
 
-use crate::capacity::{
-    NodeView, OnlineDemand, Placed, PodCapacityKey, PodView, PoolCapacity, PoolSums, announced, could_land, counted,
-    pool_nodes,
-};
+use crate::capacity::{PodCapacityKey, PodView, counted};
+use crate::pool_model::Touched;
 use crate::priority::{EXAMPLES, PriorityConflict};
 
 /// A sum of requests over some pods, and per resource how many of them name it: a resource
 /// stays in the sum (at zero, too) exactly while a pod naming it is counted, as a sum made
 /// afresh over the same pods would have it.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Tally {
-    sum: Resources,
+pub(crate) struct Tally {
+    pub sum: Resources,
     naming: Resources,
 }
 
 impl Tally {
-    fn add(&mut self, requests: &Resources) {
+    pub fn add(&mut self, requests: &Resources) {
         self.sum.add(requests);
         for name in requests.names() {
             self.naming.add_one(name, 1);
         }
     }
 
-    fn sub(&mut self, requests: &Resources) {
+    pub fn sub(&mut self, requests: &Resources) {
         self.sum.sub(requests);
         for name in requests.names() {
             self.naming.add_one(name, -1);
@@ -48,7 +46,7 @@ impl Tally {
 /// The pods on one member node that hold resources (placed, not finished).
 #[derive(Debug, Clone)]
 struct NodePods {
-    /// The node's name, shared by every [`Placed`] of its pods.
+    /// The node's name, shared by every [`crate::capacity::Placed`] of its pods.
     name: Arc<str>,
     /// Per indexed mode ([`PodIndex::modes`]), online pods' requests as that mode counts them.
     online: Vec<Tally>,
@@ -77,6 +75,19 @@ pub struct PodIndex {
     /// Online pods at or below `ceiling`: priority and `namespace/name`.
     low_priority: BTreeSet<(i32, String)>,
     ceiling: i32,
+    /// Nodes whose sums changed since the pool models last looked ([`PodIndex::take_touched`]).
+    touched: Touched,
+}
+
+/// What the pods on one member node add up to under one pool mode ([`PodIndex::node_sums`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeSums<'a> {
+    /// The node's name, shared with every [`crate::capacity::Placed`] of its pods.
+    pub node: &'a Arc<str>,
+    pub online: &'a Resources,
+    pub offload: &'a Resources,
+    /// Offload pods' origin UID and copy UID.
+    pub placed: &'a [(Arc<str>, Option<Arc<str>>)],
 }
 
 impl PodIndex {
@@ -96,6 +107,7 @@ impl PodIndex {
             workloads: HashMap::new(),
             low_priority: BTreeSet::new(),
             ceiling,
+            touched: Touched::default(),
         }
     }
 
@@ -115,6 +127,26 @@ impl PodIndex {
         self.pending.clear();
         self.workloads.clear();
         self.low_priority.clear();
+        self.touched.note_all();
+    }
+
+    /// The nodes whose sums changed since the last call.
+    pub fn take_touched(&mut self) -> Touched {
+        self.touched.take()
+    }
+
+    /// The sums of the pods on `node` as a pool of `mode` counts them; `None` when no pod
+    /// holds anything there, or the index does not count the mode.
+    pub(crate) fn node_sums(&self, node: &str, mode: PoolMode) -> Option<NodeSums<'_>> {
+        let slot = self.modes.iter().position(|m| *m == mode)?;
+        let record = self.nodes.get(node)?;
+        let (online, offload) = (record.online.get(slot)?, record.offload.get(slot)?);
+        Some(NodeSums { node: &record.name, online: &online.sum, offload: &offload.sum, placed: &record.placed })
+    }
+
+    /// Online pods not placed yet.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &PodView> {
+        self.pending.values()
     }
 
     /// Counts `p` in (`add`) or out.
@@ -152,6 +184,7 @@ impl PodIndex {
     }
 
     fn count_on_node(&mut self, node: &str, p: &PodView, add: bool) {
+        self.touched.note(node);
         let modes = self.modes.len();
         let record = self.nodes.entry(node.to_owned()).or_insert_with(|| NodePods {
             name: node.into(),
@@ -198,53 +231,17 @@ impl PodIndex {
     }
 }
 
-/// [`crate::capacity::pool_capacity_in`] from the per-node sums of `index`: the same result,
-/// at a cost in the pool's nodes and the member's pending pods, not in all its pods. A mode
-/// the index does not count finds no pods.
-pub fn pool_capacity_indexed<'a>(
-    nodes: impl IntoIterator<Item = &'a NodeView>,
-    index: &PodIndex,
-    selector: &BTreeMap<String, String>,
-    demand: &OnlineDemand<'_>,
-    mode: PoolMode,
-) -> PoolCapacity {
-    let colocation = mode.colocation();
-    let in_pool = pool_nodes(nodes, selector, colocation);
-    let could_land =
-        |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| could_land(&in_pool, sel, tolerations);
-    let mut sums = PoolSums::of(&in_pool, announced(demand, &could_land, colocation));
-    for p in index.pending.values().filter(|p| could_land(&p.node_selector, &p.tolerations)) {
-        sums.held_back.add(&counted(colocation, &p.requests));
-    }
-    let Some(slot) = index.modes.iter().position(|m| *m == mode) else {
-        return sums.finish(&in_pool, demand.policy.watermark_percent);
-    };
-    // `free` has a record for every node of the pool (see `PoolSums::of`): walked in step
-    // with it, no node is looked up twice.
-    let PoolSums { capacity, used, placed, free, .. } = &mut sums;
-    for (name, free) in free.iter_mut() {
-        let Some(record) = index.nodes.get(*name) else { continue };
-        let (Some(online), Some(offload)) = (record.online.get(slot), record.offload.get(slot)) else { continue };
-        let (online, offload) = (&online.sum, &offload.sum);
-        capacity.sub(online);
-        used.add(offload);
-        for (origin, copy_uid) in &record.placed {
-            placed.insert(origin.clone(), Placed { node: record.name.clone(), copy_uid: copy_uid.clone() });
-        }
-        free.sub(online);
-        free.sub(offload);
-    }
-    sums.finish(&in_pool, demand.policy.watermark_percent)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{CapacityPolicy, HardTaint, pool_capacity_in};
+    use crate::capacity::{CapacityPolicy, HardTaint, NodeView, OnlineDemand, pool_capacity_in};
     use crate::member::ViewCache;
+    use crate::pool_model::PoolModel;
     use crate::priority::priority_conflict;
     use kube::runtime::watcher::Event;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
+    use tidepool_api::crd::PoolToleration;
 
     const MODES: [PoolMode; 3] = [PoolMode::Requests, PoolMode::KoordinatorBatch, PoolMode::KatalystReclaimed];
     /// Plain, device and both colocation systems' resources, so every mode counts something.
@@ -331,6 +328,8 @@ mod tests {
         DeletePod(PodCapacityKey),
         /// A re-list of the pods, one of them (by position) gone meanwhile.
         Relist(usize),
+        /// A re-list of the nodes, one of them (by position) gone meanwhile.
+        RelistNodes(usize),
     }
 
     fn arb_op() -> impl Strategy<Value = Op> {
@@ -340,29 +339,64 @@ mod tests {
             6 => arb_pod().prop_map(|(k, v)| Op::Pod(k, v)),
             2 => arb_pod().prop_map(|(k, _)| Op::DeletePod(k)),
             1 => (0usize..20).prop_map(Op::Relist),
+            1 => (0usize..5).prop_map(Op::RelistNodes),
         ]
     }
 
-    /// Every pool shape the model has (each mode, a selector, tolerating the taint or not),
-    /// computed both ways, under a reserve and a watermark.
-    fn assert_same(nodes: &BTreeMap<String, NodeView>, pods: &ViewCache<PodCapacityKey, PodView, PodIndex>) {
+    /// Replays the views of `cache` as a re-list in which the `gone`-th of them is missing.
+    fn relist<K: Clone + Eq + std::hash::Hash, V: Clone + PartialEq, D: crate::member::Derived<K, V>>(
+        cache: &mut ViewCache<K, V, D>,
+        gone: usize,
+    ) {
+        let all: Vec<_> = cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        cache.apply(Event::Init);
+        for (i, (k, v)) in all.into_iter().enumerate() {
+            if i != gone {
+                cache.apply(Event::InitApply((k, v)));
+            }
+        }
+        cache.apply(Event::InitDone);
+    }
+
+    /// Every pool shape there is (each mode, a selector, tolerating the taint or not, with a
+    /// topology level or not), one model each.
+    fn shapes() -> Vec<PoolModel> {
+        let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
+        let selectors = [BTreeMap::new(), BTreeMap::from([("pool".to_owned(), "gpu".to_owned())])];
+        let mut models = Vec::new();
+        for mode in MODES {
+            for selector in &selectors {
+                for tolerations in [Vec::new(), vec![lend.clone()]] {
+                    let topology = if selector.is_empty() { vec!["pool".to_owned()] } else { Vec::new() };
+                    models.push(PoolModel::new(selector.clone(), tolerations, mode, topology));
+                }
+            }
+        }
+        models
+    }
+
+    /// Each model, caught up with what changed, against the capacity recomputed over every
+    /// pod, under a reserve and a watermark; and the index's other sums against theirs.
+    fn assert_same(
+        nodes: &mut ViewCache<String, NodeView, Touched>,
+        pods: &mut ViewCache<PodCapacityKey, PodView, PodIndex>,
+        models: &mut [PoolModel],
+    ) {
         let policy = CapacityPolicy {
             reserve: resources(&[Some(500), None, Some(1000)]),
             watermark_percent: 90,
             ..Default::default()
         };
         let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
-        let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
-        let selectors = [BTreeMap::new(), BTreeMap::from([("pool".to_owned(), "gpu".to_owned())])];
-        for mode in MODES {
-            for selector in &selectors {
-                for tolerations in [Vec::new(), vec![lend.clone()]] {
-                    let in_pool = || nodes.values().filter(|n| n.tolerated_by(&tolerations));
-                    let full = pool_capacity_in(in_pool(), pods.values(), selector, &demand, mode);
-                    let indexed = pool_capacity_indexed(in_pool(), &pods.derived, selector, &demand, mode);
-                    assert_eq!(indexed, full, "mode {mode:?}, selector {selector:?}, tolerations {tolerations:?}");
-                }
-            }
+        let touched = nodes.derived.take().joined(pods.derived.take_touched());
+        for model in models {
+            model.catch_up(&touched, nodes.views(), &pods.derived);
+            let (selector, tolerations, mode, topology) = model.shape();
+            let in_pool = nodes.values().filter(|n| n.tolerated_by(tolerations));
+            let mut full = pool_capacity_in(in_pool, pods.values(), selector, &demand, mode);
+            full.label_topology(topology, |name| nodes.get(name));
+            let kept = model.capacity(&demand, nodes.views(), &pods.derived);
+            assert_eq!(kept, full, "mode {mode:?}, selector {selector:?}, tolerations {tolerations:?}");
         }
         assert_eq!(pods.derived.priority_conflict(), priority_conflict(pods.iter(), CEILING));
         for ns in ["ns0", "ns1", "ns2"] {
@@ -378,32 +412,28 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
-        /// After any sequence of node and pod adds, updates, deletes and re-lists, the
-        /// capacity from the per-node sums equals the capacity recomputed over every pod.
+        /// After any sequence of node and pod adds, updates, deletes and re-lists, the pool
+        /// models caught up with the nodes that changed equal the capacity recomputed over
+        /// every node and pod.
         #[test]
         fn the_incremental_model_equals_the_full_recomputation(ops in proptest::collection::vec(arb_op(), 1..60)) {
-            let mut nodes = BTreeMap::new();
+            let mut nodes = ViewCache::with(Touched::default());
             let mut pods = ViewCache::with(PodIndex::new(MODES, CEILING));
+            nodes.apply(Event::Init);
+            nodes.apply(Event::InitDone);
             pods.apply(Event::Init);
             pods.apply(Event::InitDone);
+            let mut models = shapes();
             for op in ops {
                 match op {
-                    Op::Node(n) => { nodes.insert(n.name.clone(), n); }
-                    Op::DeleteNode(i) => { nodes.remove(&format!("n{i}")); }
+                    Op::Node(n) => { nodes.apply(Event::Apply((n.name.clone(), n))); }
+                    Op::DeleteNode(i) => { nodes.apply(Event::Delete((format!("n{i}"), NodeView::default()))); }
                     Op::Pod(k, v) => { pods.apply(Event::Apply((k, v))); }
                     Op::DeletePod(k) => { pods.apply(Event::Delete((k, PodView::default()))); }
-                    Op::Relist(gone) => {
-                        let all: Vec<_> = pods.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                        pods.apply(Event::Init);
-                        for (i, (k, v)) in all.into_iter().enumerate() {
-                            if i != gone {
-                                pods.apply(Event::InitApply((k, v)));
-                            }
-                        }
-                        pods.apply(Event::InitDone);
-                    }
+                    Op::Relist(gone) => relist(&mut pods, gone),
+                    Op::RelistNodes(gone) => relist(&mut nodes, gone),
                 }
-                assert_same(&nodes, &pods);
+                assert_same(&mut nodes, &mut pods, &mut models);
             }
         }
     }

@@ -23,6 +23,7 @@ pub mod fence;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod pool_model;
 pub mod priority;
 pub mod published;
 pub mod tasks;

@@ -30,8 +30,9 @@ use crate::capacity::{
     CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
     ReplicasToCome, pod_requests, worth_publishing,
 };
-use crate::capacity_index::{PodIndex, pool_capacity_indexed};
+use crate::capacity_index::PodIndex;
 use crate::health::Health;
+use crate::pool_model::{PoolModel, Touched};
 use crate::priority::{PriorityConflict, offload_ceiling};
 use crate::wire::{MemberNode, MemberPod};
 
@@ -273,7 +274,8 @@ fn coalesce_after(cost: Duration, short: bool) -> Duration {
 /// publisher.
 #[derive(Clone)]
 struct Caches {
-    nodes: Arc<Mutex<ViewCache<String, NodeView>>>,
+    /// Noting which nodes changed for the pool models ([`Touched`]).
+    nodes: Arc<Mutex<ViewCache<String, NodeView, Touched>>>,
     /// With the pods summed per node ([`PodIndex`]), kept up to date event by event.
     pods: Arc<Mutex<ViewCache<PodCapacityKey, PodView, PodIndex>>>,
     /// HPAs and the pod templates of their targets, for the HPA headroom (watched only when
@@ -293,10 +295,6 @@ struct Wakeups {
     /// A gang waits for capacity (see [`MemberHandle::want_capacity`]).
     wanted: Arc<AtomicBool>,
 }
-
-/// A pool's selector and tolerations (which member nodes it spans), its mode (which of
-/// their resources it lends) and its topology keys.
-type PoolNodes = (BTreeMap<String, String>, Vec<PoolToleration>, PoolMode, Vec<String>);
 
 /// Every object of kind `K` in the member, watched with backoff.
 fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
@@ -364,19 +362,21 @@ impl Caches {
 
     /// Every pool's capacity from the views, or `None` while the node or pod watch has not
     /// listed everything yet; updates the priority conflict on the way. Computed under the
-    /// caches' locks from the nodes and the pods' per-node sums: no pod is walked for it.
+    /// caches' locks: each pool's model redoes the nodes whose view or pods changed since the
+    /// last computation, and no pod is walked for it.
     fn compute(
         &self,
-        pools: &[PoolNodes],
+        pools: &mut [PoolModel],
         policy: &CapacityPolicy,
         conflict: &watch::Sender<Option<PriorityConflict>>,
     ) -> Result<Option<Vec<PoolCapacity>>, crate::Error> {
         let hpa_views = join_hpas(&*locked(&self.hpas, "HPA view")?, &*locked(&self.templates, "workload view")?);
-        let nodes = locked(&self.nodes, "node view")?;
-        let pods = locked(&self.pods, "pod view")?;
+        let mut nodes = locked(&self.nodes, "node view")?;
+        let mut pods = locked(&self.pods, "pod view")?;
         if !(nodes.synced && pods.synced) {
             return Ok(None);
         }
+        let touched = nodes.derived.take().joined(pods.derived.take_touched());
         let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, &pods.derived);
         let demand = OnlineDemand { policy, hpas: &hpa_views, to_come: &to_come, now: jiff::Timestamp::now() };
         let found = pods.derived.priority_conflict();
@@ -385,13 +385,11 @@ impl Caches {
             *cur = found;
             changed
         });
-        let capacity = |(selector, tolerations, mode, topology): &PoolNodes| {
-            let in_pool = nodes.values().filter(|node| node.tolerated_by(tolerations));
-            let mut capacity = pool_capacity_indexed(in_pool, &pods.derived, selector, &demand, *mode);
-            capacity.label_topology(topology, |name| nodes.get(name));
-            capacity
+        let capacity = |model: &mut PoolModel| {
+            model.catch_up(&touched, nodes.views(), &pods.derived);
+            model.capacity(&demand, nodes.views(), &pods.derived)
         };
-        Ok(Some(pools.iter().map(capacity).collect()))
+        Ok(Some(pools.iter_mut().map(capacity).collect()))
     }
 }
 
@@ -572,9 +570,9 @@ impl Session {
         let modes: Vec<PoolMode> = pools.iter().map(|p| p.mode).collect();
         let caches = Caches::watch(&client, &name, &modes, policy.hpa_percent > 0, &cancelled);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();
-        let spans: Vec<PoolNodes> = pools
+        let mut models: Vec<PoolModel> = pools
             .iter()
-            .map(|p| (p.node_selector.clone(), p.tolerations.clone(), p.mode, p.topology.clone()))
+            .map(|p| PoolModel::new(p.node_selector.clone(), p.tolerations.clone(), p.mode, p.topology.clone()))
             .collect();
         let (conflict_tx, conflict_rx) = watch::channel(None);
         // Windows open and close with the clock, not with events.
@@ -582,7 +580,7 @@ impl Session {
         let (member, stop, wakeups) = (name.clone(), cancelled.clone(), caches.wakeups.clone());
         tokio::spawn(
             async move {
-                let compute = || caches.compute(&spans, &policy, &conflict_tx);
+                let compute = || caches.compute(&mut models, &policy, &conflict_tx);
                 if let Err(e) = run_publisher(&member, compute, &outs, &caches.wakeups, clock, &stop).await {
                     error!(error = %e, "capacity publisher stopped: the pools keep their last capacity");
                 }
@@ -712,6 +710,16 @@ impl<K, V> Derived<K, V> for () {
     fn relisted(&mut self, _: &HashMap<K, V>) {}
 }
 
+impl<V> Derived<String, V> for Touched {
+    fn changed(&mut self, key: &String, _: Option<&V>, _: Option<&V>) {
+        self.note(key);
+    }
+
+    fn relisted(&mut self, _: &HashMap<String, V>) {
+        self.note_all();
+    }
+}
+
 impl Derived<PodCapacityKey, PodView> for PodIndex {
     fn changed(&mut self, key: &PodCapacityKey, old: Option<&PodView>, new: Option<&PodView>) {
         self.change(key, old, new);
@@ -777,6 +785,10 @@ impl<K: Eq + Hash, V: PartialEq, D: Derived<K, V>> ViewCache<K, V, D> {
 }
 
 impl<K: Eq + Hash, V, D> ViewCache<K, V, D> {
+    pub fn views(&self) -> &HashMap<K, V> {
+        &self.live
+    }
+
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.live.values()
     }

@@ -1,0 +1,241 @@
+//! A pool's capacity kept node by node: what each member node of the pool adds to the pool's
+//! sums is remembered ([`PoolModel`]), so a computation redoes only the nodes that changed
+//! since the last one ([`Touched`], from the node watch and from [`PodIndex`]) and not every
+//! node of the pool. [`crate::capacity::pool_capacity_in`] is the reference it equals (see the
+//! property test in [`crate::capacity_index`]).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use tidepool_api::Resources;
+use tidepool_api::crd::{PoolMode, PoolToleration};
+
+use crate::capacity::{
+    GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PoolCapacity, announced, counted, devices_of, lendable,
+};
+use crate::capacity_index::{PodIndex, Tally};
+
+/// Names of the member nodes whose view or pods changed since the pool models last looked,
+/// or `all` after a re-list.
+#[derive(Debug, Clone, Default)]
+pub struct Touched {
+    names: HashSet<String>,
+    all: bool,
+}
+
+impl Touched {
+    pub fn note(&mut self, node: &str) {
+        if !self.all && !self.names.contains(node) {
+            self.names.insert(node.to_owned());
+        }
+    }
+
+    /// Everything may have changed (a re-list): the models start over.
+    pub fn note_all(&mut self) {
+        self.all = true;
+        self.names.clear();
+    }
+
+    /// What was noted, leaving nothing noted.
+    pub fn take(&mut self) -> Touched {
+        std::mem::take(self)
+    }
+
+    /// What either noted.
+    pub fn joined(mut self, other: Touched) -> Touched {
+        if other.all {
+            self.note_all();
+        }
+        for name in &other.names {
+            self.note(name);
+        }
+        self
+    }
+}
+
+/// A planner record's place in [`PoolCapacity::free_per_node`]: most devices free first, then
+/// most cpu, then by name.
+type Order = (Reverse<i64>, Reverse<i64>, String);
+
+/// What one member node of the pool adds to its sums, kept to take it out again.
+#[derive(Debug)]
+struct Member {
+    allocatable: Resources,
+    online: Resources,
+    offload: Resources,
+    order: Order,
+    product: Option<String>,
+    /// Origin UIDs of the offload pods on the node.
+    origins: Vec<Arc<str>>,
+}
+
+/// One pool's sums over its member nodes, changed node by node ([`PoolModel::update`]).
+#[derive(Debug)]
+pub struct PoolModel {
+    selector: BTreeMap<String, String>,
+    tolerations: Vec<PoolToleration>,
+    mode: PoolMode,
+    topology: Vec<String>,
+    members: HashMap<String, Member>,
+    /// The members' planner records, in planner order.
+    records: BTreeMap<Order, NodeFree>,
+    allocatable: Tally,
+    online: Tally,
+    used: Tally,
+    /// Shared with the capacities computed while no offload pod moves.
+    placed: Arc<BTreeMap<Arc<str>, Placed>>,
+    /// Members per value of [`GPU_PRODUCT_LABEL`] (`None`: unlabelled).
+    products: BTreeMap<Option<String>, usize>,
+}
+
+impl PoolModel {
+    /// An empty model of the pool spanning the nodes that match `selector` and whose taints
+    /// `tolerations` tolerate, lending their resources of `mode`, labelled with `topology`.
+    pub fn new(
+        selector: BTreeMap<String, String>,
+        tolerations: Vec<PoolToleration>,
+        mode: PoolMode,
+        topology: Vec<String>,
+    ) -> Self {
+        Self {
+            selector,
+            tolerations,
+            mode,
+            topology,
+            members: HashMap::new(),
+            records: BTreeMap::new(),
+            allocatable: Tally::default(),
+            online: Tally::default(),
+            used: Tally::default(),
+            placed: Arc::default(),
+            products: BTreeMap::new(),
+        }
+    }
+
+    /// The pool's selector, tolerations, mode and topology keys.
+    #[cfg(test)]
+    pub fn shape(&self) -> (&BTreeMap<String, String>, &[PoolToleration], PoolMode, &[String]) {
+        (&self.selector, &self.tolerations, self.mode, &self.topology)
+    }
+
+    /// Brings the model up to date with the `touched` nodes; `nodes` holds every node view.
+    pub fn catch_up(&mut self, touched: &Touched, nodes: &HashMap<String, NodeView>, index: &PodIndex) {
+        if touched.all {
+            self.members.clear();
+            self.records.clear();
+            (self.allocatable, self.online, self.used) = Default::default();
+            self.placed = Arc::default();
+            self.products.clear();
+            for (name, view) in nodes {
+                self.update(name, Some(view), index);
+            }
+            return;
+        }
+        for name in &touched.names {
+            self.update(name, nodes.get(name), index);
+        }
+    }
+
+    /// Whether the node is one of the pool's: ready, schedulable, matching the selector,
+    /// tolerated, and publishing the mode's resources.
+    fn takes(&self, n: &NodeView) -> bool {
+        let advertised = self.mode.colocation().is_none_or(|c| c.advertised_on(&n.allocatable));
+        n.ready && !n.unschedulable && n.matches(&self.selector) && n.tolerated_by(&self.tolerations) && advertised
+    }
+
+    /// Redoes node `name` (`view`: its view, `None` if gone) from its pods' sums in `index`.
+    fn update(&mut self, name: &str, view: Option<&NodeView>, index: &PodIndex) {
+        if let Some(old) = self.members.remove(name) {
+            self.forget(old);
+        }
+        let Some(view) = view.filter(|v| self.takes(v)) else { return };
+        let allocatable = counted(self.mode.colocation(), &view.allocatable).into_owned();
+        let sums = index.node_sums(name, self.mode);
+        let (online, offload) = sums.map(|s| (s.online.clone(), s.offload.clone())).unwrap_or_default();
+        let mut free = allocatable.clone();
+        free.sub(&online);
+        free.sub(&offload);
+        free.clamp_non_negative();
+        let mut record = NodeFree::new(name, free);
+        let product = view.labels.get(GPU_PRODUCT_LABEL).cloned();
+        for key in self.topology.iter().map(String::as_str).chain(product.is_some().then_some(GPU_PRODUCT_LABEL)) {
+            if let Some(v) = view.labels.get(key) {
+                record.labels.insert(key.to_owned(), v.clone());
+            }
+        }
+        let order = (Reverse(devices_of(&record.free)), Reverse(record.free.get("cpu")), name.to_owned());
+        let mut origins = Vec::new();
+        if let Some(sums) = sums.filter(|s| !s.placed.is_empty()) {
+            let map = Arc::make_mut(&mut self.placed);
+            let node = sums.node;
+            for (origin, copy_uid) in sums.placed {
+                map.insert(origin.clone(), Placed { node: node.clone(), copy_uid: copy_uid.clone() });
+                origins.push(origin.clone());
+            }
+        }
+        self.allocatable.add(&allocatable);
+        self.online.add(&online);
+        self.used.add(&offload);
+        *self.products.entry(product.clone()).or_default() += 1;
+        self.records.insert(order.clone(), record);
+        self.members.insert(name.to_owned(), Member { allocatable, online, offload, order, product, origins });
+    }
+
+    /// Takes a member's part out of the sums.
+    fn forget(&mut self, old: Member) {
+        self.allocatable.sub(&old.allocatable);
+        self.online.sub(&old.online);
+        self.used.sub(&old.offload);
+        if let Some(n) = self.products.get_mut(&old.product) {
+            *n -= 1;
+            if *n == 0 {
+                self.products.remove(&old.product);
+            }
+        }
+        let name = old.order.2.as_str();
+        self.records.remove(&old.order);
+        if !old.origins.is_empty() {
+            let map = Arc::make_mut(&mut self.placed);
+            for origin in &old.origins {
+                if map.get(origin).is_some_and(|p| &*p.node == name) {
+                    map.remove(origin);
+                }
+            }
+        }
+    }
+
+    /// The pool's capacity under `demand`, the pending online pods of `index` counted where
+    /// they could land; `nodes` holds every node view.
+    pub fn capacity(
+        &self,
+        demand: &OnlineDemand<'_>,
+        nodes: &HashMap<String, NodeView>,
+        index: &PodIndex,
+    ) -> PoolCapacity {
+        let colocation = self.mode.colocation();
+        let could_land = |sel: &BTreeMap<String, String>, tolerations: &[PoolToleration]| {
+            self.members.keys().any(|n| nodes.get(n).is_some_and(|v| v.matches(sel) && v.tolerated_by(tolerations)))
+        };
+        let mut held_back = announced(demand, &could_land, colocation);
+        for p in index.pending().filter(|p| could_land(&p.node_selector, &p.tolerations)) {
+            held_back.add(&counted(colocation, &p.requests));
+        }
+        let mut capacity = self.allocatable.sum.clone();
+        capacity.sub(&self.online.sum);
+        let gpu_product = match self.products.len() {
+            1 => self.products.keys().next().cloned().flatten(),
+            _ => None,
+        };
+        PoolCapacity {
+            capacity: lendable(capacity, &held_back, demand.policy.watermark_percent),
+            used: self.used.sum.clone(),
+            nodes: self.members.len() as u32,
+            gpu_product,
+            free_per_node: self.records.values().cloned().collect(),
+            topology: self.topology.clone(),
+            placed: self.placed.clone(),
+            held_back,
+        }
+    }
+}
