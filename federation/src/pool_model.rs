@@ -66,8 +66,6 @@ struct Member {
     offload: Resources,
     order: Order,
     product: Option<String>,
-    /// Origin UIDs of the offload pods on the node.
-    origins: Vec<Arc<str>>,
 }
 
 /// One pool's sums over its member nodes, changed node by node ([`PoolModel::update`]).
@@ -83,8 +81,6 @@ pub struct PoolModel {
     allocatable: Tally,
     online: Tally,
     used: Tally,
-    /// Shared with the capacities computed while no offload pod moves.
-    placed: Arc<BTreeMap<Arc<str>, Placed>>,
     /// Members per value of [`GPU_PRODUCT_LABEL`] (`None`: unlabelled).
     products: BTreeMap<Option<String>, usize>,
 }
@@ -108,7 +104,6 @@ impl PoolModel {
             allocatable: Tally::default(),
             online: Tally::default(),
             used: Tally::default(),
-            placed: Arc::default(),
             products: BTreeMap::new(),
         }
     }
@@ -125,7 +120,6 @@ impl PoolModel {
             self.members.clear();
             self.records.clear();
             (self.allocatable, self.online, self.used) = Default::default();
-            self.placed = Arc::default();
             self.products.clear();
             for (name, view) in nodes {
                 self.update(name, Some(view), index);
@@ -165,21 +159,12 @@ impl PoolModel {
             }
         }
         let order = (Reverse(devices_of(&record.free)), Reverse(record.free.get("cpu")), name.to_owned());
-        let mut origins = Vec::new();
-        if let Some(sums) = sums.filter(|s| !s.placed.is_empty()) {
-            let map = Arc::make_mut(&mut self.placed);
-            let node = sums.node;
-            for (origin, copy_uid) in sums.placed {
-                map.insert(origin.clone(), Placed { node: node.clone(), copy_uid: copy_uid.clone() });
-                origins.push(origin.clone());
-            }
-        }
         self.allocatable.add(&allocatable);
         self.online.add(&online);
         self.used.add(&offload);
         *self.products.entry(product.clone()).or_default() += 1;
         self.records.insert(order.clone(), record);
-        self.members.insert(name.to_owned(), Member { allocatable, online, offload, order, product, origins });
+        self.members.insert(name.to_owned(), Member { allocatable, online, offload, order, product });
     }
 
     /// Takes a member's part out of the sums.
@@ -193,16 +178,21 @@ impl PoolModel {
                 self.products.remove(&old.product);
             }
         }
-        let name = old.order.2.as_str();
         self.records.remove(&old.order);
-        if !old.origins.is_empty() {
-            let map = Arc::make_mut(&mut self.placed);
-            for origin in &old.origins {
-                if map.get(origin).is_some_and(|p| &*p.node == name) {
-                    map.remove(origin);
-                }
+    }
+
+    /// Where the offload pods on the pool's nodes run. Built afresh for each computation, as
+    /// a copy the model kept would be a second map of every offload pod whenever the published
+    /// capacity still holds the first.
+    fn placed(&self, index: &PodIndex) -> BTreeMap<Arc<str>, Placed> {
+        let mut placed = BTreeMap::new();
+        for name in self.members.keys() {
+            let Some(sums) = index.node_sums(name, self.mode) else { continue };
+            for (origin, copy_uid) in sums.placed {
+                placed.insert(origin.clone(), Placed { node: sums.node.clone(), copy_uid: copy_uid.clone() });
             }
         }
+        placed
     }
 
     /// The pool's capacity under `demand`, the pending online pods of `index` counted where
@@ -234,7 +224,7 @@ impl PoolModel {
             gpu_product,
             free_per_node: self.records.values().cloned().collect(),
             topology: self.topology.clone(),
-            placed: self.placed.clone(),
+            placed: Arc::new(self.placed(index)),
             held_back,
         }
     }
