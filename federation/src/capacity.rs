@@ -546,10 +546,15 @@ fn node_records<'a>(free: BTreeMap<&str, Resources>, view: impl Fn(&str) -> Opti
             n
         })
         .collect();
-    records.sort_by(|a, b| {
-        devices_of(&b.free).cmp(&devices_of(&a.free)).then_with(|| b.free.get("cpu").cmp(&a.free.get("cpu")))
-    });
+    records.sort_by_cached_key(|r| planner_order(&r.name, &r.free));
     records
+}
+
+/// A planner record's place in [`PoolCapacity::free_per_node`]: most devices free first, then
+/// most cpu, then by name.
+pub(crate) fn planner_order(name: &str, free: &Resources) -> (std::cmp::Reverse<i64>, std::cmp::Reverse<i64>, String) {
+    use std::cmp::Reverse;
+    (Reverse(devices_of(free)), Reverse(free.get("cpu")), name.to_owned())
 }
 
 /// [`pool_capacity_under`] for a pool of resource `mode`. In a colocation mode a node's

@@ -12,7 +12,8 @@ use tidepool_api::Resources;
 use tidepool_api::crd::{PoolMode, PoolToleration};
 
 use crate::capacity::{
-    GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PoolCapacity, announced, counted, devices_of, lendable,
+    GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PoolCapacity, announced, counted, lendable,
+    planner_order,
 };
 use crate::capacity_index::{PodIndex, Tally};
 
@@ -54,8 +55,7 @@ impl Touched {
     }
 }
 
-/// A planner record's place in [`PoolCapacity::free_per_node`]: most devices free first, then
-/// most cpu, then by name.
+/// A planner record's place in [`PoolCapacity::free_per_node`] ([`planner_order`]).
 type Order = (Reverse<i64>, Reverse<i64>, String);
 
 /// What one member node of the pool adds to its sums, kept to take it out again.
@@ -158,7 +158,7 @@ impl PoolModel {
                 record.labels.insert(key.to_owned(), v.clone());
             }
         }
-        let order = (Reverse(devices_of(&record.free)), Reverse(record.free.get("cpu")), name.to_owned());
+        let order = planner_order(name, &record.free);
         self.allocatable.add(&allocatable);
         self.online.add(&online);
         self.used.add(&offload);
