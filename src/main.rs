@@ -54,8 +54,8 @@ enum Command {
 /// keeps the burst's peak resident: tidepool's memory follows the pods it mirrors now, not
 /// the most it ever held. Built with `no_thp`, it does not ask for transparent huge pages:
 /// a 2 MiB page stays resident while any small object on it lives, which kept tidepool's idle
-/// RSS 19 MiB higher and its 10,000 mirrored pods 33 MiB higher (BENCHMARKS.md, "Memory per
-/// mirrored pod"). (Where the kernel's THP mode is `always`, `MIMALLOC_ALLOW_THP=0` does the same.)
+/// RSS 19–23 MiB higher and its RSS with 10,000 mirrored pods 27–37 MiB higher (BENCHMARKS.md,
+/// "Memory per mirrored pod: huge pages"). (Where the kernel's THP mode is `always`, `MIMALLOC_ALLOW_THP=0` does the same.)
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

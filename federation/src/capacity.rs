@@ -550,9 +550,12 @@ fn node_records<'a>(free: BTreeMap<&str, Resources>, view: impl Fn(&str) -> Opti
     records
 }
 
+/// A planner record's place in [`PoolCapacity::free_per_node`] ([`planner_order`]).
+pub(crate) type PlannerOrder = (std::cmp::Reverse<i64>, std::cmp::Reverse<i64>, String);
+
 /// A planner record's place in [`PoolCapacity::free_per_node`]: most devices free first, then
 /// most cpu, then by name.
-pub(crate) fn planner_order(name: &str, free: &Resources) -> (std::cmp::Reverse<i64>, std::cmp::Reverse<i64>, String) {
+pub(crate) fn planner_order(name: &str, free: &Resources) -> PlannerOrder {
     use std::cmp::Reverse;
     (Reverse(devices_of(free)), Reverse(free.get("cpu")), name.to_owned())
 }

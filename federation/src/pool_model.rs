@@ -4,7 +4,6 @@
 //! node of the pool. [`crate::capacity::pool_capacity_in`] is the reference it equals (see the
 //! property test in [`crate::capacity_index`]).
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -12,8 +11,8 @@ use tidepool_api::Resources;
 use tidepool_api::crd::{PoolMode, PoolToleration};
 
 use crate::capacity::{
-    GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PoolCapacity, announced, counted, lendable,
-    planner_order,
+    GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PlannerOrder, PoolCapacity, announced, counted,
+    lendable, planner_order,
 };
 use crate::capacity_index::{PodIndex, Tally};
 
@@ -55,16 +54,13 @@ impl Touched {
     }
 }
 
-/// A planner record's place in [`PoolCapacity::free_per_node`] ([`planner_order`]).
-type Order = (Reverse<i64>, Reverse<i64>, String);
-
 /// What one member node of the pool adds to its sums, kept to take it out again.
 #[derive(Debug)]
 struct Member {
     allocatable: Resources,
     online: Resources,
     offload: Resources,
-    order: Order,
+    order: PlannerOrder,
     product: Option<String>,
 }
 
@@ -77,7 +73,7 @@ pub struct PoolModel {
     topology: Vec<String>,
     members: HashMap<String, Member>,
     /// The members' planner records, in planner order.
-    records: BTreeMap<Order, NodeFree>,
+    records: BTreeMap<PlannerOrder, NodeFree>,
     allocatable: Tally,
     online: Tally,
     used: Tally,
