@@ -4,9 +4,9 @@
 //! [`crate::reclaim`] depend on this one and not on each other.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -24,6 +24,9 @@ use tracing::warn;
 
 use crate::error::{Result, lock};
 use crate::gang::{BandRanges, GangKey, GangSource};
+
+/// Longest a binding is assumed before the pod cache shows it (see [`Context::with_assumed`]).
+const ASSUME_FOR: Duration = Duration::from_secs(30);
 
 /// How long a PodGroup's `minMember` is cached.
 const POD_GROUP_TTL: Duration = Duration::from_secs(5);
@@ -50,6 +53,14 @@ pub(crate) struct Context {
     /// Writes to the training API so far (bindings, placements, Events): a pass that wrote
     /// is followed at once, one that only read is paced by its cost.
     writes: AtomicUsize,
+    /// Whether the training API server copies a Binding's labels onto its pod (1.35 and
+    /// later, feature `PodTopologyLabelsAdmission`), so a pod's band and role travel with its
+    /// binding in one write. Cleared for good when a bound pod shows they did not.
+    pub(crate) labels_on_binding: AtomicBool,
+    /// Pods this dispatcher bound, as the binding made them, until the pod cache shows them
+    /// bound (kube-scheduler's assumed pods): a round that runs before the watch catches up
+    /// sees its gang pinned and its room taken, and binds nothing twice.
+    assumed: Mutex<Assumed>,
 }
 
 impl Context {
@@ -77,6 +88,8 @@ impl Context {
             explained: Mutex::new(HashMap::new()),
             preempt: Mutex::new(Vec::new()),
             writes: AtomicUsize::new(0),
+            labels_on_binding: AtomicBool::new(false),
+            assumed: Mutex::new(Assumed::default()),
         }
     }
 
@@ -99,6 +112,23 @@ impl Context {
     pub(crate) fn explained_bound(&self, uid: &str) -> Result<()> {
         lock(&self.explained, "explained")?.remove(uid);
         Ok(())
+    }
+
+    /// Remembers `pod` as its binding made it (see [`Context::assumed`]).
+    pub(crate) fn assume_bound(&self, pod: PodLite) -> Result<()> {
+        lock(&self.assumed, "assumed")?.insert(pod, Instant::now());
+        Ok(())
+    }
+
+    /// Forgets the assumed binding of pod `uid`: it failed.
+    pub(crate) fn forget_bound(&self, uid: &str) -> Result<()> {
+        lock(&self.assumed, "assumed")?.0.remove(uid);
+        Ok(())
+    }
+
+    /// The training pods as this dispatcher knows them (see [`Assumed::apply`]).
+    pub(crate) fn with_assumed(&self, all: Vec<Arc<PodLite>>) -> Result<Vec<Arc<PodLite>>> {
+        Ok(lock(&self.assumed, "assumed")?.apply(all, Instant::now()))
     }
 
     /// Hands the preemption requests of this round to reclaim.
@@ -160,6 +190,39 @@ impl Context {
     /// The preemption requests of the last round.
     pub(crate) fn preempt_requests(&self) -> Result<Vec<PreemptRequest>> {
         Ok(lock(&self.preempt, "preempt")?.clone())
+    }
+}
+
+/// Pods bound by this dispatcher that the pod cache may not show bound yet, each as its
+/// binding left it, with when it was bound.
+#[derive(Debug, Default)]
+pub(crate) struct Assumed(HashMap<String, (Arc<PodLite>, Instant)>);
+
+impl Assumed {
+    fn insert(&mut self, pod: PodLite, at: Instant) {
+        if let Some(uid) = pod.metadata.uid.clone() {
+            self.0.insert(uid, (Arc::new(pod), at));
+        }
+    }
+
+    /// `all` (the cache's pods) with each assumed pod that the cache still shows unbound
+    /// taken as bound. An assumption ends once the cache shows the pod bound or gone, or
+    /// [`ASSUME_FOR`] after the binding.
+    fn apply(&mut self, mut all: Vec<Arc<PodLite>>, now: Instant) -> Vec<Arc<PodLite>> {
+        if self.0.is_empty() {
+            return all;
+        }
+        let mut unseen = std::collections::HashSet::new();
+        for p in &mut all {
+            let Some(uid) = p.metadata.uid.as_deref() else { continue };
+            let Some((bound, at)) = self.0.get(uid) else { continue };
+            if p.node_name().is_none() && p.is_live() && now.duration_since(*at) < ASSUME_FOR {
+                unseen.insert(uid.to_owned());
+                *p = bound.clone();
+            }
+        }
+        self.0.retain(|uid, _| unseen.contains(uid));
+        all
     }
 }
 
@@ -240,6 +303,32 @@ pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reas
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod(uid: &str, node: Option<&str>) -> Arc<PodLite> {
+        let mut p = PodLite::default();
+        p.metadata.uid = Some(uid.into());
+        p.spec.node_name = node.map(str::to_owned);
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_pod_bound_here_is_taken_as_bound_until_the_cache_shows_it_or_the_assumption_expires() {
+        let (mut assumed, t0) = (Assumed::default(), Instant::now());
+        assumed.insert((*pod("a", Some("tidepool-x"))).clone(), t0);
+        assumed.insert((*pod("b", Some("tidepool-x"))).clone(), t0);
+        // The cache lags: both still unbound there.
+        let all = assumed.apply(vec![pod("a", None), pod("b", None), pod("c", None)], t0);
+        let nodes: Vec<_> = all.iter().map(|p| p.node_name()).collect();
+        assert_eq!(nodes, [Some("tidepool-x"), Some("tidepool-x"), None]);
+        // The cache shows a bound: a's assumption ends; b is still assumed.
+        let all = assumed.apply(vec![pod("a", Some("tidepool-x")), pod("b", None)], t0);
+        assert_eq!(all[1].node_name(), Some("tidepool-x"));
+        assert_eq!(assumed.0.len(), 1);
+        // A binding the cache never shows is given up after ASSUME_FOR.
+        let all = assumed.apply(vec![pod("b", None)], t0 + ASSUME_FOR);
+        assert_eq!(all[0].node_name(), None);
+        assert!(assumed.0.is_empty());
+    }
 
     #[test]
     fn a_pass_that_wrote_is_followed_at_once_and_one_that_read_waits_ten_times_its_cost() {

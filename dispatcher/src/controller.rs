@@ -34,7 +34,7 @@ use crate::error::{Error, PodGroupRef, Result};
 use crate::gang::{self, GangKey, GangSource};
 use crate::order::admission_order;
 use crate::plan::{Domain, PoolView};
-use crate::round::{self, GangState, PlannedPod, Write};
+use crate::round::{self, GangState, PlannedPod, Stamp, Write};
 
 /// A round runs at least this often, so capacity that frees up is noticed.
 const TICK: Duration = Duration::from_secs(2);
@@ -42,9 +42,9 @@ const TICK: Duration = Duration::from_secs(2);
 const COALESCE: Duration = Duration::from_millis(50);
 /// Longest wait before a round after a change.
 const COALESCE_MAX: Duration = Duration::from_millis(500);
-/// Writes of one gang's placement in flight at once (its pods' placements, then their
-/// Bindings). The training API takes a few hundred small writes a second; a gang of 256 is
-/// then bound in about a second rather than waiting on each chunk's slowest write.
+/// Bindings in flight at once (a gang's, or a round's run of pods joining placed gangs).
+/// The training API takes a few hundred small writes a second; a gang of 256 is then bound
+/// in about a second rather than waiting on each chunk's slowest write.
 const BIND_CONCURRENCY: usize = 64;
 /// Pods told at once why they wait (a status write and an Event each).
 const EXPLAIN_CONCURRENCY: usize = 16;
@@ -62,6 +62,8 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: TrainingPods) {
         }
     });
     training_pods.listed().await;
+    let copies = labels_on_binding(&ctx.training).await;
+    ctx.labels_on_binding.store(copies, std::sync::atomic::Ordering::Relaxed);
     let mut members = ctx.members.clone();
     let mut remote = ctx.remote.as_ref().map(|r| r.records.clone());
     loop {
@@ -82,6 +84,23 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: TrainingPods) {
     }
 }
 
+/// Whether the training API server copies a Binding's labels onto its pod: since 1.35
+/// (`PodTopologyLabelsAdmission`, beta and on by default). Older servers, or one that does
+/// not answer, get the labels in a patch before the binding.
+async fn labels_on_binding(training: &Client) -> bool {
+    let version = match training.apiserver_version().await {
+        Ok(v) => v,
+        Err(e) => {
+            warn!(error = %e, "cannot read the training API server's version; labelling pods before binding them");
+            return false;
+        }
+    };
+    let minor: u32 = version.minor.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
+    let copies = version.major == "1" && minor >= 35;
+    info!(version = %version.git_version, labels_on_binding = copies, "bindings record the placement");
+    copies
+}
+
 /// Resolves when another replica publishes a change (never, unsharded).
 async fn remote_changed(remote: &mut Option<watch::Receiver<tidepool_federation::published::Remote>>) {
     let Some(r) = remote else { return std::future::pending().await };
@@ -92,13 +111,16 @@ async fn remote_changed(remote: &mut Option<watch::Receiver<tidepool_federation:
 
 /// One round (see the module docs): plans its writes, then commits them in order.
 async fn round(ctx: &Context) -> Result<()> {
-    let all = ctx.pods.state();
+    // 1. The pods, with those this dispatcher bound taken as bound until the cache shows it.
+    let all = ctx.with_assumed(ctx.pods.state())?;
     // 2. Gangs of our pods; a placed gang whose core is not running within its timeout is
     //    rolled back whole.
     let mut gangs = round::gangs_of(&all, &ctx.scheduler_name);
     let now = jiff::Timestamp::now();
-    let mut writes = roll_backs(ctx, &gangs, now).await;
+    let mut writes = relabels(ctx, &all);
+    writes.extend(roll_backs(ctx, &gangs, now).await);
     let now = now.as_second();
+    let held = round::missing_core(&gangs, now);
     // A gang whose core pod failed is stopped whole; its new pods wait until it has stopped.
     let restarting = crate::restart::run(ctx, &all).await;
     gangs.retain(|key, _| !restarting.contains(key));
@@ -111,6 +133,7 @@ async fn round(ctx: &Context) -> Result<()> {
     // 3. Pool views, with in-flight pods simulated onto them: built only when a gang waits
     //    (each copies every member node of every pool).
     let mut pools = pool_views(ctx, &all);
+    round::hold(&mut pools, &held);
     let mut queue = Vec::new();
     let mut mins = HashMap::new();
     for (key, g) in &gangs {
@@ -132,7 +155,8 @@ async fn round(ctx: &Context) -> Result<()> {
     for entry in queue {
         let Some(g) = gangs.get(&entry.key) else { continue };
         let min = mins.get(&entry.key).copied().unwrap_or(1) as usize;
-        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now));
+        let mode = ctx.config.dispatcher.gang_admission;
+        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now, mode));
         writes.extend(admission.writes);
         waiting |= admission.unplaced.is_some();
         if let Some(demand) = admission.unplaced
@@ -158,6 +182,34 @@ fn want_capacity(ctx: &Context, waiting: bool) {
     }
 }
 
+/// Where bindings were to record a pod's band and role but the training API server dropped
+/// them (its `PodTopologyLabelsAdmission` is off): from now on pods are labelled before they
+/// are bound, and those bound already are labelled now (a core pod is one whose binding
+/// recorded its core's size).
+fn relabels(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<Write> {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !ctx.labels_on_binding.load(Relaxed) {
+        return Vec::new();
+    }
+    let unlabelled = round::unlabelled(all, &ctx.scheduler_name);
+    if unlabelled.is_empty() {
+        return Vec::new();
+    }
+    warn!(
+        pods = unlabelled.len(),
+        "the training API server does not copy Binding labels; labelling pods before binding them"
+    );
+    ctx.labels_on_binding.store(false, Relaxed);
+    unlabelled
+        .into_iter()
+        .map(|pod| {
+            let core = pod.annotations().contains_key(keys::ANNOTATION_GANG_CORE);
+            let band = gang::band_for(pod.spec.priority, core, &ctx.ranges);
+            Write::Relabel { pod, band, role: if core { keys::ROLE_CORE } else { keys::ROLE_ELASTIC } }
+        })
+        .collect()
+}
+
 /// The roll-backs of placed gangs that waited past the gang timeout with too few pods
 /// running ([`round::overdue`], [`round::timed_out`]).
 async fn roll_backs(
@@ -177,19 +229,43 @@ async fn roll_backs(
     writes
 }
 
-/// Makes the planned writes, in order.
+/// Makes the planned writes, in order; a run of bindings goes out [`BIND_CONCURRENCY`] at a
+/// time.
 async fn commit(ctx: &Context, writes: Vec<Write>) -> Result<()> {
+    let mut binds = Vec::new();
     for write in writes {
+        if let Write::Bind { pod, node, band, role, domain } = write {
+            let stamp = Stamp::new(&node, band, &role, &domain, &now_rfc3339());
+            binds.push((pod, node, band, stamp));
+            continue;
+        }
+        bind_all(ctx, std::mem::take(&mut binds)).await?;
         match write {
             Write::Explain { pods, message } => explain(ctx, pods, &message).await?,
             Write::RollBack { pods, message } => roll_back(ctx, &pods, &message).await,
-            Write::Bind { pod, node, band, role, domain } => bind(ctx, &pod, &node, band, role, &domain).await?,
-            Write::Place { gang, node, member, pods, domain, note } => {
-                place(ctx, &gang, (&node, &member), &pods, &domain, note.as_deref()).await?
+            Write::Relabel { pod, band, role } => relabel(ctx, &pod, band, role).await,
+            Write::Place { gang, node, member, pods, core, domain, note } => {
+                place(ctx, &gang, (&node, &member), &pods, (core, &domain), note.as_deref()).await?
             }
+            Write::Bind { .. } => {}
         }
     }
-    Ok(())
+    bind_all(ctx, binds).await
+}
+
+/// Binds each pod to its node with its record, [`BIND_CONCURRENCY`] at a time.
+async fn bind_all(ctx: &Context, binds: Vec<(Arc<PodLite>, String, Band, Stamp)>) -> Result<()> {
+    if binds.is_empty() {
+        return Ok(());
+    }
+    // (The futures are made before the stream: a stream holding a closure over borrowed pods
+    // is not `Send` for every lifetime, which the spawned dispatcher needs.)
+    let bindings: Vec<_> = binds.iter().map(|(pod, node, band, stamp)| bind(ctx, pod, node, *band, stamp)).collect();
+    futures::stream::iter(bindings).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Builds the view of every offered pool: federation's capacity (or the owner's published
@@ -262,35 +338,33 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
     }
 }
 
-/// Places a new gang on `node` of `member`: records the placement (band, planned node and
-/// domain) on every core pod before binding any of them, then binds them all (both steps
-/// concurrently across the gang's pods), then says `Placed`, with how the gang was kept
-/// together. A placement not recorded on every pod binds nothing: the next round tries again.
+/// Places a new gang on `node` of `member`: binds each of its core pods present (all of
+/// them at once, [`BIND_CONCURRENCY`] at a time), each binding recording the placement (band,
+/// planned node and domain, the core's size), then says `Placed`, with how the gang was kept
+/// together. The first pod bound pins the gang to `node`: a restarted dispatcher binds the
+/// rest there.
 async fn place(
     ctx: &Context,
     key: &GangKey,
     (node, member): (&str, &str),
     pods: &[PlannedPod],
-    domain: &Domain,
+    (core, domain): (usize, &Domain),
     note: Option<&str>,
 ) -> Result<()> {
-    info!(gang = %key, node, pods = pods.len(), domain = %domain.to_annotation(), "gang placed");
-    // The first failure stops the rest (those in flight are dropped): nothing is bound.
-    // (The futures are made before the stream: a stream holding a closure over borrowed pods
-    // is not `Send` for every lifetime, which the spawned dispatcher needs.)
-    let records: Vec<_> = pods.iter().map(|p| record_placement(ctx, p, node, domain, pods.len())).collect();
-    let recorded =
-        futures::stream::iter(records).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await;
-    if let Err(e) = recorded {
-        warn!(gang = %key, error = %e, "cannot record placement; will retry");
-        return Ok(());
-    }
-    // Each pod's copy is created as soon as it is bound, while the rest are being bound.
-    let bindings: Vec<_> = pods.iter().map(|p| create_binding(ctx, &p.pod, node, p.band)).collect();
-    futures::stream::iter(bindings).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await?;
+    info!(gang = %key, node, core, present = pods.len(), domain = %domain.to_annotation(), "gang placed");
+    let placed_at = now_rfc3339();
+    let binds = pods
+        .iter()
+        .map(|p| {
+            let role = round::Role::Core { size: core, planned_node: Some(p.member_node.clone()) };
+            (p.pod.clone(), node.to_owned(), p.band, Stamp::new(node, p.band, &role, domain, &placed_at))
+        })
+        .collect();
+    bind_all(ctx, binds).await?;
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
-        let note = format!("gang {key} ({} pods) placed on {node} (member {member}){how}", pods.len());
+        let present = if pods.len() < core { format!(", {} here so far", pods.len()) } else { String::new() };
+        let note = format!("gang {key} ({core} pods{present}) placed on {node} (member {member}){how}");
         publish(ctx, &first.pod, EventType::Normal, keys::REASON_PLACED, &note).await;
     }
     Ok(())
@@ -313,62 +387,39 @@ async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
     }
 }
 
-/// Records `planned`'s placement on `node` with its band, its role, its planned node and
-/// `domain`, and the size of its gang's core (`core`, for a member's gang scheduler: see
-/// [`keys::ANNOTATION_GANG_CORE`]).
-async fn record_placement(
-    ctx: &Context,
-    planned: &PlannedPod,
-    node: &str,
-    domain: &Domain,
-    core: usize,
-) -> Result<(), kube::Error> {
+/// Labels a pod a binding left without its band and role (see [`relabels`]).
+async fn relabel(ctx: &Context, pod: &PodLite, band: Band, role: &str) {
     ctx.wrote();
-    let pod = &planned.pod;
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let patch = json!({ "metadata": {
-        "labels": { keys::LABEL_BAND: planned.band.as_str(), keys::LABEL_ROLE: keys::ROLE_CORE },
-        "annotations": {
-            keys::ANNOTATION_PLACEMENT: node,
-            keys::ANNOTATION_PLACED_AT: now,
-            keys::ANNOTATION_GANG_CORE: core.to_string(),
-            keys::ANNOTATION_PLANNED_NODE: planned.member_node,
-            // null removes a domain a pod of an earlier placement carried.
-            keys::ANNOTATION_PLANNED_DOMAIN: planned_domain(domain),
-        },
-    } });
-    api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await?;
-    Ok(())
-}
-
-/// The `tidepool.io/planned-domain` value of a merge patch: `null` (removed) for none.
-fn planned_domain(domain: &Domain) -> serde_json::Value {
-    if domain.is_empty() { serde_json::Value::Null } else { domain.to_annotation().into() }
-}
-
-async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, role: &str, domain: &Domain) -> Result<()> {
-    let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    let name = pod.name_any();
-    let labels = json!({ "metadata": {
-        "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: role },
-        "annotations": { keys::ANNOTATION_PLACEMENT: node, keys::ANNOTATION_PLANNED_DOMAIN: planned_domain(domain) },
-    }});
-    if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(labels)).await {
-        warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
-        return Ok(());
+    let patch = json!({ "metadata": { "labels": { keys::LABEL_BAND: band.as_str(), keys::LABEL_ROLE: role } } });
+    if let Err(e) = api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
+        warn!(pod = %pod.name_any(), error = %e, "cannot label a bound pod; will retry");
     }
-    create_binding(ctx, pod, node, band).await
 }
 
-/// The Binding subresource: the pod is now the virtual node's (and vk-provider's). A failed
-/// bind is logged and retried next round; only a poisoned lock is an error.
-async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) -> Result<()> {
-    ctx.wrote();
+/// Binds `pod` to virtual node `node`, the Binding carrying `stamp` (where the API server
+/// does not copy a Binding's labels, they are patched onto the pod first). The pod is then
+/// the virtual node's (and vk-provider's). A failed bind is logged and retried next round;
+/// only a poisoned lock is an error.
+async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stamp) -> Result<()> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
+    if !ctx.labels_on_binding.load(std::sync::atomic::Ordering::Relaxed) {
+        ctx.wrote();
+        let patch = json!({ "metadata": { "labels": stamp.labels, "annotations": stamp.annotations } });
+        if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
+            return Ok(());
+        }
+    }
+    ctx.wrote();
     let binding = Binding {
-        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(stamp.labels.clone()),
+            annotations: Some(stamp.annotations.clone()),
+            ..Default::default()
+        },
         target: ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
@@ -376,6 +427,7 @@ async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) ->
             ..Default::default()
         },
     };
+    ctx.assume_bound(stamp.bound(pod, node))?;
     match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
         Ok(_) => {
             debug!(pod = %name, node, "bound");
@@ -384,8 +436,14 @@ async fn create_binding(ctx: &Context, pod: &PodLite, node: &str, band: Band) ->
                 ctx.explained_bound(uid)?;
             }
         }
+        // Bound already (by an earlier round whose binding the cache does not show yet).
         Err(e) if tidepool_federation::api_code(&e, &[409]) => {}
-        Err(e) => warn!(pod = %name, error = %e, "bind failed; will retry"),
+        Err(e) => {
+            warn!(pod = %name, error = %e, "bind failed; will retry");
+            if let Some(uid) = pod.metadata.uid.as_deref() {
+                ctx.forget_bound(uid)?;
+            }
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use tidepool_api::Resources;
+use tidepool_api::bridge::GangAdmission;
 use tidepool_api::keys::{self, Band};
 use tidepool_api::pod::PodLite;
 
@@ -33,6 +34,14 @@ pub(crate) struct GangState {
     pub newest: Option<i64>,
 }
 
+impl GangState {
+    /// Whether its pods are still arriving at `now` (Unix seconds): its newest is younger
+    /// than [`FORMING_QUIET`].
+    pub(crate) fn forming(&self, now: i64) -> bool {
+        self.newest.is_some_and(|t| now - t < FORMING_QUIET)
+    }
+}
+
 /// Seconds after its newest pod's creation during which a gang short of its `minMember`
 /// is taken to be still forming and waits without a word: a job's pods arrive within this,
 /// and each arrival would otherwise rewrite every earlier pod's reason and Event (the count
@@ -47,19 +56,83 @@ pub(crate) enum Write {
     Explain { pods: Vec<Arc<PodLite>>, message: String },
     /// Fails every pod of a gang that timed out (reason `GangTimeout`).
     RollBack { pods: Vec<Arc<PodLite>>, message: String },
-    /// Labels one pod of a placed gang with its band (and the gang's planned domain, when it
-    /// has one) and binds it to the gang's virtual node.
-    Bind { pod: Arc<PodLite>, node: String, band: Band, role: &'static str, domain: plan::Domain },
-    /// A new gang: records the placement (band, planned node and domain) on every core pod,
-    /// then, only if all were recorded, binds them all and says `Placed` on the first.
+    /// Binds one pod of a placed gang to the gang's virtual node, recording with the binding
+    /// its band, its role (and, for a core pod, the size of the core and its planned member
+    /// node) and the gang's planned domain.
+    Bind { pod: Arc<PodLite>, node: String, band: Band, role: Role, domain: plan::Domain },
+    /// Labels a pod whose binding was to carry its band and role but did not (see
+    /// [`unlabelled`]).
+    Relabel { pod: Arc<PodLite>, band: Band, role: &'static str },
+    /// A new gang: binds each of its core pods present (`pods`) to `node`, recording with
+    /// each binding the placement (band, planned node and domain, the core's size `core`),
+    /// and says `Placed` on the first. Under [`GangAdmission::Reserve`] `pods` may be fewer
+    /// than `core`: the rest are held on the pool ([`missing_core`]) and bound as they come.
     Place {
         gang: GangKey,
         node: String,
         member: String,
         pods: Vec<PlannedPod>,
+        core: usize,
         domain: plan::Domain,
         note: Option<String>,
     },
+}
+
+/// What a bound pod is to its gang.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Role {
+    /// One of the gang's `size` core pods, planned on member node `planned_node` when known.
+    Core { size: usize, planned_node: Option<String> },
+    /// Beyond the core: elastic, band `low`.
+    Elastic,
+}
+
+impl Role {
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            Role::Core { .. } => keys::ROLE_CORE,
+            Role::Elastic => keys::ROLE_ELASTIC,
+        }
+    }
+}
+
+/// What a binding records on its pod besides the node: the dispatcher's decision, read back
+/// by every later round, by vk-provider (band, planned node and domain) and by reclaim.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Stamp {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Stamp {
+    /// The record of binding a pod to virtual node `node` with `band`, as `role`, inside
+    /// `domain`, at `placed_at` (RFC 3339). Only core pods carry `placed-at` and the core's
+    /// size: a late core pod's `placed-at` never precedes its gang's first, which the gang
+    /// timeout counts from.
+    pub(crate) fn new(node: &str, band: Band, role: &Role, domain: &plan::Domain, placed_at: &str) -> Self {
+        let labels = [(keys::LABEL_BAND, band.as_str()), (keys::LABEL_ROLE, role.as_str())];
+        let mut annotations = BTreeMap::from([(keys::ANNOTATION_PLACEMENT.to_owned(), node.to_owned())]);
+        if !domain.is_empty() {
+            annotations.insert(keys::ANNOTATION_PLANNED_DOMAIN.to_owned(), domain.to_annotation());
+        }
+        if let Role::Core { size, planned_node } = role {
+            annotations.insert(keys::ANNOTATION_PLACED_AT.to_owned(), placed_at.to_owned());
+            annotations.insert(keys::ANNOTATION_GANG_CORE.to_owned(), size.to_string());
+            if let Some(n) = planned_node {
+                annotations.insert(keys::ANNOTATION_PLANNED_NODE.to_owned(), n.clone());
+            }
+        }
+        Self { labels: labels.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect(), annotations }
+    }
+
+    /// `pod` as a binding to `node` with this record leaves it.
+    pub(crate) fn bound(&self, pod: &PodLite, node: &str) -> PodLite {
+        let mut p = pod.clone();
+        p.spec.node_name = Some(node.to_owned());
+        p.metadata.labels.get_or_insert_default().extend(self.labels.clone());
+        p.metadata.annotations.get_or_insert_default().extend(self.annotations.clone());
+        p
+    }
 }
 
 /// A core pod of a new gang as planned: its band and the member node it was simulated on.
@@ -112,6 +185,21 @@ pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKe
     gangs
 }
 
+/// Live pods of `scheduler` bound to the virtual node their placement names, by a binding
+/// that recorded the placement, that carry no band: the training API server did not copy the
+/// binding's labels.
+pub(crate) fn unlabelled(all: &[Arc<PodLite>], scheduler: &str) -> Vec<Arc<PodLite>> {
+    all.iter()
+        .filter(|p| p.spec.scheduler_name.as_deref() == Some(scheduler) && p.is_live())
+        .filter(|p| {
+            p.node_name().is_some()
+                && p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == p.node_name()
+        })
+        .filter(|p| !p.labels().contains_key(keys::LABEL_BAND))
+        .cloned()
+        .collect()
+}
+
 /// Seconds a placed gang has waited since its placement, when that is at least `timeout`:
 /// it is then checked against its `minMember` ([`timed_out`]). `None` for a gang not placed
 /// (or whose placement time cannot be read) and one still within its timeout.
@@ -157,63 +245,149 @@ pub(crate) fn queue_entry(key: &GangKey, g: &GangState, min: u32, ranges: &BandR
 }
 
 /// Counts `req` as used in `view`, on the first member node it fits (as the member's
-/// scheduler would place it), so later decisions in the round see it.
-pub(crate) fn assume(view: &mut PoolView, req: &Resources) {
+/// scheduler would place it), so later decisions in the round see it. Returns that node.
+pub(crate) fn assume(view: &mut PoolView, req: &Resources) -> Option<String> {
+    assume_in(view, req, &plan::Domain::default())
+}
+
+/// [`assume`] on the member nodes of `domain` only (the whole pool when it is empty).
+fn assume_in(view: &mut PoolView, req: &Resources, domain: &plan::Domain) -> Option<String> {
     view.used.add(req);
-    if let Some(node) = view.free_per_node.iter_mut().find(|n| req.fits_in(&n.free)) {
-        node.free.sub(req);
+    let node = view.free_per_node.iter_mut().find(|n| domain.contains(n) && req.fits_in(&n.free))?;
+    node.free.sub(req);
+    Some(node.name.clone())
+}
+
+/// The room placed gangs hold for core pods that do not exist yet: for each gang pinned to a
+/// pool whose pods are still arriving (the newest younger than [`FORMING_QUIET`] at `now`),
+/// the virtual node, the gang's domain, one pod's requests (the largest of each resource
+/// among its pods) and how many of its core are missing. The core's size is the one the
+/// dispatcher recorded on the gang's core pods ([`keys::ANNOTATION_GANG_CORE`], trusted only
+/// where the role is: [`crate::restart::is_core`]), so it is read from the API like every
+/// other decision and a restarted dispatcher holds the same room. A gang whose pods stopped
+/// coming holds nothing more: its pods present keep what they use, and the gang timeout
+/// rolls it back if its core never runs.
+pub(crate) fn missing_core(
+    gangs: &BTreeMap<GangKey, GangState>,
+    now: i64,
+) -> Vec<(String, plan::Domain, Resources, usize)> {
+    let mut held = Vec::new();
+    for g in gangs.values() {
+        let Some(node) = &g.pinned else { continue };
+        if !g.forming(now) {
+            continue;
+        }
+        let core = g
+            .pods
+            .iter()
+            .filter(|p| crate::restart::is_core(p))
+            .filter_map(|p| p.annotations().get(keys::ANNOTATION_GANG_CORE)?.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0);
+        let missing = core.saturating_sub(g.pods.len() + g.succeeded);
+        if missing == 0 {
+            continue;
+        }
+        let mut one = Resources::new();
+        g.pods.iter().for_each(|p| one.max_with(&requests(p)));
+        held.push((node.clone(), g.domain.clone(), one, missing));
+    }
+    held
+}
+
+/// Books [`missing_core`]'s room on the pools, before any gang of the round is admitted.
+pub(crate) fn hold(pools: &mut [PoolView], held: &[(String, plan::Domain, Resources, usize)]) {
+    for (node, domain, one, missing) in held {
+        if let Some(pool) = pools.iter_mut().find(|v| &v.node == node) {
+            for _ in 0..*missing {
+                assume_in(pool, one, domain);
+            }
+        }
     }
 }
 
+/// The requests every pod of `pods` has, when they all have the same (and there is one):
+/// a gang of such pods can be planned before all of them exist.
+fn alike(pods: &[&Arc<PodLite>]) -> Option<Resources> {
+    let (first, rest) = pods.split_first()?;
+    rest.iter().all(|p| p.spec.requests == first.spec.requests).then(|| requests(first))
+}
+
 /// Admits what it can of gang `key` with `min` core pods: a placed gang finishes its core on
-/// its pool and grows elastically there; a new gang is placed whole on one pool, or waits
-/// with the reason (none while it is still forming at `now`, Unix seconds: see
-/// [`FORMING_QUIET`]). Books what it admits on `pools`, so later gangs of the round see it.
+/// its pool and grows elastically there; a new gang is placed whole on one pool (under
+/// [`GangAdmission::Reserve`], one of alike pods as soon as some exist), or waits with the
+/// reason (none while it is still forming at `now`, Unix seconds: see [`FORMING_QUIET`]).
+/// Books what it admits on `pools`, so later gangs of the round see it.
 pub(crate) fn admit(
     key: &GangKey,
     g: &GangState,
     min: usize,
     pools: &mut [PoolView],
-    (ranges, now): (&BandRanges, i64),
+    (ranges, now, admission): (&BandRanges, i64, GangAdmission),
 ) -> Admission {
     let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
+    let forming = g.forming(now);
     match &g.pinned {
         Some(node) => {
             let bound = g.pods.len() - pending.len();
             Admission {
-                writes: admit_placed(key, (node, &g.domain), &pending, min.saturating_sub(bound), pools, ranges),
+                writes: admit_placed(key, (node, &g.domain), &pending, (min, bound), pools, ranges),
                 unplaced: None,
             }
         }
-        None if pending.len() < min && g.newest.is_some_and(|t| now - t < FORMING_QUIET) => Admission::default(),
-        None => admit_new(key, &pending, min, pools, ranges),
+        None if pending.len() >= min => {
+            let core = &pending[..min];
+            admit_new(key, core, core.iter().map(|p| requests(p)).collect(), pools, ranges)
+        }
+        None => {
+            let n = pending.len();
+            let projected = alike(&pending)
+                .filter(|_| admission == GangAdmission::Reserve)
+                .map(|one| plan_new(key, &pending, vec![one; min], pools, ranges));
+            match projected {
+                Some(Ok(place)) => Admission { writes: vec![place], unplaced: None },
+                _ if forming => Admission::default(),
+                Some(Err((why, _))) => waiting(
+                    &pending,
+                    format!("gang {key} has {n} of its {min} pods, and no pool has room for all {min}: {why}"),
+                ),
+                None => waiting(&pending, format!("gang {key} has {n} of its {min} pods; waiting for the rest")),
+            }
+        }
     }
 }
 
-/// The gang already has a pool, `node`, and a `domain` in it: bind the `core_missing` pods
-/// its core lacks (they carry the placement, recorded before any bind), then each elastic pod
-/// that fits in the domain.
+/// `pods` wait, for `message`; nothing is booked and no one is asked to make room.
+fn waiting(pods: &[&Arc<PodLite>], message: String) -> Admission {
+    Admission {
+        writes: vec![Write::Explain { pods: pods.iter().map(|p| (*p).clone()).collect(), message }],
+        unplaced: None,
+    }
+}
+
+/// The gang already has a pool, `node`, and a `domain` in it, and `bound` of its `min` core
+/// pods: bind the pods its core lacks (their room was held: [`missing_core`]), each on the
+/// member node it is planned on, then each elastic pod that fits in the domain.
 fn admit_placed(
     key: &GangKey,
     (node, domain): (&str, &plan::Domain),
     pending: &[&Arc<PodLite>],
-    core_missing: usize,
+    (min, bound): (usize, usize),
     pools: &mut [PoolView],
     ranges: &BandRanges,
 ) -> Vec<Write> {
-    let waiting = || pending.iter().map(|p| (*p).clone()).collect();
     let Some(pool) = pools.iter_mut().find(|v| v.node == node) else {
         let message = format!("gang {key} is placed on {node}, which is not offered right now");
-        return vec![Write::Explain { pods: waiting(), message }];
+        return vec![Write::Explain { pods: pending.iter().map(|p| (*p).clone()).collect(), message }];
     };
-    let (core, elastic) = pending.split_at(core_missing.min(pending.len()));
+    let (core, elastic) = pending.split_at(min.saturating_sub(bound).min(pending.len()));
     let mut writes = Vec::new();
     for p in core {
-        assume(pool, &requests(p));
+        let planned_node = assume_in(pool, &requests(p), domain);
         let band = gang::band_for(p.spec.priority, true, ranges);
-        let domain = domain.clone();
-        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_CORE, domain });
+        let role = Role::Core { size: min, planned_node };
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role, domain: domain.clone() });
     }
     let mut admitted = Vec::new();
     for p in elastic {
@@ -226,8 +400,8 @@ fn admit_placed(
         }
         admitted.push(req);
         let band = gang::band_for(p.spec.priority, false, ranges);
-        let domain = domain.clone();
-        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role: keys::ROLE_ELASTIC, domain });
+        let (role, domain) = (Role::Elastic, domain.clone());
+        writes.push(Write::Bind { pod: (*p).clone(), node: node.to_owned(), band, role, domain });
     }
     for r in &admitted {
         assume(pool, r);
@@ -235,52 +409,65 @@ fn admit_placed(
     writes
 }
 
-/// A new gang: all of its core on one pool, or nothing.
+/// A new gang with all of its core present: placed whole on one pool, or it waits with the
+/// reason and asks for its whole core ([`Admission::unplaced`]).
 fn admit_new(
     key: &GangKey,
-    pending: &[&Arc<PodLite>],
-    min: usize,
+    core: &[&Arc<PodLite>],
+    demand: Vec<Resources>,
     pools: &mut [PoolView],
     ranges: &BandRanges,
 ) -> Admission {
-    let waiting = || pending.iter().map(|p| (*p).clone()).collect();
-    if pending.len() < min {
-        let message = format!("gang {key} has {} of its {min} pods; waiting for the rest", pending.len());
-        return Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: None };
-    }
-    let core = &pending[..min];
-    let demand = GangDemand { key: key.clone(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
-    match plan::place(&demand, pools) {
-        Ok(placement) => {
-            if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
-                pool.reserve(&demand.pods, &placement.per_pod_member_node);
+    match plan_new(key, core, demand, pools, ranges) {
+        Ok(place) => Admission { writes: vec![place], unplaced: None },
+        Err((why, total)) => {
+            let pods = core.iter().map(|p| (*p).clone()).collect();
+            Admission {
+                writes: vec![Write::Explain { pods, message: format!("gang {key}: {why}") }],
+                unplaced: Some(total),
             }
-            let pods = core
-                .iter()
-                .zip(placement.planned_nodes)
-                .map(|(p, member_node)| PlannedPod {
-                    pod: (*p).clone(),
-                    band: gang::band_for(p.spec.priority, true, ranges),
-                    member_node,
-                })
-                .collect();
-            let place = Write::Place {
-                gang: key.clone(),
-                node: placement.node,
-                member: placement.member,
-                pods,
-                domain: placement.domain,
-                note: placement.note,
-            };
-            Admission { writes: vec![place], unplaced: None }
-        }
-        Err(u) => {
-            let mut total = Resources::new();
-            demand.pods.iter().for_each(|r| total.add(r));
-            let message = format!("gang {key}: {}", u.message);
-            Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: Some(total) }
         }
     }
+}
+
+/// Plans a new gang's whole core, `demand` (one entry per core pod; the first ones are the
+/// pods `present`), onto one pool and books it there; or says why no pool takes it, with the
+/// core's total requests.
+fn plan_new(
+    key: &GangKey,
+    present: &[&Arc<PodLite>],
+    demand: Vec<Resources>,
+    pools: &mut [PoolView],
+    ranges: &BandRanges,
+) -> Result<Write, (String, Resources)> {
+    let core = demand.len();
+    let demand = GangDemand { key: key.clone(), pods: demand, pinned: None };
+    let placement = plan::place(&demand, pools).map_err(|u| {
+        let mut total = Resources::new();
+        demand.pods.iter().for_each(|r| total.add(r));
+        (u.message, total)
+    })?;
+    if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
+        pool.reserve(&demand.pods, &placement.per_pod_member_node);
+    }
+    let pods = present
+        .iter()
+        .zip(placement.planned_nodes)
+        .map(|(p, member_node)| PlannedPod {
+            pod: (*p).clone(),
+            band: gang::band_for(p.spec.priority, true, ranges),
+            member_node,
+        })
+        .collect();
+    Ok(Write::Place {
+        gang: key.clone(),
+        node: placement.node,
+        member: placement.member,
+        pods,
+        core,
+        domain: placement.domain,
+        note: placement.note,
+    })
 }
 
 #[cfg(test)]
@@ -359,7 +546,7 @@ mod tests {
         // next round, when the gang has its pool.
         let g = gang(vec![pending("w-2", 2), pending("w-0", 2), pending("w-1", 2)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         let core = |name: &str, member_node: &str| PlannedPod {
             pod: g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(),
             band: Band::Medium,
@@ -370,6 +557,7 @@ mod tests {
             node: "tidepool-b".into(),
             member: "member-of-tidepool-b".into(),
             pods: vec![core("w-0", "n0"), core("w-1", "n1")],
+            core: 2,
             domain: plan::Domain::default(),
             note: None,
         };
@@ -383,7 +571,7 @@ mod tests {
     fn a_new_gang_short_of_its_minimum_waits_for_the_rest() {
         let g = gang(vec![pending("w-0", 1)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
         assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
         assert_eq!(admission.unplaced, None, "a gang still forming asks no one to make room");
@@ -395,16 +583,16 @@ mod tests {
         let mut g = gang(vec![pending("w-0", 1)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8)];
         g.newest = Some(NOW - FORMING_QUIET + 1);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         assert_eq!(admission, Admission::default(), "its newest pod is younger than the quiet period");
         g.newest = Some(NOW - FORMING_QUIET);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
         assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
         // A whole gang is placed at once, however young.
         let mut g = gang(vec![pending("w-0", 1), pending("w-1", 1)], None);
         g.newest = Some(NOW);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         assert!(matches!(admission.writes.as_slice(), [Write::Place { .. }]), "{admission:?}");
     }
 
@@ -423,7 +611,7 @@ mod tests {
     fn a_new_gang_that_fits_nowhere_waits_and_asks_for_its_whole_core() {
         let g = gang(vec![pending("w-0", 4), pending("w-1", 4), pending("w-2", 4)], None);
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         assert_eq!(admission.unplaced, Some(gpus(12)));
         let [Write::Explain { pods, message }] = admission.writes.as_slice() else { panic!("{admission:?}") };
         assert_eq!(pods.len(), 3);
@@ -439,7 +627,7 @@ mod tests {
         let pods = vec![running_on(pending("w-0", 1), node), pending("w-1", 1), pending("w-2", 2), pending("w-3", 2)];
         let g = gang(pods, Some(node));
         let mut pools = vec![pool(node, 1, 4)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         let bind = |i: usize, band, role| Write::Bind {
             pod: g.pods[i].clone(),
             node: node.into(),
@@ -449,8 +637,8 @@ mod tests {
         };
         let message = format!("gang ns/gang/g: no room for another elastic pod on {node}");
         let want = vec![
-            bind(1, Band::Medium, keys::ROLE_CORE),
-            bind(2, Band::Low, keys::ROLE_ELASTIC),
+            bind(1, Band::Medium, Role::Core { size: 2, planned_node: Some("n0".into()) }),
+            bind(2, Band::Low, Role::Elastic),
             Write::Explain { pods: vec![g.pods[3].clone()], message },
         ];
         assert_eq!(admission, Admission { writes: want, unplaced: None });
@@ -461,7 +649,7 @@ mod tests {
     fn a_placed_gang_whose_pool_is_not_offered_waits_with_the_reason() {
         let g = gang(vec![pending("w-0", 1)], Some("tidepool-gone"));
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 1, &mut pools, (&BandRanges::default(), NOW));
+        let admission = admit(&key(), &g, 1, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
         let message = "gang ns/gang/g is placed on tidepool-gone, which is not offered right now".to_owned();
         assert_eq!(
             admission,
@@ -530,5 +718,143 @@ mod tests {
         assert_eq!(e, want);
         // Fewer pods than its minimum: it asks for its minimum.
         assert_eq!(queue_entry(&key(), &gang(vec![pending("w-0", 1)], None), 4, &BandRanges::default()).max, 4);
+    }
+
+    const RESERVE: GangAdmission = GangAdmission::Reserve;
+
+    /// `p` as a binding by the dispatcher leaves it: on `node`, core of a gang of `size`.
+    fn bound_core(p: PodLite, node: &str, size: usize) -> PodLite {
+        let role = Role::Core { size, planned_node: Some("n0".into()) };
+        Stamp::new(node, Band::Medium, &role, &plan::Domain::default(), "2026-12-01T10:00:00Z").bound(&p, node)
+    }
+
+    #[test]
+    fn under_reserve_a_gang_of_alike_pods_is_placed_for_its_whole_core_as_its_first_pod_arrives() {
+        // One 2-GPU pod of a gang of 4 is here: the whole core (8 GPUs) fits pool b only.
+        let mut g = gang(vec![pending("w-0", 2)], None);
+        g.newest = Some(NOW);
+        let mut pools = vec![pool("tidepool-a", 1, 4), pool("tidepool-b", 2, 4)];
+        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        let [Write::Place { node, pods, core, .. }] = admission.writes.as_slice() else { panic!("{admission:?}") };
+        assert_eq!((node.as_str(), pods.len(), *core), ("tidepool-b", 1, 4));
+        assert_eq!(pods[0].pod, g.pods[0]);
+        assert_eq!(pools[1].used, gpus(8), "the room of the three pods still to come is booked too");
+        assert_eq!(pools[0].used, Resources::new());
+        // The same gang under Complete keeps waiting without a word while it forms.
+        let mut pools = vec![pool("tidepool-a", 1, 4), pool("tidepool-b", 2, 4)];
+        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        assert_eq!(admission, Admission::default());
+    }
+
+    #[test]
+    fn a_gang_of_unlike_pods_waits_for_all_of_them_even_under_reserve() {
+        let mut g = gang(vec![pending("ps-0", 1), pending("w-0", 2)], None);
+        g.newest = Some(NOW);
+        let mut pools = vec![pool("tidepool-a", 2, 8)];
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        assert_eq!(admission, Admission::default(), "its third pod could be any size");
+        g.newest = Some(NOW - FORMING_QUIET);
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        let message = "gang ns/gang/g has 2 of its 3 pods; waiting for the rest".to_owned();
+        let mut waiting: Vec<Arc<PodLite>> = g.pods.clone();
+        waiting.sort_by_key(|p| p.name_any());
+        assert_eq!(admission.writes, vec![Write::Explain { pods: waiting, message }]);
+        assert_eq!(pools[0].used, Resources::new());
+    }
+
+    #[test]
+    fn a_forming_gang_that_fits_nowhere_waits_quietly_then_says_why_and_asks_no_one_for_room() {
+        let mut g = gang(vec![pending("w-0", 4)], None);
+        g.newest = Some(NOW);
+        let mut pools = vec![pool("tidepool-a", 2, 4)];
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        assert_eq!(admission, Admission::default());
+        g.newest = Some(NOW - FORMING_QUIET);
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        assert_eq!(admission.unplaced, None, "a gang short of its minimum asks no one to make room");
+        let [Write::Explain { message, .. }] = admission.writes.as_slice() else { panic!("{admission:?}") };
+        assert!(
+            message.starts_with("gang ns/gang/g has 1 of its 3 pods, and no pool has room for all 3: "),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_placed_gang_holds_room_for_the_core_pods_still_to_come_while_they_arrive() {
+        let node = "tidepool-a";
+        let mut g = gang(vec![bound_core(pending("w-0", 2), node, 4), pending("w-1", 2)], Some(node));
+        g.newest = Some(NOW);
+        let gangs = BTreeMap::from([(key(), g.clone())]);
+        // Four in the core, two here: two to come, 2 GPUs each.
+        let held = missing_core(&gangs, NOW);
+        assert_eq!(held, vec![(node.to_owned(), plan::Domain::default(), gpus(2), 2)]);
+        let mut pools = vec![pool(node, 2, 4)];
+        hold(&mut pools, &held);
+        assert_eq!(pools[0].used, gpus(4));
+        // Another gang that needs the held room waits; the pending core pod still binds.
+        let other_key = GangKey::annotation("ns", "other");
+        let mut other = gang(vec![pending("o-0", 4), pending("o-1", 2)], None);
+        other.pods.iter_mut().for_each(|p| Arc::make_mut(p).metadata.annotations = None);
+        let admission = admit(&other_key, &other, 2, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        assert!(matches!(admission.writes.as_slice(), [Write::Explain { .. }]), "{admission:?}");
+        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, RESERVE));
+        assert!(matches!(admission.writes.as_slice(), [Write::Bind { role: Role::Core { size: 4, .. }, .. }]));
+        // Pods that stopped coming hold nothing more.
+        g.newest = Some(NOW - FORMING_QUIET);
+        assert_eq!(missing_core(&BTreeMap::from([(key(), g)]), NOW), vec![]);
+    }
+
+    #[test]
+    fn a_core_size_counts_only_where_the_dispatcher_recorded_the_role() {
+        let node = "tidepool-a";
+        // A tenant's annotation on a pod the dispatcher bound as elastic holds nothing.
+        let elastic =
+            Stamp::new(node, Band::Low, &Role::Elastic, &plan::Domain::default(), "t").bound(&pending("w-0", 1), node);
+        let mut forged = elastic.clone();
+        forged.metadata.annotations.get_or_insert_default().insert(keys::ANNOTATION_GANG_CORE.into(), "1000".into());
+        let mut g = gang(vec![forged], Some(node));
+        g.newest = Some(NOW);
+        assert_eq!(missing_core(&BTreeMap::from([(key(), g)]), NOW), vec![]);
+    }
+
+    #[test]
+    fn a_binding_records_the_core_with_its_time_size_and_node_and_an_elastic_pod_with_its_place_only() {
+        let domain = plan::Domain { pairs: vec![("rack".into(), "r1".into())] };
+        let role = Role::Core { size: 8, planned_node: Some("gpu-3".into()) };
+        let core = Stamp::new("tidepool-a", Band::Medium, &role, &domain, "2026-12-01T10:00:00Z");
+        let labels: BTreeMap<String, String> =
+            [(keys::LABEL_BAND, "medium"), (keys::LABEL_ROLE, "core")].map(|(k, v)| (k.into(), v.into())).into();
+        let annotations: BTreeMap<String, String> = [
+            (keys::ANNOTATION_PLACEMENT, "tidepool-a"),
+            (keys::ANNOTATION_PLANNED_DOMAIN, "rack=r1"),
+            (keys::ANNOTATION_PLACED_AT, "2026-12-01T10:00:00Z"),
+            (keys::ANNOTATION_GANG_CORE, "8"),
+            (keys::ANNOTATION_PLANNED_NODE, "gpu-3"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()))
+        .into();
+        assert_eq!(core, Stamp { labels, annotations });
+        let elastic = Stamp::new("tidepool-a", Band::Low, &Role::Elastic, &plan::Domain::default(), "t");
+        assert_eq!(elastic.annotations, [(keys::ANNOTATION_PLACEMENT.to_owned(), "tidepool-a".to_owned())].into());
+        assert_eq!(elastic.labels[keys::LABEL_ROLE], "elastic");
+        let p = core.bound(&pending("w-0", 1), "tidepool-a");
+        assert_eq!(p.node_name(), Some("tidepool-a"));
+        assert_eq!(tidepool_api::pod::band_of(&p.metadata, p.node_name()), Some(Band::Medium));
+        assert!(crate::restart::is_core(&p));
+    }
+
+    #[test]
+    fn a_pod_bound_with_its_placement_but_no_band_is_found_for_labelling() {
+        let node = "tidepool-a";
+        let stamped = bound_core(pending("w-0", 1), node, 1);
+        let mut dropped = stamped.clone();
+        dropped.metadata.labels = None;
+        let hand_bound = {
+            let mut p = pending("w-2", 1);
+            p.spec.node_name = Some(node.into());
+            p
+        };
+        let all: Vec<Arc<PodLite>> = [stamped, dropped.clone(), hand_bound].into_iter().map(Arc::new).collect();
+        assert_eq!(unlabelled(&all, "tidepool"), vec![Arc::new(dropped)]);
     }
 }
