@@ -16,6 +16,11 @@ use crate::harness::*;
 
 /// One tidepool bridging both members under this test's label and scheduler name.
 async fn setup(env: &Env, test: &str, ns: &str, members: &[&str]) -> (Client, Tidepool) {
+    setup_with(env, test, ns, members, "").await
+}
+
+/// [`setup`] with `dispatcher` config lines (YAML, e.g. `gangAdmission: Complete`).
+async fn setup_with(env: &Env, test: &str, ns: &str, members: &[&str], dispatcher: &str) -> (Client, Tidepool) {
     let training = env.client("training").await;
     prepare(env, &training, test, ns).await;
     for m in members {
@@ -23,7 +28,7 @@ async fn setup(env: &Env, test: &str, ns: &str, members: &[&str]) -> (Client, Ti
         put_kubeconfig_secret(&training, ns, m, &kubeconfig).await;
         apply_member(&training, &format!("{test}-{m}"), test, ns, m).await;
     }
-    let tidepool = Tidepool::start(env, test, ns);
+    let tidepool = Tidepool::start_with(env, test, ns, dispatcher);
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
     for m in members {
         let node = format!("tidepool-{test}-{m}");
@@ -480,13 +485,44 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
     let label = json!({"labels": {keys::LABEL_POD_GROUP: pt, "training.kubeflow.org/job-name": pt}});
     let torch: Vec<String> =
         ["master-0", "worker-0", "worker-1", "worker-2"].iter().map(|r| format!("{pt}-{r}")).collect();
-    // Three of four: not enough, nothing binds. The dispatcher says so on each pod: once
-    //    it has, it has looked at them and bound none.
+    // Three of four, alike: under the default admission (Reserve) they are bound at once,
+    //    to one pool, with the fourth's room held there; the fourth joins them.
     for n in &torch[..3] {
         pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, label.clone())).await.unwrap();
     }
+    let first = wait_bound(&pods, &torch[..3], Duration::from_secs(60)).await;
+    assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 1, "{first:?}");
+    for n in &torch[..3] {
+        let p = pods.get(n).await.unwrap();
+        assert_eq!(p.annotations().get(keys::ANNOTATION_GANG_CORE).map(String::as_str), Some("4"), "{n}");
+        assert_eq!(p.labels().get(keys::LABEL_ROLE).map(String::as_str), Some(keys::ROLE_CORE), "{n}");
+    }
+    pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
+    let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
+    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
+    wait_running(&pods, &torch).await;
+    delete_all(&pods, &volcano).await;
+    delete_all(&pods, &torch).await;
+}
+
+#[tokio::test]
+async fn under_complete_admission_a_gang_binds_nothing_until_all_its_pods_exist() {
+    let env = Env::load();
+    let test = "dispatch-complete";
+    let ns = "e2e-dispatch-complete";
+    let (training, _tp) = setup_with(&env, test, ns, &["member-a"], "gangAdmission: Complete").await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    let names: Vec<String> = (0..4).map(|i| format!("complete-{id}-{i}")).collect();
+    let meta =
+        json!({"annotations": {keys::ANNOTATION_GANG: format!("complete-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
+    // Three of four: not enough, nothing binds. The dispatcher says so on each pod once the
+    // gang stops forming: once it has, it has looked at them and bound none.
+    for n in &names[..3] {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, meta.clone())).await.unwrap();
+    }
     wait_for(Duration::from_secs(30), "the incomplete gang explained on each of its pods", || {
-        let (pods, names) = (pods.clone(), torch[..3].to_vec());
+        let (pods, names) = (pods.clone(), names[..3].to_vec());
         async move {
             for n in &names {
                 let p = pods.get(n).await.ok()?;
@@ -497,12 +533,55 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
         }
     })
     .await;
-    pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
-    let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
+    pods.create(&PostParams::default(), &gang_pod(&names[3], &scheduler_name(test), 1, meta)).await.unwrap();
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
     assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
-    wait_running(&pods, &torch).await;
-    delete_all(&pods, &volcano).await;
-    delete_all(&pods, &torch).await;
+    delete_all(&pods, &names).await;
+}
+
+#[tokio::test]
+async fn a_gang_placed_as_its_pods_arrive_keeps_the_room_of_those_still_to_come() {
+    let env = Env::load();
+    let test = "dispatch-held";
+    let ns = "e2e-dispatch-held";
+    let (training, _tp) = setup(&env, test, ns, &["member-a"]).await;
+    let node = format!("tidepool-{test}-member-a");
+    wait_lends_at_least(&training, &node, 16).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let id = run_id();
+    // Gang a: four 4-GPU pods, the whole of member-a's 16 GPUs. Two arrive first: they are
+    // bound at once, and the room of the other two is held.
+    let a: Vec<String> = (0..4).map(|i| format!("held-a-{id}-{i}")).collect();
+    let a_meta =
+        json!({"annotations": {keys::ANNOTATION_GANG: format!("held-a-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
+    for n in &a[..2] {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 4, a_meta.clone())).await.unwrap();
+    }
+    wait_bound(&pods, &a[..2], Duration::from_secs(30)).await;
+    // Gang b, complete (two 2-GPU pods), would fit in the 8 GPUs a's pods still to come
+    // need: it must wait, told why.
+    let b: Vec<String> = (0..2).map(|i| format!("held-b-{id}-{i}")).collect();
+    let b_meta =
+        json!({"annotations": {keys::ANNOTATION_GANG: format!("held-b-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
+    for n in &b {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, b_meta.clone())).await.unwrap();
+    }
+    wait_for(Duration::from_secs(30), "gang b told it waits", || {
+        let (pods, n) = (pods.clone(), b[0].clone());
+        async move { unschedulable_message(&pods.get(&n).await.ok()?) }
+    })
+    .await;
+    // The rest of a arrives (within the 5 s its room is held) and joins it.
+    for n in &a[2..] {
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 4, a_meta.clone())).await.unwrap();
+    }
+    let bound = wait_bound(&pods, &a, Duration::from_secs(30)).await;
+    assert!(bound.values().all(|n| *n == node), "{bound:?}");
+    for n in &b {
+        assert!(pods.get(n).await.unwrap().spec.unwrap().node_name.is_none(), "{n} took the room gang a held");
+    }
+    delete_all(&pods, &b).await;
+    delete_all(&pods, &a).await;
 }
 
 #[tokio::test]
@@ -510,7 +589,8 @@ async fn a_gang_whose_pods_arrive_together_is_placed_without_being_told_to_wait(
     let env = Env::load();
     let test = "dispatch-forming";
     let ns = "e2e-dispatch-forming";
-    let (training, tp) = setup(&env, test, ns, &["member-a"]).await;
+    // Under Complete admission: under Reserve its first pods are bound at once.
+    let (training, tp) = setup_with(&env, test, ns, &["member-a"], "gangAdmission: Complete").await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
     let names: Vec<String> = (0..4).map(|i| format!("forming-{id}-{i}")).collect();
