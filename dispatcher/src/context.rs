@@ -50,6 +50,8 @@ pub(crate) struct Context {
     /// Gangs above band `low` that found no room in the last round: reclaim may preempt
     /// lower-band pods for them.
     preempt: Mutex<Vec<PreemptRequest>>,
+    /// Wakes reclaim when a round hands it preemption requests.
+    pub(crate) preempt_wanted: tokio::sync::Notify,
     /// Writes to the training API so far (bindings, placements, Events): a pass that wrote
     /// is followed at once, one that only read is paced by its cost.
     writes: AtomicUsize,
@@ -87,6 +89,7 @@ impl Context {
             pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             explained: Mutex::new(HashMap::new()),
             preempt: Mutex::new(Vec::new()),
+            preempt_wanted: tokio::sync::Notify::new(),
             writes: AtomicUsize::new(0),
             labels_on_binding: AtomicBool::new(false),
             assumed: Mutex::new(Assumed::default()),
@@ -133,6 +136,9 @@ impl Context {
 
     /// Hands the preemption requests of this round to reclaim.
     pub(crate) fn set_preempt(&self, requests: Vec<PreemptRequest>) -> Result<()> {
+        if !requests.is_empty() {
+            self.preempt_wanted.notify_one();
+        }
         *lock(&self.preempt, "preempt")? = requests;
         Ok(())
     }

@@ -32,9 +32,12 @@ use crate::error::Result;
 use crate::gang::{self, GangKey, GangSource};
 use crate::victims::{OffloadPodView, Victim, victims};
 
-/// How often deficits and deadlines are checked at least; a pool's capacity changing wakes
-/// the check sooner.
+/// How often deficits, deadlines and preemptions are checked while one is pending; a pool's
+/// capacity changing wakes the check sooner.
 const TICK: Duration = Duration::from_millis(100);
+/// How often the checks run while no deficit, notice or preemption is pending and nothing
+/// changes: the one periodic wake of an idle bridge.
+const IDLE_TICK: Duration = Duration::from_secs(2);
 /// The least time between two checks, however often capacities change.
 const MIN_SPACING: Duration = Duration::from_millis(10);
 /// Longest spacing of two checks (see [`run`]).
@@ -102,6 +105,16 @@ impl State {
 }
 
 pub(crate) async fn run(ctx: Arc<Context>, training_pods: tidepool_federation::TrainingPods) {
+    let pods_changed = Arc::new(tokio::sync::Notify::new());
+    {
+        let (events, notify) = (training_pods.subscribe(), pods_changed.clone());
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while futures::StreamExt::next(&mut events).await.is_some() {
+                notify.notify_one();
+            }
+        });
+    }
     training_pods.listed().await;
     let mut state = State::default();
     loop {
@@ -115,27 +128,41 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: tidepool_federation::T
         let (started, writes) = (std::time::Instant::now(), ctx.writes());
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
-        if let Err(e) = preempt(&ctx, &pods, now).await {
-            error!(error = %e, "preemption skipped");
-        }
-        enforce_deadlines(&ctx, &pods, &mut state, now).await;
+        let preempting = match preempt(&ctx, &pods, now).await {
+            Ok(preempting) => preempting,
+            Err(e) => {
+                error!(error = %e, "preemption skipped");
+                true
+            }
+        };
+        let noticed = enforce_deadlines(&ctx, &pods, &mut state, now).await;
+        drop(pods);
         let cost = started.elapsed();
         metrics().observe_sync("reclaim", cost);
         // Each pass reads every training pod (see [`pacing`]).
         let spacing = pacing(cost, ctx.writes() != writes, MIN_SPACING, MAX_SPACING);
         tokio::time::sleep(spacing).await;
         let rest = TICK.saturating_sub(spacing);
-        if capacities.is_empty() {
-            tokio::time::sleep(rest).await;
-            continue;
-        }
-        // (`select_all` needs at least one future: checked above.)
-        let changed = futures::future::select_all(capacities.iter_mut().map(|c| Box::pin(c.changed())));
+        // Deficits waiting out their hysteresis, notices running to their deadlines and
+        // preemptions are checked every TICK; with none of them a pass follows a change.
+        let busy = !state.deficit_since.is_empty() || noticed > 0 || preempting;
         tokio::select! {
-            () = tokio::time::sleep(rest) => {}
-            _ = changed => {}
+            () = tokio::time::sleep(if busy { rest } else { IDLE_TICK }) => {}
+            () = any_changed(&mut capacities) => {}
+            () = ctx.preempt_wanted.notified() => {}
+            // A pod's change (an ack, a copy gone, a new pod on a virtual node) is looked at
+            // within a TICK, never more often: a burst of pod changes is one pass a TICK.
+            () = pods_changed.notified(), if !busy => tokio::time::sleep(rest).await,
         }
     }
+}
+
+/// Resolves when any of `capacities` changes (never, with none).
+async fn any_changed(capacities: &mut [tokio::sync::watch::Receiver<PoolCapacity>]) {
+    if capacities.is_empty() {
+        return std::future::pending().await;
+    }
+    let _ = futures::future::select_all(capacities.iter_mut().map(|c| Box::pin(c.changed()))).await;
 }
 
 /// The band a pod on a virtual node is reclaimed as: the one the dispatcher gave it
@@ -276,11 +303,11 @@ fn offload_view(p: &PodLite, member_node: String, job_fulfillment: (u32, u32, u3
 /// Preemption: a pending gang above band `low` that fits nowhere may take capacity from
 /// lower-band pods, through the same notice path as reclaim. One pool per gang: the one that
 /// needs the least taken ([`choose_pool`]).
-async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) -> Result<()> {
+async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) -> Result<bool> {
     let mut pending = ctx.preempt_requests()?;
     // Most passes have none: the pools (every member node of each) are not copied for nothing.
     if pending.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     pending.sort_by_key(|r| std::cmp::Reverse(r.band));
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
@@ -303,7 +330,7 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
         });
         futures::future::join_all(notices).await;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A pool preemption could use.
@@ -574,16 +601,17 @@ fn reclaim_now(
 }
 
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
-async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) {
+async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) -> usize {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
-    let mut due = Vec::new();
+    let (mut due, mut noticed) = (Vec::new(), 0);
     for p in pods.iter().filter(|p| p.is_live()) {
         let Some(deadline) = deadline_of(p, grace) else { continue };
         // Another replica's member: that replica ends its reclaims.
         if p.node_name().is_some_and(|n| ctx.owned_elsewhere(n)) {
             continue;
         }
+        noticed += 1;
         let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
         let Some(end) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };
@@ -598,6 +626,7 @@ async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mu
     }
     let ends = due.iter().map(|(p, demand, end)| mark_reclaimed(ctx, p, demand, end));
     futures::future::join_all(ends).await;
+    noticed
 }
 
 /// Step 5: the offload copy is deleted in the member and the training pod fails with reason
