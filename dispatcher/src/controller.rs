@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -64,11 +64,20 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: TrainingPods) {
     training_pods.listed().await;
     let copies = labels_on_binding(&ctx.training).await;
     ctx.labels_on_binding.store(copies, std::sync::atomic::Ordering::Relaxed);
+    let (binds, jobs) = futures::channel::mpsc::unbounded();
+    // The rounds end only when the members' channel closes; the binder then finishes what
+    // they handed it.
+    tokio::join!(rounds(ctx.clone(), binds, changed), binder(&ctx, jobs));
+}
+
+/// Runs a round after each change (coalesced, see [`pacing`]) and at least every [`TICK`],
+/// until the members' channel closes.
+async fn rounds(ctx: Arc<Context>, binds: Binds, changed: Arc<Notify>) {
     let mut members = ctx.members.clone();
     let mut remote = ctx.remote.as_ref().map(|r| r.records.clone());
     loop {
         let (started, writes) = (std::time::Instant::now(), ctx.writes());
-        if let Err(e) = round(&ctx).await {
+        if let Err(e) = round(&ctx, &binds).await {
             tracing::error!(error = %e, "dispatch round failed");
         }
         let cost = started.elapsed();
@@ -82,6 +91,23 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: TrainingPods) {
         // A round reads every training pod (see [`pacing`]).
         tokio::time::sleep(pacing(cost, ctx.writes() != writes, COALESCE, COALESCE_MAX)).await;
     }
+}
+
+/// A binding a round hands the binder: the pod, its virtual node, its band (for the
+/// placements metric) and what the binding records.
+type BindJob = (Arc<PodLite>, String, Band, Stamp);
+
+/// Makes the bindings the rounds hand it, [`BIND_CONCURRENCY`] at a time, while the rounds
+/// go on: a pod handed over is assumed bound ([`Context::with_assumed`]), so the next round
+/// neither binds it again nor gives its room away, and a gang whose pods keep arriving is
+/// bound as fast as the training API takes bindings, not a round's batch at a time.
+async fn binder(ctx: &Context, jobs: futures::channel::mpsc::UnboundedReceiver<BindJob>) {
+    jobs.for_each_concurrent(BIND_CONCURRENCY, |(pod, node, band, stamp)| async move {
+        if let Err(e) = bind(ctx, &pod, &node, band, &stamp).await {
+            tracing::error!(error = %e, "binding skipped");
+        }
+    })
+    .await;
 }
 
 /// Whether the training API server copies a Binding's labels onto its pod: since 1.35
@@ -110,7 +136,7 @@ async fn remote_changed(remote: &mut Option<watch::Receiver<tidepool_federation:
 }
 
 /// One round (see the module docs): plans its writes, then commits them in order.
-async fn round(ctx: &Context) -> Result<()> {
+async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     // 1. The pods, with those this dispatcher bound taken as bound until the cache shows it.
     let all = ctx.with_assumed(ctx.pods.state())?;
     // 2. Gangs of our pods; a placed gang whose core is not running within its timeout is
@@ -128,7 +154,7 @@ async fn round(ctx: &Context) -> Result<()> {
     metrics().gangs_waiting.set(i64::try_from(gangs.len()).unwrap_or(i64::MAX));
     if gangs.is_empty() {
         want_capacity(ctx, false);
-        return commit(ctx, writes).await;
+        return commit(ctx, binds, writes).await;
     }
     // 3. Pool views, with in-flight pods simulated onto them: built only when a gang waits
     //    (each copies every member node of every pool).
@@ -166,7 +192,7 @@ async fn round(ctx: &Context) -> Result<()> {
         }
     }
     want_capacity(ctx, waiting);
-    commit(ctx, writes).await?;
+    commit(ctx, binds, writes).await?;
     ctx.set_preempt(preempt)
 }
 
@@ -229,39 +255,38 @@ async fn roll_backs(
     writes
 }
 
-/// Makes the planned writes, in order; a run of bindings goes out [`BIND_CONCURRENCY`] at a
-/// time.
-async fn commit(ctx: &Context, writes: Vec<Write>) -> Result<()> {
-    let mut binds = Vec::new();
+/// Where a round hands its bindings (see [`binder`]).
+type Binds = futures::channel::mpsc::UnboundedSender<BindJob>;
+
+/// Makes the planned writes, in order; bindings are handed to the [`binder`].
+async fn commit(ctx: &Context, binds: &Binds, writes: Vec<Write>) -> Result<()> {
     for write in writes {
-        if let Write::Bind { pod, node, band, role, domain } = write {
-            let stamp = Stamp::new(&node, band, &role, &domain, &now_rfc3339());
-            binds.push((pod, node, band, stamp));
-            continue;
-        }
-        bind_all(ctx, std::mem::take(&mut binds)).await?;
         match write {
             Write::Explain { pods, message } => explain(ctx, pods, &message).await?,
             Write::RollBack { pods, message } => roll_back(ctx, &pods, &message).await,
             Write::Relabel { pod, band, role } => relabel(ctx, &pod, band, role).await,
-            Write::Place { gang, node, member, pods, core, domain, note } => {
-                place(ctx, &gang, (&node, &member), &pods, (core, &domain), note.as_deref()).await?
+            Write::Bind { pod, node, band, role, domain } => {
+                let stamp = Stamp::new(&node, band, &role, &domain, &now_rfc3339());
+                hand_over(ctx, binds, (pod, node, band, stamp))?;
             }
-            Write::Bind { .. } => {}
+            Write::Place { gang, node, member, pods, core, domain, note } => {
+                place(ctx, binds, &gang, (&node, &member), &pods, (core, &domain), note.as_deref()).await?
+            }
         }
     }
-    bind_all(ctx, binds).await
+    Ok(())
 }
 
-/// Binds each pod to its node with its record, [`BIND_CONCURRENCY`] at a time.
-async fn bind_all(ctx: &Context, binds: Vec<(Arc<PodLite>, String, Band, Stamp)>) -> Result<()> {
-    if binds.is_empty() {
-        return Ok(());
+/// Hands one binding to the [`binder`], the pod assumed bound from now on.
+fn hand_over(ctx: &Context, binds: &Binds, job: BindJob) -> Result<()> {
+    let (pod, node, _, stamp) = &job;
+    ctx.assume_bound(stamp.bound(pod, node))?;
+    ctx.wrote();
+    if binds.unbounded_send(job).is_err() {
+        // Only at shutdown: the pod is bound by the next dispatcher.
+        warn!("the binder has stopped; binding skipped");
     }
-    // (The futures are made before the stream: a stream holding a closure over borrowed pods
-    // is not `Send` for every lifetime, which the spawned dispatcher needs.)
-    let bindings: Vec<_> = binds.iter().map(|(pod, node, band, stamp)| bind(ctx, pod, node, *band, stamp)).collect();
-    futures::stream::iter(bindings).buffer_unordered(BIND_CONCURRENCY).try_for_each(|()| async { Ok(()) }).await
+    Ok(())
 }
 
 fn now_rfc3339() -> String {
@@ -338,13 +363,14 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
     }
 }
 
-/// Places a new gang on `node` of `member`: binds each of its core pods present (all of
-/// them at once, [`BIND_CONCURRENCY`] at a time), each binding recording the placement (band,
+/// Places a new gang on `node` of `member`: hands the binder a binding for each of its core
+/// pods present, each recording the placement (band,
 /// planned node and domain, the core's size), then says `Placed`, with how the gang was kept
 /// together. The first pod bound pins the gang to `node`: a restarted dispatcher binds the
 /// rest there.
 async fn place(
     ctx: &Context,
+    binds: &Binds,
     key: &GangKey,
     (node, member): (&str, &str),
     pods: &[PlannedPod],
@@ -353,14 +379,11 @@ async fn place(
 ) -> Result<()> {
     info!(gang = %key, node, core, present = pods.len(), domain = %domain.to_annotation(), "gang placed");
     let placed_at = now_rfc3339();
-    let binds = pods
-        .iter()
-        .map(|p| {
-            let role = round::Role::Core { size: core, planned_node: Some(p.member_node.clone()) };
-            (p.pod.clone(), node.to_owned(), p.band, Stamp::new(node, p.band, &role, domain, &placed_at))
-        })
-        .collect();
-    bind_all(ctx, binds).await?;
+    for p in pods {
+        let role = round::Role::Core { size: core, planned_node: Some(p.member_node.clone()) };
+        let stamp = Stamp::new(node, p.band, &role, domain, &placed_at);
+        hand_over(ctx, binds, (p.pod.clone(), node.to_owned(), p.band, stamp))?;
+    }
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
         let present = if pods.len() < core { format!(", {} here so far", pods.len()) } else { String::new() };
@@ -412,7 +435,6 @@ async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stam
             return Ok(());
         }
     }
-    ctx.wrote();
     let binding = Binding {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -427,7 +449,6 @@ async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stam
             ..Default::default()
         },
     };
-    ctx.assume_bound(stamp.bound(pod, node))?;
     match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
         Ok(_) => {
             debug!(pod = %name, node, "bound");

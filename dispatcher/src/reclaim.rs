@@ -601,7 +601,12 @@ fn reclaim_now(
 }
 
 /// Steps 4–5: ack or deadline → the training pod fails with reason `Reclaimed`.
-async fn enforce_deadlines(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut State, now: jiff::Timestamp) -> usize {
+async fn enforce_deadlines(
+    ctx: &Arc<Context>,
+    pods: &[Arc<PodLite>],
+    state: &mut State,
+    now: jiff::Timestamp,
+) -> usize {
     state.gang_acks.retain(|_, (read, _)| read.elapsed() < GANG_ACK_RECHECK * 20);
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
     let (mut due, mut noticed) = (Vec::new(), 0);
