@@ -221,11 +221,16 @@ async fn main() {
     );
     // `BENCH_SHARDED=1`: the member owned by a replica that does not run the dispatcher; the
     // memory readings are the owner's.
+    // `BENCH_DISPATCHER`: dispatcher settings for tidepool (e.g. `gangAdmission: Complete`).
+    let dispatcher = std::env::var("BENCH_DISPATCHER").unwrap_or_default();
+    if !dispatcher.is_empty() {
+        println!("dispatcher settings: {dispatcher}");
+    }
     let (replicas, owner) = if bench_sharded() {
-        let sharded = Sharded::start(&env, &training, (TEST, NS), "", "bench-a").await;
+        let sharded = Sharded::start(&env, &training, (TEST, NS), &dispatcher, "bench-a").await;
         (sharded.replicas, sharded.owner)
     } else {
-        (vec![Tidepool::start(&env, TEST, NS)], 0)
+        (vec![Tidepool::start_with(&env, TEST, NS, &dispatcher)], 0)
     };
     let tp = &replicas[owner];
     let node = "tidepool-bench-a";
