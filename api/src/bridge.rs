@@ -137,23 +137,6 @@ pub struct DispatcherConfig {
     /// A placed gang whose `minMember` pods are not all running within this time is rolled
     /// back whole: never a partial gang for longer.
     pub gang_timeout_seconds: u64,
-    /// When a gang short of its `minMember` is admitted (see [`GangAdmission`]).
-    pub gang_admission: GangAdmission,
-}
-
-/// When the dispatcher admits a gang whose `minMember` pods do not all exist yet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum GangAdmission {
-    /// A gang whose pods present are alike (the same requests, as a Job's or a worker set's
-    /// are) is admitted as soon as its first pods exist: its whole `minMember` is planned
-    /// onto one pool, room for the pods still to come is held there while they keep
-    /// arriving, and each pod is bound as it comes. A gang of unlike pods waits for all of
-    /// them, as under `Complete`. Capacity is still given all or nothing; the gang timeout
-    /// rolls back a gang whose pods stop coming.
-    #[default]
-    Reserve,
-    /// A gang is admitted only once `minMember` of its pods exist (no pod runs before).
-    Complete,
 }
 
 /// A duration per band, in seconds.
@@ -188,7 +171,6 @@ impl Default for DispatcherConfig {
             deficit_hysteresis_seconds: 5,
             reclaim_grace_seconds: BandSeconds::default(),
             gang_timeout_seconds: 300,
-            gang_admission: GangAdmission::default(),
         }
     }
 }

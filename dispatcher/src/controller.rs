@@ -146,7 +146,6 @@ async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     let mut writes = relabels(ctx, &all);
     writes.extend(roll_backs(ctx, &gangs, now).await);
     let now = now.as_second();
-    let held = round::missing_core(&gangs, now);
     // A gang whose core pod failed is stopped whole; its new pods wait until it has stopped.
     let restarting = crate::restart::run(ctx, &all).await;
     gangs.retain(|key, _| !restarting.contains(key));
@@ -159,7 +158,6 @@ async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     // 3. Pool views, with in-flight pods simulated onto them: built only when a gang waits
     //    (each copies every member node of every pool).
     let mut pools = pool_views(ctx, &all);
-    round::hold(&mut pools, &held);
     let mut queue = Vec::new();
     let mut mins = HashMap::new();
     for (key, g) in &gangs {
@@ -181,8 +179,7 @@ async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     for entry in queue {
         let Some(g) = gangs.get(&entry.key) else { continue };
         let min = mins.get(&entry.key).copied().unwrap_or(1) as usize;
-        let mode = ctx.config.dispatcher.gang_admission;
-        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now, mode));
+        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now));
         writes.extend(admission.writes);
         waiting |= admission.unplaced.is_some();
         if let Some(demand) = admission.unplaced
@@ -269,8 +266,8 @@ async fn commit(ctx: &Context, binds: &Binds, writes: Vec<Write>) -> Result<()> 
                 let stamp = Stamp::new(&node, band, &role, &domain, &now_rfc3339());
                 hand_over(ctx, binds, (pod, node, band, stamp))?;
             }
-            Write::Place { gang, node, member, pods, core, domain, note } => {
-                place(ctx, binds, &gang, (&node, &member), &pods, (core, &domain), note.as_deref()).await?
+            Write::Place { gang, node, member, pods, domain, note } => {
+                place(ctx, binds, &gang, (&node, &member), &pods, &domain, note.as_deref()).await?
             }
         }
     }
@@ -364,7 +361,7 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
 }
 
 /// Places a new gang on `node` of `member`: hands the binder a binding for each of its core
-/// pods present, each recording the placement (band,
+/// pods, each recording the placement (band,
 /// planned node and domain, the core's size), then says `Placed`, with how the gang was kept
 /// together. The first pod bound pins the gang to `node`: a restarted dispatcher binds the
 /// rest there.
@@ -374,10 +371,11 @@ async fn place(
     key: &GangKey,
     (node, member): (&str, &str),
     pods: &[PlannedPod],
-    (core, domain): (usize, &Domain),
+    domain: &Domain,
     note: Option<&str>,
 ) -> Result<()> {
-    info!(gang = %key, node, core, present = pods.len(), domain = %domain.to_annotation(), "gang placed");
+    let core = pods.len();
+    info!(gang = %key, node, core, domain = %domain.to_annotation(), "gang placed");
     let placed_at = now_rfc3339();
     for p in pods {
         let role = round::Role::Core { size: core, planned_node: Some(p.member_node.clone()) };
@@ -386,8 +384,7 @@ async fn place(
     }
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
-        let present = if pods.len() < core { format!(", {} here so far", pods.len()) } else { String::new() };
-        let note = format!("gang {key} ({core} pods{present}) placed on {node} (member {member}){how}");
+        let note = format!("gang {key} ({core} pods) placed on {node} (member {member}){how}");
         publish(ctx, &first.pod, EventType::Normal, keys::REASON_PLACED, &note).await;
     }
     Ok(())

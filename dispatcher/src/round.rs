@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use tidepool_api::Resources;
-use tidepool_api::bridge::GangAdmission;
 use tidepool_api::keys::{self, Band};
 use tidepool_api::pod::PodLite;
 
@@ -63,16 +62,14 @@ pub(crate) enum Write {
     /// Labels a pod whose binding was to carry its band and role but did not (see
     /// [`unlabelled`]).
     Relabel { pod: Arc<PodLite>, band: Band, role: &'static str },
-    /// A new gang: binds each of its core pods present (`pods`) to `node`, recording with
-    /// each binding the placement (band, planned node and domain, the core's size `core`),
-    /// and says `Placed` on the first. Under [`GangAdmission::Reserve`] `pods` may be fewer
-    /// than `core`: the rest are held on the pool ([`missing_core`]) and bound as they come.
+    /// A new gang: binds each of its `core` pods (`pods`) to `node`, recording with each
+    /// binding the placement (band, planned node and domain, the core's size), and says
+    /// `Placed` on the first.
     Place {
         gang: GangKey,
         node: String,
         member: String,
         pods: Vec<PlannedPod>,
-        core: usize,
         domain: plan::Domain,
         note: Option<String>,
     },
@@ -258,76 +255,19 @@ fn assume_in(view: &mut PoolView, req: &Resources, domain: &plan::Domain) -> Opt
     Some(node.name.clone())
 }
 
-/// The room placed gangs hold for core pods that do not exist yet: for each gang pinned to a
-/// pool whose pods are still arriving (the newest younger than [`FORMING_QUIET`] at `now`),
-/// the virtual node, the gang's domain, one pod's requests (the largest of each resource
-/// among its pods) and how many of its core are missing. The core's size is the one the
-/// dispatcher recorded on the gang's core pods ([`keys::ANNOTATION_GANG_CORE`], trusted only
-/// where the role is: [`crate::restart::is_core`]), so it is read from the API like every
-/// other decision and a restarted dispatcher holds the same room. A gang whose pods stopped
-/// coming holds nothing more: its pods present keep what they use, and the gang timeout
-/// rolls it back if its core never runs.
-pub(crate) fn missing_core(
-    gangs: &BTreeMap<GangKey, GangState>,
-    now: i64,
-) -> Vec<(String, plan::Domain, Resources, usize)> {
-    let mut held = Vec::new();
-    for g in gangs.values() {
-        let Some(node) = &g.pinned else { continue };
-        if !g.forming(now) {
-            continue;
-        }
-        let core = g
-            .pods
-            .iter()
-            .filter(|p| crate::restart::is_core(p))
-            .filter_map(|p| p.annotations().get(keys::ANNOTATION_GANG_CORE)?.parse::<usize>().ok())
-            .max()
-            .unwrap_or(0);
-        let missing = core.saturating_sub(g.pods.len() + g.succeeded);
-        if missing == 0 {
-            continue;
-        }
-        let mut one = Resources::new();
-        g.pods.iter().for_each(|p| one.max_with(&requests(p)));
-        held.push((node.clone(), g.domain.clone(), one, missing));
-    }
-    held
-}
-
-/// Books [`missing_core`]'s room on the pools, before any gang of the round is admitted.
-pub(crate) fn hold(pools: &mut [PoolView], held: &[(String, plan::Domain, Resources, usize)]) {
-    for (node, domain, one, missing) in held {
-        if let Some(pool) = pools.iter_mut().find(|v| &v.node == node) {
-            for _ in 0..*missing {
-                assume_in(pool, one, domain);
-            }
-        }
-    }
-}
-
-/// The requests every pod of `pods` has, when they all have the same (and there is one):
-/// a gang of such pods can be planned before all of them exist.
-fn alike(pods: &[&Arc<PodLite>]) -> Option<Resources> {
-    let (first, rest) = pods.split_first()?;
-    rest.iter().all(|p| p.spec.requests == first.spec.requests).then(|| requests(first))
-}
-
 /// Admits what it can of gang `key` with `min` core pods: a placed gang finishes its core on
-/// its pool and grows elastically there; a new gang is placed whole on one pool (under
-/// [`GangAdmission::Reserve`], one of alike pods as soon as some exist), or waits with the
-/// reason (none while it is still forming at `now`, Unix seconds: see [`FORMING_QUIET`]).
-/// Books what it admits on `pools`, so later gangs of the round see it.
+/// its pool and grows elastically there; a new gang is placed whole on one pool, or waits
+/// with the reason (none while it is still forming at `now`, Unix seconds: see
+/// [`FORMING_QUIET`]). Books what it admits on `pools`, so later gangs of the round see it.
 pub(crate) fn admit(
     key: &GangKey,
     g: &GangState,
     min: usize,
     pools: &mut [PoolView],
-    (ranges, now, admission): (&BandRanges, i64, GangAdmission),
+    (ranges, now): (&BandRanges, i64),
 ) -> Admission {
     let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
     pending.sort_by_key(|p| p.name_any());
-    let forming = g.forming(now);
     match &g.pinned {
         Some(node) => {
             let bound = g.pods.len() - pending.len();
@@ -336,39 +276,15 @@ pub(crate) fn admit(
                 unplaced: None,
             }
         }
-        None if pending.len() >= min => {
-            let core = &pending[..min];
-            admit_new(key, core, core.iter().map(|p| requests(p)).collect(), pools, ranges)
-        }
-        None => {
-            let n = pending.len();
-            let projected = alike(&pending)
-                .filter(|_| admission == GangAdmission::Reserve)
-                .map(|one| plan_new(key, &pending, vec![one; min], pools, ranges));
-            match projected {
-                Some(Ok(place)) => Admission { writes: vec![place], unplaced: None },
-                _ if forming => Admission::default(),
-                Some(Err((why, _))) => waiting(
-                    &pending,
-                    format!("gang {key} has {n} of its {min} pods, and no pool has room for all {min}: {why}"),
-                ),
-                None => waiting(&pending, format!("gang {key} has {n} of its {min} pods; waiting for the rest")),
-            }
-        }
-    }
-}
-
-/// `pods` wait, for `message`; nothing is booked and no one is asked to make room.
-fn waiting(pods: &[&Arc<PodLite>], message: String) -> Admission {
-    Admission {
-        writes: vec![Write::Explain { pods: pods.iter().map(|p| (*p).clone()).collect(), message }],
-        unplaced: None,
+        None if pending.len() < min && g.forming(now) => Admission::default(),
+        None => admit_new(key, &pending, min, pools, ranges),
     }
 }
 
 /// The gang already has a pool, `node`, and a `domain` in it, and `bound` of its `min` core
-/// pods: bind the pods its core lacks (their room was held: [`missing_core`]), each on the
-/// member node it is planned on, then each elastic pod that fits in the domain.
+/// pods: bind the pods its core lacks (a restart between its first and last binding left
+/// them), each on the member node it fits first, then each elastic pod that fits in the
+/// domain.
 fn admit_placed(
     key: &GangKey,
     (node, domain): (&str, &plan::Domain),
@@ -409,65 +325,52 @@ fn admit_placed(
     writes
 }
 
-/// A new gang with all of its core present: placed whole on one pool, or it waits with the
-/// reason and asks for its whole core ([`Admission::unplaced`]).
+/// A new gang: all of its core on one pool, or nothing.
 fn admit_new(
     key: &GangKey,
-    core: &[&Arc<PodLite>],
-    demand: Vec<Resources>,
+    pending: &[&Arc<PodLite>],
+    min: usize,
     pools: &mut [PoolView],
     ranges: &BandRanges,
 ) -> Admission {
-    match plan_new(key, core, demand, pools, ranges) {
-        Ok(place) => Admission { writes: vec![place], unplaced: None },
-        Err((why, total)) => {
-            let pods = core.iter().map(|p| (*p).clone()).collect();
-            Admission {
-                writes: vec![Write::Explain { pods, message: format!("gang {key}: {why}") }],
-                unplaced: Some(total),
+    let waiting = || pending.iter().map(|p| (*p).clone()).collect();
+    if pending.len() < min {
+        let message = format!("gang {key} has {} of its {min} pods; waiting for the rest", pending.len());
+        return Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: None };
+    }
+    let core = &pending[..min];
+    let demand = GangDemand { key: key.clone(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
+    match plan::place(&demand, pools) {
+        Ok(placement) => {
+            if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
+                pool.reserve(&demand.pods, &placement.per_pod_member_node);
             }
+            let pods = core
+                .iter()
+                .zip(placement.planned_nodes)
+                .map(|(p, member_node)| PlannedPod {
+                    pod: (*p).clone(),
+                    band: gang::band_for(p.spec.priority, true, ranges),
+                    member_node,
+                })
+                .collect();
+            let place = Write::Place {
+                gang: key.clone(),
+                node: placement.node,
+                member: placement.member,
+                pods,
+                domain: placement.domain,
+                note: placement.note,
+            };
+            Admission { writes: vec![place], unplaced: None }
+        }
+        Err(u) => {
+            let mut total = Resources::new();
+            demand.pods.iter().for_each(|r| total.add(r));
+            let message = format!("gang {key}: {}", u.message);
+            Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: Some(total) }
         }
     }
-}
-
-/// Plans a new gang's whole core, `demand` (one entry per core pod; the first ones are the
-/// pods `present`), onto one pool and books it there; or says why no pool takes it, with the
-/// core's total requests.
-fn plan_new(
-    key: &GangKey,
-    present: &[&Arc<PodLite>],
-    demand: Vec<Resources>,
-    pools: &mut [PoolView],
-    ranges: &BandRanges,
-) -> Result<Write, (String, Resources)> {
-    let core = demand.len();
-    let demand = GangDemand { key: key.clone(), pods: demand, pinned: None };
-    let placement = plan::place(&demand, pools).map_err(|u| {
-        let mut total = Resources::new();
-        demand.pods.iter().for_each(|r| total.add(r));
-        (u.message, total)
-    })?;
-    if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
-        pool.reserve(&demand.pods, &placement.per_pod_member_node);
-    }
-    let pods = present
-        .iter()
-        .zip(placement.planned_nodes)
-        .map(|(p, member_node)| PlannedPod {
-            pod: (*p).clone(),
-            band: gang::band_for(p.spec.priority, true, ranges),
-            member_node,
-        })
-        .collect();
-    Ok(Write::Place {
-        gang: key.clone(),
-        node: placement.node,
-        member: placement.member,
-        pods,
-        core,
-        domain: placement.domain,
-        note: placement.note,
-    })
 }
 
 #[cfg(test)]
@@ -546,7 +449,7 @@ mod tests {
         // next round, when the gang has its pool.
         let g = gang(vec![pending("w-2", 2), pending("w-0", 2), pending("w-1", 2)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let core = |name: &str, member_node: &str| PlannedPod {
             pod: g.pods.iter().find(|p| p.name_any() == name).unwrap().clone(),
             band: Band::Medium,
@@ -557,7 +460,6 @@ mod tests {
             node: "tidepool-b".into(),
             member: "member-of-tidepool-b".into(),
             pods: vec![core("w-0", "n0"), core("w-1", "n1")],
-            core: 2,
             domain: plan::Domain::default(),
             note: None,
         };
@@ -571,7 +473,7 @@ mod tests {
     fn a_new_gang_short_of_its_minimum_waits_for_the_rest() {
         let g = gang(vec![pending("w-0", 1)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
         assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
         assert_eq!(admission.unplaced, None, "a gang still forming asks no one to make room");
@@ -583,16 +485,16 @@ mod tests {
         let mut g = gang(vec![pending("w-0", 1)], None);
         let mut pools = vec![pool("tidepool-a", 1, 8)];
         g.newest = Some(NOW - FORMING_QUIET + 1);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         assert_eq!(admission, Admission::default(), "its newest pod is younger than the quiet period");
         g.newest = Some(NOW - FORMING_QUIET);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let message = "gang ns/gang/g has 1 of its 2 pods; waiting for the rest".to_owned();
         assert_eq!(admission.writes, vec![Write::Explain { pods: g.pods.clone(), message }]);
         // A whole gang is placed at once, however young.
         let mut g = gang(vec![pending("w-0", 1), pending("w-1", 1)], None);
         g.newest = Some(NOW);
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         assert!(matches!(admission.writes.as_slice(), [Write::Place { .. }]), "{admission:?}");
     }
 
@@ -611,7 +513,7 @@ mod tests {
     fn a_new_gang_that_fits_nowhere_waits_and_asks_for_its_whole_core() {
         let g = gang(vec![pending("w-0", 4), pending("w-1", 4), pending("w-2", 4)], None);
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW));
         assert_eq!(admission.unplaced, Some(gpus(12)));
         let [Write::Explain { pods, message }] = admission.writes.as_slice() else { panic!("{admission:?}") };
         assert_eq!(pods.len(), 3);
@@ -627,7 +529,7 @@ mod tests {
         let pods = vec![running_on(pending("w-0", 1), node), pending("w-1", 1), pending("w-2", 2), pending("w-3", 2)];
         let g = gang(pods, Some(node));
         let mut pools = vec![pool(node, 1, 4)];
-        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 2, &mut pools, (&BandRanges::default(), NOW));
         let bind = |i: usize, band, role| Write::Bind {
             pod: g.pods[i].clone(),
             node: node.into(),
@@ -649,7 +551,7 @@ mod tests {
     fn a_placed_gang_whose_pool_is_not_offered_waits_with_the_reason() {
         let g = gang(vec![pending("w-0", 1)], Some("tidepool-gone"));
         let mut pools = vec![pool("tidepool-a", 1, 4)];
-        let admission = admit(&key(), &g, 1, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
+        let admission = admit(&key(), &g, 1, &mut pools, (&BandRanges::default(), NOW));
         let message = "gang ns/gang/g is placed on tidepool-gone, which is not offered right now".to_owned();
         assert_eq!(
             admission,
@@ -720,101 +622,10 @@ mod tests {
         assert_eq!(queue_entry(&key(), &gang(vec![pending("w-0", 1)], None), 4, &BandRanges::default()).max, 4);
     }
 
-    const RESERVE: GangAdmission = GangAdmission::Reserve;
-
     /// `p` as a binding by the dispatcher leaves it: on `node`, core of a gang of `size`.
     fn bound_core(p: PodLite, node: &str, size: usize) -> PodLite {
         let role = Role::Core { size, planned_node: Some("n0".into()) };
         Stamp::new(node, Band::Medium, &role, &plan::Domain::default(), "2026-12-01T10:00:00Z").bound(&p, node)
-    }
-
-    #[test]
-    fn under_reserve_a_gang_of_alike_pods_is_placed_for_its_whole_core_as_its_first_pod_arrives() {
-        // One 2-GPU pod of a gang of 4 is here: the whole core (8 GPUs) fits pool b only.
-        let mut g = gang(vec![pending("w-0", 2)], None);
-        g.newest = Some(NOW);
-        let mut pools = vec![pool("tidepool-a", 1, 4), pool("tidepool-b", 2, 4)];
-        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        let [Write::Place { node, pods, core, .. }] = admission.writes.as_slice() else { panic!("{admission:?}") };
-        assert_eq!((node.as_str(), pods.len(), *core), ("tidepool-b", 1, 4));
-        assert_eq!(pods[0].pod, g.pods[0]);
-        assert_eq!(pools[1].used, gpus(8), "the room of the three pods still to come is booked too");
-        assert_eq!(pools[0].used, Resources::new());
-        // The same gang under Complete keeps waiting without a word while it forms.
-        let mut pools = vec![pool("tidepool-a", 1, 4), pool("tidepool-b", 2, 4)];
-        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, GangAdmission::Complete));
-        assert_eq!(admission, Admission::default());
-    }
-
-    #[test]
-    fn a_gang_of_unlike_pods_waits_for_all_of_them_even_under_reserve() {
-        let mut g = gang(vec![pending("ps-0", 1), pending("w-0", 2)], None);
-        g.newest = Some(NOW);
-        let mut pools = vec![pool("tidepool-a", 2, 8)];
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        assert_eq!(admission, Admission::default(), "its third pod could be any size");
-        g.newest = Some(NOW - FORMING_QUIET);
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        let message = "gang ns/gang/g has 2 of its 3 pods; waiting for the rest".to_owned();
-        let mut waiting: Vec<Arc<PodLite>> = g.pods.clone();
-        waiting.sort_by_key(|p| p.name_any());
-        assert_eq!(admission.writes, vec![Write::Explain { pods: waiting, message }]);
-        assert_eq!(pools[0].used, Resources::new());
-    }
-
-    #[test]
-    fn a_forming_gang_that_fits_nowhere_waits_quietly_then_says_why_and_asks_no_one_for_room() {
-        let mut g = gang(vec![pending("w-0", 4)], None);
-        g.newest = Some(NOW);
-        let mut pools = vec![pool("tidepool-a", 2, 4)];
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        assert_eq!(admission, Admission::default());
-        g.newest = Some(NOW - FORMING_QUIET);
-        let admission = admit(&key(), &g, 3, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        assert_eq!(admission.unplaced, None, "a gang short of its minimum asks no one to make room");
-        let [Write::Explain { message, .. }] = admission.writes.as_slice() else { panic!("{admission:?}") };
-        assert!(
-            message.starts_with("gang ns/gang/g has 1 of its 3 pods, and no pool has room for all 3: "),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn a_placed_gang_holds_room_for_the_core_pods_still_to_come_while_they_arrive() {
-        let node = "tidepool-a";
-        let mut g = gang(vec![bound_core(pending("w-0", 2), node, 4), pending("w-1", 2)], Some(node));
-        g.newest = Some(NOW);
-        let gangs = BTreeMap::from([(key(), g.clone())]);
-        // Four in the core, two here: two to come, 2 GPUs each.
-        let held = missing_core(&gangs, NOW);
-        assert_eq!(held, vec![(node.to_owned(), plan::Domain::default(), gpus(2), 2)]);
-        let mut pools = vec![pool(node, 2, 4)];
-        hold(&mut pools, &held);
-        assert_eq!(pools[0].used, gpus(4));
-        // Another gang that needs the held room waits; the pending core pod still binds.
-        let other_key = GangKey::annotation("ns", "other");
-        let mut other = gang(vec![pending("o-0", 4), pending("o-1", 2)], None);
-        other.pods.iter_mut().for_each(|p| Arc::make_mut(p).metadata.annotations = None);
-        let admission = admit(&other_key, &other, 2, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        assert!(matches!(admission.writes.as_slice(), [Write::Explain { .. }]), "{admission:?}");
-        let admission = admit(&key(), &g, 4, &mut pools, (&BandRanges::default(), NOW, RESERVE));
-        assert!(matches!(admission.writes.as_slice(), [Write::Bind { role: Role::Core { size: 4, .. }, .. }]));
-        // Pods that stopped coming hold nothing more.
-        g.newest = Some(NOW - FORMING_QUIET);
-        assert_eq!(missing_core(&BTreeMap::from([(key(), g)]), NOW), vec![]);
-    }
-
-    #[test]
-    fn a_core_size_counts_only_where_the_dispatcher_recorded_the_role() {
-        let node = "tidepool-a";
-        // A tenant's annotation on a pod the dispatcher bound as elastic holds nothing.
-        let elastic =
-            Stamp::new(node, Band::Low, &Role::Elastic, &plan::Domain::default(), "t").bound(&pending("w-0", 1), node);
-        let mut forged = elastic.clone();
-        forged.metadata.annotations.get_or_insert_default().insert(keys::ANNOTATION_GANG_CORE.into(), "1000".into());
-        let mut g = gang(vec![forged], Some(node));
-        g.newest = Some(NOW);
-        assert_eq!(missing_core(&BTreeMap::from([(key(), g)]), NOW), vec![]);
     }
 
     #[test]

@@ -16,11 +16,6 @@ use crate::harness::*;
 
 /// One tidepool bridging both members under this test's label and scheduler name.
 async fn setup(env: &Env, test: &str, ns: &str, members: &[&str]) -> (Client, Tidepool) {
-    setup_with(env, test, ns, members, "").await
-}
-
-/// [`setup`] with `dispatcher` config lines (YAML, e.g. `gangAdmission: Complete`).
-async fn setup_with(env: &Env, test: &str, ns: &str, members: &[&str], dispatcher: &str) -> (Client, Tidepool) {
     let training = env.client("training").await;
     prepare(env, &training, test, ns).await;
     for m in members {
@@ -28,7 +23,7 @@ async fn setup_with(env: &Env, test: &str, ns: &str, members: &[&str], dispatche
         put_kubeconfig_secret(&training, ns, m, &kubeconfig).await;
         apply_member(&training, &format!("{test}-{m}"), test, ns, m).await;
     }
-    let tidepool = Tidepool::start_with(env, test, ns, dispatcher);
+    let tidepool = Tidepool::start(env, test, ns);
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
     for m in members {
         let node = format!("tidepool-{test}-{m}");
@@ -485,44 +480,13 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
     let label = json!({"labels": {keys::LABEL_POD_GROUP: pt, "training.kubeflow.org/job-name": pt}});
     let torch: Vec<String> =
         ["master-0", "worker-0", "worker-1", "worker-2"].iter().map(|r| format!("{pt}-{r}")).collect();
-    // Three of four, alike: under the default admission (Reserve) they are bound at once,
-    //    to one pool, with the fourth's room held there; the fourth joins them.
+    // Three of four: not enough, nothing binds. The dispatcher says so on each pod: once
+    //    it has, it has looked at them and bound none.
     for n in &torch[..3] {
         pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, label.clone())).await.unwrap();
     }
-    let first = wait_bound(&pods, &torch[..3], Duration::from_secs(60)).await;
-    assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 1, "{first:?}");
-    for n in &torch[..3] {
-        let p = pods.get(n).await.unwrap();
-        assert_eq!(p.annotations().get(keys::ANNOTATION_GANG_CORE).map(String::as_str), Some("4"), "{n}");
-        assert_eq!(p.labels().get(keys::LABEL_ROLE).map(String::as_str), Some(keys::ROLE_CORE), "{n}");
-    }
-    pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
-    let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
-    assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
-    wait_running(&pods, &torch).await;
-    delete_all(&pods, &volcano).await;
-    delete_all(&pods, &torch).await;
-}
-
-#[tokio::test]
-async fn under_complete_admission_a_gang_binds_nothing_until_all_its_pods_exist() {
-    let env = Env::load();
-    let test = "dispatch-complete";
-    let ns = "e2e-dispatch-complete";
-    let (training, _tp) = setup_with(&env, test, ns, &["member-a"], "gangAdmission: Complete").await;
-    let pods = Api::<Pod>::namespaced(training.clone(), ns);
-    let id = run_id();
-    let names: Vec<String> = (0..4).map(|i| format!("complete-{id}-{i}")).collect();
-    let meta =
-        json!({"annotations": {keys::ANNOTATION_GANG: format!("complete-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
-    // Three of four: not enough, nothing binds. The dispatcher says so on each pod once the
-    // gang stops forming: once it has, it has looked at them and bound none.
-    for n in &names[..3] {
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 1, meta.clone())).await.unwrap();
-    }
     wait_for(Duration::from_secs(30), "the incomplete gang explained on each of its pods", || {
-        let (pods, names) = (pods.clone(), names[..3].to_vec());
+        let (pods, names) = (pods.clone(), torch[..3].to_vec());
         async move {
             for n in &names {
                 let p = pods.get(n).await.ok()?;
@@ -533,55 +497,22 @@ async fn under_complete_admission_a_gang_binds_nothing_until_all_its_pods_exist(
         }
     })
     .await;
-    pods.create(&PostParams::default(), &gang_pod(&names[3], &scheduler_name(test), 1, meta)).await.unwrap();
-    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    pods.create(&PostParams::default(), &gang_pod(&torch[3], &scheduler_name(test), 1, label)).await.unwrap();
+    let bound = wait_bound(&pods, &torch, Duration::from_secs(60)).await;
     assert_eq!(bound.values().collect::<BTreeSet<_>>().len(), 1, "{bound:?}");
-    delete_all(&pods, &names).await;
-}
-
-#[tokio::test]
-async fn a_gang_placed_as_its_pods_arrive_keeps_the_room_of_those_still_to_come() {
-    let env = Env::load();
-    let test = "dispatch-held";
-    let ns = "e2e-dispatch-held";
-    let (training, _tp) = setup(&env, test, ns, &["member-a"]).await;
-    let node = format!("tidepool-{test}-member-a");
-    wait_lends_at_least(&training, &node, 16).await;
-    let pods = Api::<Pod>::namespaced(training.clone(), ns);
-    let id = run_id();
-    // Gang a: four 4-GPU pods, the whole of member-a's 16 GPUs. Two arrive first: they are
-    // bound at once, and the room of the other two is held.
-    let a: Vec<String> = (0..4).map(|i| format!("held-a-{id}-{i}")).collect();
-    let a_meta =
-        json!({"annotations": {keys::ANNOTATION_GANG: format!("held-a-{id}"), keys::ANNOTATION_MIN_MEMBER: "4"}});
-    for n in &a[..2] {
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 4, a_meta.clone())).await.unwrap();
+    // Each binding recorded the placement on its pod: the pool, the band and role, the core.
+    for n in &torch {
+        let p = pods.get(n).await.unwrap();
+        let (labels, annotations) = (p.labels(), p.annotations());
+        assert_eq!(annotations.get(keys::ANNOTATION_PLACEMENT), Some(&bound[n]), "{n}");
+        assert_eq!(annotations.get(keys::ANNOTATION_GANG_CORE).map(String::as_str), Some("4"), "{n}");
+        assert!(annotations.contains_key(keys::ANNOTATION_PLACED_AT), "{n}");
+        assert_eq!(labels.get(keys::LABEL_BAND).map(String::as_str), Some("medium"), "{n}");
+        assert_eq!(labels.get(keys::LABEL_ROLE).map(String::as_str), Some(keys::ROLE_CORE), "{n}");
     }
-    wait_bound(&pods, &a[..2], Duration::from_secs(30)).await;
-    // Gang b, complete (two 2-GPU pods), would fit in the 8 GPUs a's pods still to come
-    // need: it must wait, told why.
-    let b: Vec<String> = (0..2).map(|i| format!("held-b-{id}-{i}")).collect();
-    let b_meta =
-        json!({"annotations": {keys::ANNOTATION_GANG: format!("held-b-{id}"), keys::ANNOTATION_MIN_MEMBER: "2"}});
-    for n in &b {
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, b_meta.clone())).await.unwrap();
-    }
-    wait_for(Duration::from_secs(30), "gang b told it waits", || {
-        let (pods, n) = (pods.clone(), b[0].clone());
-        async move { unschedulable_message(&pods.get(&n).await.ok()?) }
-    })
-    .await;
-    // The rest of a arrives (within the 5 s its room is held) and joins it.
-    for n in &a[2..] {
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 4, a_meta.clone())).await.unwrap();
-    }
-    let bound = wait_bound(&pods, &a, Duration::from_secs(30)).await;
-    assert!(bound.values().all(|n| *n == node), "{bound:?}");
-    for n in &b {
-        assert!(pods.get(n).await.unwrap().spec.unwrap().node_name.is_none(), "{n} took the room gang a held");
-    }
-    delete_all(&pods, &b).await;
-    delete_all(&pods, &a).await;
+    wait_running(&pods, &torch).await;
+    delete_all(&pods, &volcano).await;
+    delete_all(&pods, &torch).await;
 }
 
 #[tokio::test]
@@ -589,8 +520,7 @@ async fn a_gang_whose_pods_arrive_together_is_placed_without_being_told_to_wait(
     let env = Env::load();
     let test = "dispatch-forming";
     let ns = "e2e-dispatch-forming";
-    // Under Complete admission: under Reserve its first pods are bound at once.
-    let (training, tp) = setup_with(&env, test, ns, &["member-a"], "gangAdmission: Complete").await;
+    let (training, tp) = setup(&env, test, ns, &["member-a"]).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
     let names: Vec<String> = (0..4).map(|i| format!("forming-{id}-{i}")).collect();
@@ -626,85 +556,42 @@ async fn a_gang_whose_pods_arrive_together_is_placed_without_being_told_to_wait(
 }
 
 #[tokio::test]
-async fn a_crash_during_placement_never_splits_a_gang() {
+async fn a_gang_a_crash_left_partly_bound_is_finished_on_its_pool() {
     let env = Env::load();
     let test = "dispatch-crash";
     let ns = "e2e-dispatch-crash";
     let (training, mut tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
-    // member-b keeps 8 GPUs: room for 4 of the gang's 6 × 2-GPU pods. member-a (16) takes
-    // all 6. A restart that re-placed the unbound rest on its own would split the gang.
-    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
-    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
+    let (node_a, node_b) = (format!("tidepool-{test}-member-a"), format!("tidepool-{test}-member-b"));
+    wait_lends_at_least(&training, &node_b, 16).await;
+    // Tidepool is down while the gang is created, and two of its six 2-GPU pods are bound to
+    // member-a as a dispatcher that crashed between its bindings leaves them: each binding
+    // recorded the placement on its pod, and the other four were never bound.
+    tp.kill();
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
-    // The kill follows the first placement annotation at once (watched, not polled), but a
-    // fast machine can still bind all six before it lands: such a round proves nothing, so
-    // it is cleared and tried again, a few times at most.
-    let mut attempt = 0;
-    let (names, unbound) = loop {
-        attempt += 1;
-        let (names, unbound) = place_and_kill(&pods, test, &mut tp).await;
-        if unbound > 0 {
-            break (names, unbound);
-        }
-        assert!(
-            attempt < 5,
-            "every pod was bound before the kill in {attempt} tries: the crash never landed mid-placement"
-        );
-        // A live tidepool deletes the copies, then the training pods.
-        tp = Tidepool::start(&env, test, ns);
-        delete_all(&pods, &names).await;
-    };
-    // While tidepool is down member-b frees up: placed afresh, the gang would now fit it more
-    // tightly (three whole 4-GPU nodes). The recorded placement must win.
-    online.release().await;
-    let _tp = Tidepool::start(&env, test, ns);
-    wait_lends_at_least(&training, &format!("tidepool-{test}-member-b"), 16).await;
-    let _ = attempt;
-    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
-    let whole = format!("tidepool-{test}-member-a");
-    assert!(
-        bound.values().all(|n| *n == whole),
-        "gang not whole on {whole} after a crash ({unbound} unbound at the kill): {bound:?}"
-    );
-    wait_running(&pods, &names).await;
-    delete_all(&pods, &names).await;
-}
-
-/// Creates a 6-pod gang of 2-GPU pods, SIGKILLs tidepool as soon as the first placement is
-/// recorded, and says how many of its pods were still unbound at the kill.
-async fn place_and_kill(pods: &Api<Pod>, test: &str, tp: &mut Tidepool) -> (Vec<String>, usize) {
     let id = run_id();
     let names: Vec<String> = (0..6).map(|i| format!("crash-{id}-{i}")).collect();
-    let selector = format!("e2e-crash={id}");
-    let config = kube::runtime::watcher::Config::default().labels(&selector);
-    let mut stream = Box::pin(kube::runtime::watcher(pods.clone(), config));
+    let meta = json!({"annotations": {keys::ANNOTATION_GANG: format!("crash-{id}"), keys::ANNOTATION_MIN_MEMBER: "6"}});
     for n in &names {
-        let meta = json!({"labels": {"e2e-crash": id.clone()},
-                          "annotations": {keys::ANNOTATION_GANG: format!("crash-{id}"), keys::ANNOTATION_MIN_MEMBER: "6"}});
-        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, meta)).await.unwrap();
+        pods.create(&PostParams::default(), &gang_pod(n, &scheduler_name(test), 2, meta.clone())).await.unwrap();
     }
-    tokio::time::timeout(Duration::from_secs(60), async {
-        use futures::StreamExt;
-        while let Some(event) = stream.next().await {
-            if let kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p) =
-                event.expect("watch of the gang's pods")
-                && p.annotations().contains_key(keys::ANNOTATION_PLACEMENT)
-            {
-                return;
-            }
-        }
-        panic!("watch of the gang's pods ended");
-    })
-    .await
-    .expect("no placement recorded within 60 s");
-    tp.kill();
-    let mut unbound = 0;
-    for n in &names {
-        if pods.get(n).await.unwrap().spec.unwrap().node_name.is_none() {
-            unbound += 1;
-        }
+    for n in &names[..2] {
+        let binding: k8s_openapi::api::core::v1::Binding = serde_json::from_value(json!({
+            "metadata": {"name": n,
+                         "labels": {keys::LABEL_BAND: "medium", keys::LABEL_ROLE: keys::ROLE_CORE},
+                         "annotations": {keys::ANNOTATION_PLACEMENT: node_a, keys::ANNOTATION_GANG_CORE: "6",
+                                         keys::ANNOTATION_PLACED_AT: jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node_a}
+        }))
+        .unwrap();
+        pods.create_subresource::<_, serde_json::Value>("binding", n, &PostParams::default(), &binding).await.unwrap();
     }
-    (names, unbound)
+    // member-b lends 16 GPUs on four 4-GPU nodes: placed afresh, the gang would fit it more
+    // tightly than member-a's two 8-GPU nodes. The recorded placement must win.
+    let _tp = Tidepool::start(&env, test, ns);
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    assert!(bound.values().all(|n| *n == node_a), "gang split after a crash mid-placement: {bound:?}");
+    wait_running(&pods, &names).await;
+    delete_all(&pods, &names).await;
 }
 
 #[tokio::test]
