@@ -361,10 +361,9 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
 }
 
 /// Places a new gang on `node` of `member`: hands the binder a binding for each of its core
-/// pods, each recording the placement (band,
-/// planned node and domain, the core's size), then says `Placed`, with how the gang was kept
-/// together. The first pod bound pins the gang to `node`: a restarted dispatcher binds the
-/// rest there.
+/// pods, each recording the placement (band, planned node and domain, the core's size), then
+/// says `Placed`, with how the gang was kept together. The first pod bound pins the gang to
+/// `node`: a restarted dispatcher binds the rest there.
 async fn place(
     ctx: &Context,
     binds: &Binds,
@@ -429,7 +428,7 @@ async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stam
         let patch = json!({ "metadata": { "labels": stamp.labels, "annotations": stamp.annotations } });
         if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
             warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
-            return Ok(());
+            return forget(ctx, pod);
         }
     }
     let binding = Binding {
@@ -458,12 +457,16 @@ async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stam
         Err(e) if tidepool_federation::api_code(&e, &[409]) => {}
         Err(e) => {
             warn!(pod = %name, error = %e, "bind failed; will retry");
-            if let Some(uid) = pod.metadata.uid.as_deref() {
-                ctx.forget_bound(uid)?;
-            }
+            return forget(ctx, pod);
         }
     }
     Ok(())
+}
+
+/// Ends the assumption that `pod` is bound: its binding failed, and the next round takes it
+/// up again.
+fn forget(ctx: &Context, pod: &PodLite) -> Result<()> {
+    pod.metadata.uid.as_deref().map_or(Ok(()), |uid| ctx.forget_bound(uid))
 }
 
 /// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
