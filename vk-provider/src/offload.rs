@@ -3,7 +3,7 @@
 //! Like the training side (`tidepool_api::pod`), the cache keeps what the pod sync reads
 //! rather than a whole `Pod`: its identity, the few tidepool labels and annotations read
 //! back, the ConfigMaps and Secrets the spec references (kept in sync while it runs) and the
-//! member's status as the JSON it came in, which is decoded only when it is copied up.
+//! member's status, packed ([`crate::packed`]) and decoded only when it is copied up.
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -11,6 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 use tidepool_api::keys;
 use tidepool_api::pod::{PodLite, trim_meta};
 
+use crate::packed::PackedStatus;
 use crate::referenced::{self, References};
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,8 +30,8 @@ pub struct OffloadPod {
     pod_group: Option<Box<str>>,
     /// The ConfigMaps and Secrets its spec references.
     pub references: References,
-    /// The member's status, as JSON.
-    status: Option<Box<str>>,
+    /// The member's status, packed.
+    status: Option<PackedStatus>,
 }
 
 impl From<Pod> for OffloadPod {
@@ -55,7 +56,7 @@ impl From<Pod> for OffloadPod {
             reclaim_deadline,
             pod_group: pod_group.map(String::into_boxed_str),
             references: spec.as_ref().map(referenced::references).unwrap_or_default(),
-            status: status.and_then(|s| serde_json::to_string(&s).ok()).map(String::into_boxed_str),
+            status: status.as_ref().and_then(PackedStatus::pack),
         }
     }
 }
@@ -63,7 +64,7 @@ impl From<Pod> for OffloadPod {
 impl OffloadPod {
     /// The member's status.
     pub fn status(&self) -> Option<PodStatus> {
-        serde_json::from_str(self.status.as_deref()?).ok()
+        self.status.as_ref()?.unpack()
     }
 
     /// The training pod's UID, from the origin label.
