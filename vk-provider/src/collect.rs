@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::Api;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
@@ -45,7 +44,7 @@ const CACHE_WAIT: Duration = Duration::from_secs(5);
 pub fn orphans<'a>(offload: impl IntoIterator<Item = &'a OffloadPod>, live: &HashSet<&str>) -> Vec<&'a OffloadPod> {
     offload
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| !p.deleting())
         .filter(|p| p.origin_uid().is_some_and(|uid| !live.contains(uid)))
         .collect()
 }
@@ -81,7 +80,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
                 }
                 Request::Gone { offload, uid } => {
                     let copy = watch.store.get(&offload).filter(|p| p.origin_uid() == Some(uid.as_str()));
-                    if let Some(copy) = copy.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+                    if let Some(copy) = copy.filter(|p| !p.deleting()) {
                         collect_orphan(&ctx, &watch, &copy).await;
                     }
                 }
@@ -101,8 +100,7 @@ async fn collect_orphans(ctx: &Context, watch: &OffloadWatch) {
 
 /// Deletes `pod` unless the training API says its origin still exists.
 async fn collect_orphan(ctx: &Context, watch: &OffloadWatch, pod: &OffloadPod) {
-    let name = pod.name_any();
-    let namespace = pod.namespace().unwrap_or_default();
+    let (name, namespace) = (pod.name(), pod.namespace());
     match still_there(ctx, pod).await {
         Ok(true) => {
             debug!(member = %watch.member.name, pod = %name, namespace, "origin found in training; not an orphan");
@@ -146,7 +144,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
     let wanted = |ns: &str| only.is_none_or(|o| o == ns);
     let mut used: HashSet<(String, Source)> = HashSet::new();
     for pod in watch.store.state() {
-        let ns = pod.namespace().unwrap_or_default();
+        let ns = pod.namespace().to_owned();
         if wanted(&ns) {
             used.extend(pod.references.keys().map(|s| (ns.clone(), s.clone())));
         }
@@ -210,8 +208,8 @@ fn needed_groups(ctx: &Context, watch: &OffloadWatch) -> BTreeSet<(String, Strin
     let member = &watch.member;
     let mut needed: BTreeSet<(String, String)> = BTreeSet::new();
     for pod in watch.store.state() {
-        if let (Some(ns), Some(group)) = (pod.namespace(), pod.pod_group()) {
-            needed.insert((ns, group.to_owned()));
+        if let (ns, Some(group)) = (pod.namespace(), pod.pod_group()) {
+            needed.insert((ns.to_owned(), group.to_owned()));
         }
     }
     for pod in ctx.pods.state().iter().filter(|p| p.is_live()) {
@@ -253,7 +251,7 @@ mod tests {
             offload("not-a-copy", None, false),
         ];
         let live = HashSet::from(["uid-1", "uid-9"]);
-        let names: Vec<_> = orphans(&pods, &live).into_iter().map(|p| p.name_any()).collect();
+        let names: Vec<_> = orphans(&pods, &live).into_iter().map(|p| p.name().to_owned()).collect();
         assert_eq!(names, ["gone"]);
     }
 

@@ -207,7 +207,7 @@ impl Context {
         for watch in watches {
             let member_ns = namespace.map(|ns| translate::member_namespace(&watch.member.namespace_prefix, ns));
             for copy in watch.store.state() {
-                if member_ns.as_deref().is_some_and(|ns| copy.metadata.namespace.as_deref() != Some(ns)) {
+                if member_ns.as_deref().is_some_and(|ns| copy.namespace() != ns) {
                     continue;
                 }
                 let uses = match source {
@@ -277,17 +277,16 @@ impl Context {
 pub(crate) async fn delete_offload(watch: &OffloadWatch, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
     let member = &watch.member;
     let uid = copy.uid().unwrap_or_default();
-    if !watch.deletions.claim(&uid, Instant::now())? {
+    if !watch.deletions.claim(uid, Instant::now())? {
         debug!(member = %member.name, "offload pod deletion already sent; waiting for the member's watch");
         return Ok(());
     }
-    let ns = copy.namespace().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: grace,
-        preconditions: Some(Preconditions { uid: copy.uid(), resource_version: None }),
+        preconditions: Some(Preconditions { uid: copy.uid().map(str::to_owned), resource_version: None }),
         ..Default::default()
     };
-    match Api::<Pod>::namespaced(member.client.clone(), &ns).delete(&copy.name_any(), &dp).await {
+    match Api::<Pod>::namespaced(member.client.clone(), copy.namespace()).delete(copy.name(), &dp).await {
         Ok(_) => {
             info!(member = %member.name, ?grace, "offload pod deletion requested");
             Ok(())
@@ -297,7 +296,7 @@ pub(crate) async fn delete_offload(watch: &OffloadWatch, copy: &OffloadPod, grac
             Ok(())
         }
         Err(e) => {
-            watch.deletions.release(&uid)?;
+            watch.deletions.release(uid)?;
             Err(Error::member(&member.name, "delete offload pod", e))
         }
     }

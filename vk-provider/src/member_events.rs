@@ -14,10 +14,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -74,7 +74,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut hints: mpsc:
             }
             () = tokio::time::sleep(SCAN) => {
                 for copy in watch.store.state() {
-                    start(copy.namespace().unwrap_or_default(), &mut watched);
+                    start(copy.namespace().to_owned(), &mut watched);
                 }
             }
         }
@@ -85,7 +85,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut hints: mpsc:
 fn observe(watch: &OffloadWatch, relay: &mut Relay, event: &CoreEvent) -> Option<Write> {
     let about = &event.involved_object;
     let copy = watch.store.get(&ObjectRef::new(about.name.as_deref()?).within(about.namespace.as_deref()?))?;
-    if about.uid.is_some() && about.uid != copy.metadata.uid {
+    if about.uid.is_some() && about.uid.as_deref() != copy.uid() {
         return None;
     }
     let (namespace, name) = copy.origin_name()?;

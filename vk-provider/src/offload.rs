@@ -6,19 +6,26 @@
 //! member's status, packed ([`crate::packed`]) and decoded only when it is copied up.
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::ObjectRef;
+use std::borrow::Cow;
+
+use kube::runtime::reflector::{Lookup, ObjectRef};
 use tidepool_api::keys;
-use tidepool_api::pod::{PodLite, trim_meta};
+use tidepool_api::pod::PodLite;
 
 use crate::packed::PackedStatus;
 use crate::referenced::{self, References};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadPod {
-    /// Identity, version and deletion; no labels or annotations (a map costs a whole tree
-    /// node, about 0.5 KB, for a single entry): the ones read back are the fields below.
-    pub metadata: ObjectMeta,
+    /// `metadata.name`, `.namespace`, `.uid` and `.resourceVersion`: no whole `ObjectMeta`
+    /// (360 bytes before it holds anything), no labels or annotations (a map costs a whole
+    /// tree node, about 0.5 KB, for a single entry): the ones read back are the fields below.
+    name: Box<str>,
+    namespace: Box<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    /// `metadata.deletionTimestamp` is set.
+    deleting: bool,
     /// Label `tidepool.io/origin-uid`: the UID of the training pod it copies.
     origin_uid: Option<Box<str>>,
     /// Annotations `tidepool.io/origin-namespace` and `-name`: that pod's namespace and name.
@@ -36,21 +43,23 @@ pub struct OffloadPod {
 
 impl From<Pod> for OffloadPod {
     fn from(pod: Pod) -> Self {
-        let Pod { mut metadata, spec, status } = pod;
-        trim_meta(&mut metadata);
+        let Pod { metadata, spec, status } = pod;
         // The training pod's own labels and annotations travel on the copy; only tidepool's
         // origin and reclaim notice are read back.
-        let mut labels = metadata.labels.take().unwrap_or_default();
-        let mut annotations = metadata.annotations.take().unwrap_or_default();
+        let mut labels = metadata.labels.unwrap_or_default();
+        let mut annotations = metadata.annotations.unwrap_or_default();
         let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
         let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
         let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
         let pod_group =
             labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
-        metadata.owner_references = None;
-        metadata.generate_name = None;
+        let boxed = |s: Option<String>| s.map(String::into_boxed_str);
         OffloadPod {
-            metadata,
+            name: metadata.name.unwrap_or_default().into_boxed_str(),
+            namespace: metadata.namespace.unwrap_or_default().into_boxed_str(),
+            uid: boxed(metadata.uid),
+            resource_version: boxed(metadata.resource_version),
+            deleting: metadata.deletion_timestamp.is_some(),
             origin_uid: labels.remove(keys::LABEL_ORIGIN_UID).map(String::into_boxed_str),
             origin,
             reclaim_deadline,
@@ -62,6 +71,26 @@ impl From<Pod> for OffloadPod {
 }
 
 impl OffloadPod {
+    /// Its name in the member.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its namespace in the member.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Its own UID (not its origin's).
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
+    /// The member is deleting it.
+    pub fn deleting(&self) -> bool {
+        self.deleting
+    }
+
     /// The member's status.
     pub fn status(&self) -> Option<PodStatus> {
         self.status.as_ref()?.unpack()
@@ -100,7 +129,42 @@ impl OffloadPod {
     }
 }
 
-tidepool_api::pod_resource!(OffloadPod);
+/// Keyed in the cache like the member's Pod it stands for.
+impl Lookup for OffloadPod {
+    type DynamicType = ();
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.name))
+    }
+
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.namespace))
+    }
+
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        self.resource_version.as_deref().map(Cow::Borrowed)
+    }
+
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        self.uid.as_deref().map(Cow::Borrowed)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -124,12 +188,21 @@ mod tests {
         assert_eq!(offload.origin_uid(), Some("t1"));
         assert_eq!(offload.origin(), Some(ObjectRef::new("p").within("team")));
         assert_eq!(offload.reclaim_deadline(), None);
-        // Read back from the fields above, not kept as maps.
-        assert_eq!((&offload.metadata.labels, &offload.metadata.annotations), (&None, &None));
+        assert_eq!(
+            (offload.name(), offload.namespace(), offload.uid(), offload.deleting()),
+            ("p", "tp-team", Some("m1"), false)
+        );
+        assert_eq!(offload.to_object_ref(()), ObjectRef::new("p").within("tp-team"));
         let mut training = PodLite::default();
         training.metadata.uid = Some("t1".into());
         assert!(offload.is_copy_of(&training));
         training.metadata.uid = Some("t2".into());
         assert!(!offload.is_copy_of(&training));
+    }
+
+    /// One per mirrored pod: a whole `ObjectMeta` alone would be 360 bytes.
+    #[test]
+    fn a_cache_entry_is_small() {
+        assert!(std::mem::size_of::<OffloadPod>() <= 256, "{} bytes", std::mem::size_of::<OffloadPod>());
     }
 }

@@ -258,7 +258,7 @@ fn start_offload_watch(
 ) -> OffloadWatch {
     let span = info_span!("offload_watch", member = %member.name);
     let _entered = span.enter();
-    let (store, writer) = reflector::store();
+    let (store, mut writer) = reflector::store();
     let selector = format!(
         "{}={},{}={}",
         keys::LABEL_ORIGIN_CLUSTER,
@@ -269,8 +269,21 @@ fn start_offload_watch(
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
         .map(|event| event.map(|e| translate::map_event(e, OffloadPod::from)))
-        .reflect(writer)
-        .touched_objects()
+        // What `reflect` and `touched_objects` do, for a cache entry that is not a whole
+        // `Resource` (see `OffloadPod`).
+        .map(move |event| {
+            if let Ok(e) = &event {
+                writer.apply_watcher_event(e);
+            }
+            event
+        })
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => Some(Ok(o)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
         .take_until(member.cancelled.clone().cancelled_owned());
     let (collect_tx, collect_rx) = mpsc::channel::<collect::Request>(256);
     let copy_selector = referenced::copy_selector(&ctx.config.cluster_name, member.name.as_str());
@@ -338,10 +351,10 @@ async fn forward_copy_events(
         match ev {
             Ok(pod) => {
                 let _ = tell.mirror.try_send(());
-                let _ = tell.relay.try_send(pod.namespace().unwrap_or_default());
+                let _ = tell.relay.try_send(pod.namespace().to_owned());
                 if store.get(&ObjectRef::from_obj(&pod)).is_none() {
                     // Gone from the member: its copies may be unused now.
-                    let _ = tell.collect.try_send(collect::Request::Copies(pod.namespace().unwrap_or_default()));
+                    let _ = tell.collect.try_send(collect::Request::Copies(pod.namespace().to_owned()));
                 }
                 if let Some(origin) = pod.origin() {
                     let _ = tell.status.send(origin.clone()).await;
@@ -836,9 +849,9 @@ async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> 
     }
     let member = &watch.member;
     let _slot = slot(&watch.writes).await;
-    let api = Api::<Pod>::namespaced(member.client.clone(), &copy.namespace().unwrap_or_default());
+    let api = Api::<Pod>::namespaced(member.client.clone(), copy.namespace());
     let patch = json!({ "metadata": { "annotations": { key: want } } });
-    api.patch(&copy.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+    api.patch(copy.name(), &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(|e| Error::member(&member.name, "copy reclaim notice to offload pod", e))?;
     info!(member = %member.name, "reclaim notice copied to the offload pod");

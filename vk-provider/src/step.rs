@@ -111,7 +111,7 @@ pub fn next_step(facts: &Facts<'_>) -> Step {
     let copy = existing.filter(|o| o.is_copy_of(pod));
     if pod.metadata.deletion_timestamp.is_some() {
         return match copy {
-            Some(c) if c.metadata.deletion_timestamp.is_none() => {
+            Some(c) if !c.deleting() => {
                 let grace = pod.metadata.deletion_grace_period_seconds.map(|g| g.max(0) as u32);
                 Step::DeleteCopy { grace, then: Then::LookAgain }
             }
@@ -145,7 +145,7 @@ fn without_copy(pod: &PodLite, name_taken: bool, handed_over: Option<Duration>) 
 
 /// Rows 7–10.
 fn with_copy(pod: &PodLite, copy: &OffloadPod, handed_over: Option<Duration>) -> Step {
-    let deleting = copy.metadata.deletion_timestamp.is_some();
+    let deleting = copy.deleting();
     match (pod.is_terminal(), deleting, handed_over) {
         // The dispatcher is deleting the copy, reclaiming the pod: neither a second delete
         // nor the notice is worth a member write.
