@@ -5,9 +5,9 @@
 //! back, the ConfigMaps and Secrets the spec references (kept in sync while it runs) and the
 //! member's status, packed ([`crate::packed`]) and decoded only when it is copied up.
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use std::borrow::Cow;
 
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::runtime::reflector::{Lookup, ObjectRef};
 use tidepool_api::keys;
 use tidepool_api::pod::PodLite;
@@ -48,22 +48,22 @@ impl From<Pod> for OffloadPod {
         // origin and reclaim notice are read back.
         let mut labels = metadata.labels.unwrap_or_default();
         let mut annotations = metadata.annotations.unwrap_or_default();
-        let mut take = |key: &str| annotations.remove(key).map(String::into_boxed_str);
+        let boxed = |s: Option<String>| s.map(String::into_boxed_str);
+        let mut take = |key: &str| boxed(annotations.remove(key));
         let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
         let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
         let pod_group =
             labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
-        let boxed = |s: Option<String>| s.map(String::into_boxed_str);
         OffloadPod {
             name: metadata.name.unwrap_or_default().into_boxed_str(),
             namespace: metadata.namespace.unwrap_or_default().into_boxed_str(),
             uid: boxed(metadata.uid),
             resource_version: boxed(metadata.resource_version),
             deleting: metadata.deletion_timestamp.is_some(),
-            origin_uid: labels.remove(keys::LABEL_ORIGIN_UID).map(String::into_boxed_str),
+            origin_uid: boxed(labels.remove(keys::LABEL_ORIGIN_UID)),
             origin,
             reclaim_deadline,
-            pod_group: pod_group.map(String::into_boxed_str),
+            pod_group: boxed(pod_group),
             references: spec.as_ref().map(referenced::references).unwrap_or_default(),
             status: status.as_ref().and_then(PackedStatus::pack),
         }

@@ -88,11 +88,6 @@ impl PackedStatus {
         })?;
         serde_json::from_slice(&json).ok()
     }
-
-    /// Bytes held (without the struct itself).
-    pub fn packed_len(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 #[cfg(test)]
@@ -128,7 +123,7 @@ mod tests {
         let packed = PackedStatus::pack(&running).unwrap();
         assert_eq!(packed.unpack(), Some(running.clone()));
         let json = serde_json::to_vec(&running).unwrap().len();
-        assert!(packed.packed_len() * 6 <= json, "{} bytes packed from {json}", packed.packed_len());
+        assert!(packed.bytes.len() * 6 <= json, "{} bytes packed from {json}", packed.bytes.len());
     }
 
     #[test]
