@@ -19,7 +19,8 @@
 //!    Each scenario: a warm-up round (not counted), then `BENCH_ROUNDS` [3] rounds, the two
 //!    paths alternating which goes first; tables give the median (min–max) over the rounds.
 //! 4. tidepool's resident memory idle, after each scenario, and with `BENCH_MEMORY_PODS`
-//!    [1000,10000] mirrored pods all Running.
+//!    [1000,10000] mirrored pods all Running, then again `BENCH_MEMORY_SETTLE` [100] s later
+//!    (0: not); with its anonymous and file-backed parts, and the growth per mirrored pod.
 //!
 //! The member gets `BENCH_NODES` [11] extra kwok nodes of 1,000 pods each for the run, and
 //! tidepool a member rate limit of `BENCH_MEMBER_QPS` [200] calls/s (0: the default, 50).
@@ -243,7 +244,7 @@ async fn main() {
     // Let every watch list before the idle reading.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let pid = tp.pid();
-    let mut memory = vec![("idle, 0 pods".to_string(), rss_mib(pid))];
+    let mut memory = vec![("idle, 0 pods".to_string(), Rss::of(pid))];
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
     let bench = Bench { env: &env, training: training.clone(), member: member.clone(), node, offload_ns: &offload_ns };
 
@@ -271,7 +272,7 @@ async fn main() {
                     run.total
                 );
                 if path == Path::Tidepool && scenario == "burst" && round == 1 {
-                    memory.push((format!("after a burst of {n} mirrored pods"), rss_mib(pid)));
+                    memory.push((format!("after a burst of {n} mirrored pods"), Rss::of(pid)));
                 }
                 match path {
                     Path::Tidepool => {
@@ -300,7 +301,7 @@ async fn main() {
         .collect();
     if !gangs.is_empty() {
         gang_runs(&training, &member, &gangs, &offload_ns).await;
-        memory.push(("after the gang runs (all deleted)".to_string(), rss_mib(pid)));
+        memory.push(("after the gang runs (all deleted)".to_string(), Rss::of(pid)));
     }
 
     // 4. Memory with many mirrored pods: tiny pods bound to the virtual node, all Running.
@@ -309,11 +310,13 @@ async fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    // (pods, index into `memory`) of each step reached: the growth per pod is printed below.
+    let mut per_pod: Vec<(usize, usize)> = Vec::new();
     if !steps.is_empty() {
         let seen = observe(training.clone(), NS);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let mut made = 0usize;
-        for target in steps {
+        for target in steps.iter().copied() {
             let names: Vec<String> = (made..target).map(|i| format!("mem-{i}")).collect();
             let start = Instant::now();
             create_all(&training_pods, &names, Some(node), None).await;
@@ -322,7 +325,7 @@ async fn main() {
                 let running = seen.lock().unwrap().running.len();
                 memory.push((
                     format!("{running} of {target} mirrored pods Running after 1800 s (gave up)"),
-                    rss_mib(pid),
+                    Rss::of(pid),
                 ));
                 break;
             };
@@ -334,24 +337,52 @@ async fn main() {
                     names.len(),
                     (done - start).as_secs_f64()
                 ),
-                rss_mib(pid),
+                Rss::of(pid),
             ));
+            per_pod.push((target, memory.len() - 1));
+        }
+        // The same pods once the burst's leftovers are gone: idle pooled connections close
+        // after 90 s, and the allocator has had time to return what it purges.
+        let settle = env_usize("BENCH_MEMORY_SETTLE", 100);
+        if let Some(&(pods, _)) = per_pod.last().filter(|_| settle > 0) {
+            tokio::time::sleep(Duration::from_secs(settle as u64)).await;
+            memory.push((format!("{pods} mirrored pods, {settle} s later"), Rss::of(pid)));
+            per_pod.push((pods, memory.len() - 1));
         }
         delete_pods(&training_pods).await;
     }
 
-    println!("\n## tidepool resident memory (VmRSS)\n");
-    println!("| moment | RSS (MiB) |");
-    println!("|---|---|");
-    for (when, mib) in memory {
-        println!("| {when} | {mib:.1} |");
-    }
+    print_memory(&memory, &per_pod);
     Api::<tidepool_api::MemberCluster>::all(training.clone())
         .delete("bench-a", &DeleteParams::default())
         .await
         .unwrap();
     drop(replicas);
     remove_bench_nodes(&member, &bench_nodes).await;
+}
+
+/// The RSS table, then the growth per mirrored pod from the idle reading to each step: in
+/// all, and in anonymous memory alone (the file-backed part is mostly code paged in the first
+/// time a path runs, which does not grow with the number of pods).
+fn print_memory(memory: &[(String, Rss)], per_pod: &[(usize, usize)]) {
+    println!("\n## tidepool resident memory (VmRSS)\n");
+    println!("| moment | RSS (MiB) | anonymous (MiB) | file-backed (MiB) |");
+    println!("|---|---|---|---|");
+    for (when, rss) in memory {
+        println!("| {when} | {:.1} | {:.1} | {:.1} |", rss.total, rss.anon, rss.file);
+    }
+    let Some((_, idle)) = memory.first() else { return };
+    for &(pods, at) in per_pod {
+        let rss = memory[at].1;
+        let kib = |from: f64, to: f64| (to - from) * 1024.0 / pods as f64;
+        println!(
+            "\ngrowth from idle to \"{}\": {:.1} KiB RSS per pod ({:.1} KiB anonymous, {:+.1} MiB file-backed in all)",
+            memory[at].0,
+            kib(idle.total, rss.total),
+            kib(idle.anon, rss.anon),
+            rss.file - idle.file
+        );
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -578,12 +578,32 @@ impl Sharded {
 /// benchmarks, which share this harness.
 #[allow(dead_code)]
 pub fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    Rss::of(pid).total
+}
+
+/// A process's resident memory (MiB) and its two parts: anonymous (heap, stacks: what grows
+/// with the data it holds) and file-backed (mostly the binary's code and read-only data,
+/// paged in the first time a path runs, then kept).
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // the e2e tests read the total; the benchmarks its parts too
+pub struct Rss {
+    pub total: f64,
+    pub anon: f64,
+    pub file: f64,
+}
+
+impl Rss {
+    pub fn of(pid: u32) -> Self {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .map_or(f64::NAN, |kb| kb / 1024.0)
+        };
+        Rss { total: field("VmRSS:"), anon: field("RssAnon:"), file: field("RssFile:") }
+    }
 }
 
 /// A loopback port nobody listens on right now.
