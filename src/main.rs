@@ -50,14 +50,17 @@ enum Command {
     },
 }
 
-/// mimalloc gives memory freed after a burst back to the system, where glibc's allocator
-/// keeps the burst's peak resident: tidepool's memory follows the pods it mirrors now, not
-/// the most it ever held. Built with `no_thp`, it does not ask for transparent huge pages:
-/// a 2 MiB page stays resident while any small object on it lives, which kept tidepool's idle
-/// RSS 19–23 MiB higher and its RSS with 10,000 mirrored pods 27–37 MiB higher (BENCHMARKS.md,
-/// "Memory per mirrored pod: huge pages"). (Where the kernel's THP mode is `always`, `MIMALLOC_ALLOW_THP=0` does the same.)
+/// jemalloc: tidepool keeps every pod of the training cluster and
+/// every offload pod in its caches, and after a burst what it holds is long-lived small
+/// objects among the pages the burst's short-lived ones left. jemalloc keeps less of those
+/// resident than mimalloc or glibc's allocator did with the same build: 4.2 KiB of RSS per
+/// mirrored pod at 10,000 against 4.6–5.1 (mimalloc) and 5.5 (glibc) (BENCHMARKS.md,
+/// "Session 19"). Its options are compiled in: a background thread that gives pages freed
+/// after a burst back even while tidepool is idle (otherwise that happens only as it
+/// allocates), and no transparent huge pages whatever the kernel's THP mode
+/// (`.cargo/config.toml`; a 2 MiB page stays resident while any small object on it lives).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
     // Installed as `kubectl-tidepool`, the binary is the kubectl plugin.

@@ -52,11 +52,23 @@ pub struct SpecLite {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusLite {
     pub phase: Option<String>,
-    pub reason: Option<String>,
     /// Set once the pod ran somewhere (for an offloaded pod: the virtual node's address).
     pub host_ip: Option<String>,
     /// The pod has container statuses and every one has terminated.
     pub containers_exited: bool,
+    /// What few pods have (see [`StatusMarks`]); `None` when it would be empty.
+    pub marks: Option<Box<StatusMarks>>,
+    /// [`SyncedStatus`] of the status as it is: compared with the status the pod sync
+    /// would write, so an unchanged status costs no write.
+    pub synced: SyncedStatus,
+}
+
+/// What a pod's status says only once it ended, was noticed or is being disrupted. Kept
+/// apart and boxed: every training pod is cached, and most of them have none of it (96 bytes
+/// inline, 8 boxed).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusMarks {
+    pub reason: Option<String>,
     /// The first line of a terminated container's message that is the ack from inside the
     /// pod ([`crate::keys::TERMINATION_ACK_PREFIX`]), if one wrote it.
     pub exit_ack: Option<String>,
@@ -65,9 +77,32 @@ pub struct StatusLite {
     pub tidepool_conditions: Vec<PodCondition>,
     /// The reason of a true `DisruptionTarget` condition: why the pod is going away.
     pub disruption: Option<String>,
-    /// [`SyncedStatus`] of the status as it is: compared with the status the pod sync
-    /// would write, so an unchanged status costs no write.
-    pub synced: SyncedStatus,
+}
+
+impl StatusLite {
+    pub fn reason(&self) -> Option<&str> {
+        self.marks.as_ref()?.reason.as_deref()
+    }
+
+    /// See [`StatusMarks::exit_ack`].
+    pub fn exit_ack(&self) -> Option<&str> {
+        self.marks.as_ref()?.exit_ack.as_deref()
+    }
+
+    /// See [`StatusMarks::tidepool_conditions`].
+    pub fn tidepool_conditions(&self) -> &[PodCondition] {
+        self.marks.as_ref().map_or(&[], |m| &m.tidepool_conditions)
+    }
+
+    /// See [`StatusMarks::disruption`].
+    pub fn disruption(&self) -> Option<&str> {
+        self.marks.as_ref()?.disruption.as_deref()
+    }
+
+    /// The marks, to change them (an empty set if there were none).
+    pub fn marks_mut(&mut self) -> &mut StatusMarks {
+        self.marks.get_or_insert_default()
+    }
 }
 
 /// Digests of the parts of a pod status that the pod sync copies from the member, so two
@@ -149,21 +184,24 @@ impl From<Pod> for PodLite {
             containers_exited: status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
                 !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
             }),
-            exit_ack: status.as_ref().and_then(exit_ack),
-            tidepool_conditions: status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|c| is_tidepools(c))
-                .cloned()
-                .collect(),
-            disruption: status.as_ref().and_then(disruption_reason).map(str::to_owned),
+            marks: status.as_ref().and_then(StatusMarks::of).map(Box::new),
             phase: status.as_ref().and_then(|s| s.phase.clone()),
-            reason: status.as_ref().and_then(|s| s.reason.clone()),
             host_ip: status.and_then(|s| s.host_ip),
         };
         PodLite { metadata, spec: spec.unwrap_or_default(), status: lite }
+    }
+}
+
+impl StatusMarks {
+    /// The marks of `status`; `None` if it has none.
+    fn of(status: &PodStatus) -> Option<Self> {
+        let marks = StatusMarks {
+            reason: status.reason.clone(),
+            exit_ack: exit_ack(status),
+            tidepool_conditions: status.conditions.iter().flatten().filter(|c| is_tidepools(c)).cloned().collect(),
+            disruption: disruption_reason(status).map(str::to_owned),
+        };
+        (marks != StatusMarks::default()).then_some(marks)
     }
 }
 
@@ -347,8 +385,20 @@ mod tests {
         assert_eq!(lite.phase(), Some("Running"));
         assert!(lite.is_live());
         assert!(!lite.status.containers_exited);
-        assert_eq!(lite.status.tidepool_conditions.len(), 1);
+        assert_eq!(lite.status.tidepool_conditions().len(), 1);
         assert_eq!(lite.status.synced.conditions.len(), 2);
+    }
+
+    #[test]
+    fn a_pod_with_nothing_to_mark_keeps_no_marks() {
+        let mut pod = running_pod();
+        pod.status.as_mut().unwrap().conditions = None;
+        let lite = PodLite::from(pod);
+        assert_eq!(lite.status.marks, None);
+        assert_eq!(lite.status.tidepool_conditions(), &[] as &[PodCondition]);
+        // Every training pod is cached: its entry stays small (an `Arc` of it fits mimalloc's
+        // 640-byte size class).
+        assert!(std::mem::size_of::<PodLite>() <= 560, "{} bytes", std::mem::size_of::<PodLite>());
     }
 
     #[test]
@@ -378,7 +428,7 @@ mod tests {
             let mut pod = running_pod();
             let cs = pod.status.as_mut().unwrap().container_statuses.as_mut().unwrap();
             cs[0].state = serde_json::from_value(json!({"terminated": {"exitCode": 0, "message": message}})).unwrap();
-            PodLite::from(pod).status.exit_ack
+            PodLite::from(pod).status.exit_ack().map(str::to_owned)
         };
         assert_eq!(
             with_message("tidepool.io/checkpointed step=12 offset=384\n").as_deref(),
@@ -386,7 +436,8 @@ mod tests {
         );
         assert_eq!(with_message("segfault"), None);
         assert_eq!(with_message("done\ntidepool.io/checkpointed"), None, "only the first line counts");
-        assert_eq!(PodLite::from(running_pod()).status.exit_ack, None);
+        assert_eq!(PodLite::from(running_pod()).status.exit_ack(), None);
+        assert_eq!(PodLite::from(running_pod()).status.reason(), None);
     }
     #[test]
     fn the_band_label_counts_only_on_a_pod_placed_on_its_node() {

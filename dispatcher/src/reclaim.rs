@@ -183,7 +183,7 @@ fn reclaim_band(p: &PodLite) -> Band {
 fn deadline_of(p: &PodLite, grace: &BandSeconds) -> Option<jiff::Timestamp> {
     let notice = p
         .status
-        .tidepool_conditions
+        .tidepool_conditions()
         .iter()
         .find(|c| c.type_ == keys::CONDITION_RECLAIM_REQUESTED && c.status == "True")?;
     let annotated: Option<jiff::Timestamp> =
@@ -592,8 +592,8 @@ fn reclaim_now(
     if p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) {
         return Some(ReclaimEnd::Annotated);
     }
-    match (&p.status.exit_ack, p.status.containers_exited) {
-        (Some(ack), true) => Some(ReclaimEnd::ExitAck(ack.clone())),
+    match (p.status.exit_ack(), p.status.containers_exited) {
+        (Some(ack), true) => Some(ReclaimEnd::ExitAck(ack.to_owned())),
         (None, true) => Some(ReclaimEnd::Exited),
         _ if now >= deadline => Some(ReclaimEnd::Deadline),
         _ => None,
@@ -617,7 +617,7 @@ async fn enforce_deadlines(
             continue;
         }
         noticed += 1;
-        let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack.is_some();
+        let pod_acked = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.exit_ack().is_some();
         let group_acked = if pod_acked { None } else { gang_ack(ctx, state, &gang::gang_of(p)).await };
         let Some(end) = reclaim_now(p, deadline, group_acked.as_deref(), now) else { continue };
         if end.outcome() == "acknowledged" {

@@ -53,15 +53,15 @@ pub fn is_core(p: &PodLite) -> bool {
 fn crashed(p: &PodLite) -> bool {
     p.phase() == Some("Failed")
         && is_core(p)
-        && !under_notice(&p.status.tidepool_conditions)
-        && p.status.reason.as_deref() != Some("GangTimeout")
+        && !under_notice(p.status.tidepool_conditions())
+        && p.status.reason() != Some("GangTimeout")
         && !p.annotations().contains_key(keys::ANNOTATION_GANG_RESTARTED)
 }
 
 /// A live pod that a restart's notice is taking away.
 fn leaving_for_restart(p: &PodLite) -> bool {
     p.is_live()
-        && p.status.tidepool_conditions.iter().any(|c| {
+        && p.status.tidepool_conditions().iter().any(|c| {
             c.type_ == keys::CONDITION_RECLAIM_REQUESTED
                 && c.status == "True"
                 && c.reason.as_deref() == Some(keys::REASON_GANG_RESTART)
@@ -77,7 +77,7 @@ pub fn decide(pods: &[&PodLite]) -> Decision {
         Vec::new()
     } else {
         pods.iter()
-            .filter(|p| p.is_live() && p.node_name().is_some() && !under_notice(&p.status.tidepool_conditions))
+            .filter(|p| p.is_live() && p.node_name().is_some() && !under_notice(p.status.tidepool_conditions()))
             .map(|p| p.name_any())
             .collect()
     };
@@ -203,7 +203,7 @@ mod tests {
     }
 
     fn noticed(mut p: PodLite, reason: &str) -> PodLite {
-        p.status.tidepool_conditions = vec![
+        p.status.marks_mut().tidepool_conditions = vec![
             serde_json::from_value(json!({
                 "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": reason,
             }))
@@ -243,7 +243,7 @@ mod tests {
         // Reclaimed, or timed out as a gang: the job ends on tidepool's word, not by a crash.
         let reclaimed = noticed(pod("ps-0", "core", "Failed"), "CapacityReclaimed");
         let mut timed_out = pod("ps-1", "core", "Failed");
-        timed_out.status.reason = Some("GangTimeout".into());
+        timed_out.status.marks_mut().reason = Some("GangTimeout".into());
         let pods = [reclaimed, timed_out, pod("trainer-0", "core", "Running")];
         assert_eq!(decide(&pods.iter().collect::<Vec<_>>()), Decision::default());
     }
@@ -308,7 +308,7 @@ mod tests {
             for n in &d.notice {
                 let p = pods.iter().find(|p| &p.name_any() == n).unwrap();
                 proptest::prop_assert!(core_failed && p.is_live() && p.node_name().is_some());
-                proptest::prop_assert!(!under_notice(&p.status.tidepool_conditions));
+                proptest::prop_assert!(!under_notice(p.status.tidepool_conditions()));
             }
         }
     }

@@ -59,7 +59,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
         if stop.is_cancelled() {
             return;
         }
-        if listed(&ctx.pods, CACHE_WAIT).await && listed(&watch.store, CACHE_WAIT).await {
+        if listed(&ctx.pods, CACHE_WAIT).await && watch.store.listed(CACHE_WAIT).await {
             break;
         }
     }
@@ -79,7 +79,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
                     collect_groups(&ctx, &watch, Some(&namespace)).await;
                 }
                 Request::Gone { offload, uid } => {
-                    let copy = watch.store.get(&offload).filter(|p| p.origin_uid() == Some(uid.as_str()));
+                    let copy = watch.store.get(offload.namespace.as_deref().unwrap_or_default(), &offload.name).filter(|p| p.origin_uid() == Some(uid.as_str()));
                     if let Some(copy) = copy.filter(|p| !p.deleting()) {
                         collect_orphan(&ctx, &watch, &copy).await;
                     }

@@ -21,6 +21,7 @@ use tracing::{debug, info};
 use crate::copies::{self, MemberCopies, MetaStores};
 use crate::handover::Handovers;
 use crate::offload::OffloadPod;
+use crate::offload_cache::OffloadCache;
 use crate::referenced::{References, Source};
 use crate::{Error, translate};
 
@@ -83,7 +84,7 @@ pub(crate) type Waiting = (String, Vec<Source>);
 pub(crate) struct OffloadWatch {
     pub(crate) member: Arc<MemberHandle>,
     /// This instance's offload pods in the member.
-    pub(crate) store: Store<OffloadPod>,
+    pub(crate) store: OffloadCache,
     /// Metadata of this instance's reflected copies in the member.
     pub(crate) copies: MemberCopies,
     /// Asks the collector for work now.

@@ -19,6 +19,7 @@ mod member_events;
 mod mirror;
 pub mod node;
 pub mod offload;
+pub mod offload_cache;
 pub mod packed;
 pub mod pods;
 pub mod policy;

@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReferenc
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -84,7 +83,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut hints: mpsc:
 /// The relay's decision for member Event `event`, if it is about one of the session's copies.
 fn observe(watch: &OffloadWatch, relay: &mut Relay, event: &CoreEvent) -> Option<Write> {
     let about = &event.involved_object;
-    let copy = watch.store.get(&ObjectRef::new(about.name.as_deref()?).within(about.namespace.as_deref()?))?;
+    let copy = watch.store.get(about.namespace.as_deref()?, about.name.as_deref()?)?;
     if about.uid.is_some() && about.uid.as_deref() != copy.uid() {
         return None;
     }

@@ -66,7 +66,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut trigger: mps
         }
         tokio::time::sleep(SETTLE).await;
         while trigger.try_recv().is_ok() || changed.try_recv().is_ok() {}
-        if !listed(&services, Duration::from_secs(10)).await || !listed(&watch.store, Duration::from_secs(10)).await {
+        if !listed(&services, Duration::from_secs(10)).await || !watch.store.listed(Duration::from_secs(10)).await {
             continue;
         }
         if let Err(e) = pass(&ctx, &watch, &services, &mut state).await {

@@ -21,8 +21,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tidepool_api::metrics::metrics;
@@ -30,7 +30,6 @@ use tidepool_api::pod::{PodLite, SyncedStatus};
 use tidepool_api::sync::Locked;
 use tidepool_api::{BridgeConfig, keys};
 use tidepool_federation::tasks::Tasks;
-use tidepool_federation::training::listed;
 use tidepool_federation::writes::CopyWrites;
 use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
@@ -42,6 +41,7 @@ use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, de
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
 use crate::handover;
 use crate::offload::OffloadPod;
+use crate::offload_cache::OffloadCache;
 use crate::referenced::{self, Source};
 use crate::step::{self, Cause, Facts, Step, Then};
 use crate::translate::{self, Target};
@@ -258,7 +258,7 @@ fn start_offload_watch(
 ) -> OffloadWatch {
     let span = info_span!("offload_watch", member = %member.name);
     let _entered = span.enter();
-    let (store, mut writer) = reflector::store();
+    let (store, mut writer) = crate::offload_cache::cache();
     let selector = format!(
         "{}={},{}={}",
         keys::LABEL_ORIGIN_CLUSTER,
@@ -269,11 +269,11 @@ fn start_offload_watch(
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
         .map(|event| event.map(|e| translate::map_event(e, OffloadPod::from)))
-        // What `reflect` and `touched_objects` do, for a cache entry that is not a whole
-        // `Resource` (see `OffloadPod`).
+        // What `reflect` and `touched_objects` do, into tidepool's own cache (see
+        // `crate::offload_cache`).
         .map(move |event| {
             if let Ok(e) = &event {
-                writer.apply_watcher_event(e);
+                writer.apply(e);
             }
             event
         })
@@ -343,7 +343,7 @@ struct CopyEventTargets {
 /// Passes the member's offload pod changes on until its watch ends.
 async fn forward_copy_events(
     events: impl futures::Stream<Item = Result<OffloadPod, watcher::Error>>,
-    store: Store<OffloadPod>,
+    store: OffloadCache,
     tell: CopyEventTargets,
 ) {
     let mut events = std::pin::pin!(events);
@@ -352,7 +352,7 @@ async fn forward_copy_events(
             Ok(pod) => {
                 let _ = tell.mirror.try_send(());
                 let _ = tell.relay.try_send(pod.namespace().to_owned());
-                if store.get(&ObjectRef::from_obj(&pod)).is_none() {
+                if store.get(pod.namespace(), pod.name()).is_none() {
                     // Gone from the member: its copies may be unused now.
                     let _ = tell.collect.try_send(collect::Request::Copies(pod.namespace().to_owned()));
                 }
@@ -469,8 +469,8 @@ impl Known {
         // The member's health (see tidepool_federation::health) first: a member that does
         // not answer is not waited for.
         let health = watch.member.health.borrow().clone();
-        let listed = health.is_answering() && listed(&watch.store, Duration::from_secs(10)).await;
-        let existing = watch.store.get(&ObjectRef::new(&pod.name_any()).within(&member_ns));
+        let listed = health.is_answering() && watch.store.listed(Duration::from_secs(10)).await;
+        let existing = watch.store.get(&member_ns, &pod.name_any());
         let handed_over = ctx.handed_over(pod)?;
         let facts = Facts { pod, health: &health, listed, existing: existing.as_deref(), handed_over };
         let step = step::next_step(&facts);
@@ -798,8 +798,8 @@ impl PodSync<'_> {
         if let Some(colocation) = pool.and_then(|p| p.mode.colocation()) {
             colocation.status_to_training(&mut desired);
         }
-        translate::keep_tidepool_conditions(&mut desired, &self.pod.status.tidepool_conditions);
-        translate::hold_for_reclaim(&mut desired, &self.pod.status.tidepool_conditions);
+        translate::keep_tidepool_conditions(&mut desired, self.pod.status.tidepool_conditions());
+        translate::hold_for_reclaim(&mut desired, self.pod.status.tidepool_conditions());
         let synced = SyncedStatus::of(Some(&desired));
         if synced.all == self.pod.status.synced.all {
             return Ok(Action::await_change());
@@ -841,7 +841,7 @@ impl PodSync<'_> {
 /// notice condition is there ([`translate::notice_for_copy`]).
 async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
-    let Some(want) = translate::notice_for_copy(pod.annotations(), &pod.status.tidepool_conditions) else {
+    let Some(want) = translate::notice_for_copy(pod.annotations(), pod.status.tidepool_conditions()) else {
         return Ok(());
     };
     if copy.reclaim_deadline() == Some(want) {

@@ -139,7 +139,7 @@ fn without_copy(pod: &PodLite, name_taken: bool, handed_over: Option<Duration>) 
     if let Some(left) = handed_over {
         return Step::Requeue(left);
     }
-    let (reason, how) = translate::member_disruption(pod.status.disruption.as_deref());
+    let (reason, how) = translate::member_disruption(pod.status.disruption());
     Step::Fail { reason, cause: Cause::Disrupted(how) }
 }
 

@@ -856,7 +856,7 @@ mod tests {
         .unwrap();
         let mut desired: PodStatus =
             serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap();
-        keep_tidepool_conditions(&mut desired, &lite(Some(current)).tidepool_conditions);
+        keep_tidepool_conditions(&mut desired, lite(Some(current)).tidepool_conditions());
         let types: Vec<_> = desired.conditions.unwrap().into_iter().map(|c| (c.type_, c.status)).collect();
         assert_eq!(types, [("Ready".into(), "True".into()), ("tidepool.io/ReclaimRequested".into(), "True".into())]);
     }
@@ -868,7 +868,7 @@ mod tests {
             {"type": "DisruptionTarget", "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM}
         ]}))
         .unwrap();
-        let ours = lite(Some(current)).tidepool_conditions;
+        let ours = lite(Some(current)).tidepool_conditions().to_vec();
         let copy = |conditions: serde_json::Value| -> PodStatus {
             serde_json::from_value(json!({"conditions": conditions})).unwrap()
         };
@@ -897,7 +897,7 @@ mod tests {
             {"type": keys::CONDITION_RECLAIM_REQUESTED, "status": status},
         ]}))
         .unwrap();
-        lite(Some(current)).tidepool_conditions
+        lite(Some(current)).tidepool_conditions().to_vec()
     }
 
     #[test]
@@ -963,7 +963,7 @@ mod tests {
         assert_eq!(reason_of(PodStatus::default()), "OffloadPodLost");
         assert_eq!(member_disruption(None).0, "OffloadPodLost");
         // The training pod's cache keeps the reason its status was copied up with.
-        assert_eq!(lite(Some(with("EvictionByEvictionAPI"))).disruption.as_deref(), Some("EvictionByEvictionAPI"));
+        assert_eq!(lite(Some(with("EvictionByEvictionAPI"))).disruption(), Some("EvictionByEvictionAPI"));
     }
 
     #[test]
