@@ -396,7 +396,7 @@ mod tests {
         let lite = PodLite::from(pod);
         assert_eq!(lite.status.marks, None);
         assert_eq!(lite.status.tidepool_conditions(), &[] as &[PodCondition]);
-        // Every training pod is cached: its entry stays small (an `Arc` of it fits mimalloc's
+        // Every training pod is cached: its entry stays small (an `Arc` of it fits jemalloc's
         // 640-byte size class).
         assert!(std::mem::size_of::<PodLite>() <= 560, "{} bytes", std::mem::size_of::<PodLite>());
     }
