@@ -58,9 +58,13 @@ impl Shared {
         self.hash(pod.namespace(), pod.name())
     }
 
+    // A writer that panicked left a whole table (every change is one insert, remove or swap).
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
-        // A writer that panicked left a whole table (every change is one insert or remove).
         self.table.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.table.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -126,12 +130,11 @@ impl OffloadCacheWriter {
         let shared = &*self.shared;
         match event {
             watcher::Event::Apply(pod) => {
-                let mut table = shared.table.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-                upsert(&mut table, shared, Arc::new(pod.clone()));
+                let pod = Arc::new(pod.clone());
+                upsert(&mut shared.write(), shared, pod);
             }
             watcher::Event::Delete(pod) => {
-                let mut table = shared.table.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if let Ok(entry) = table.find_entry(shared.hash_of(pod), same(pod.namespace(), pod.name())) {
+                if let Ok(entry) = shared.write().find_entry(shared.hash_of(pod), same(pod.namespace(), pod.name())) {
                     entry.remove();
                 }
             }
@@ -142,7 +145,9 @@ impl OffloadCacheWriter {
             }
             watcher::Event::InitDone => {
                 let relisted = self.relist.take().unwrap_or_default();
-                *shared.table.write().unwrap_or_else(std::sync::PoisonError::into_inner) = relisted;
+                // The old table is dropped once the lock is released.
+                let old = std::mem::replace(&mut *shared.write(), relisted);
+                drop(old);
                 self.ready.send_replace(true);
             }
         }
