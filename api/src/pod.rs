@@ -80,6 +80,7 @@ pub struct StatusMarks {
 }
 
 impl StatusLite {
+    /// `status.reason`.
     pub fn reason(&self) -> Option<&str> {
         self.marks.as_ref()?.reason.as_deref()
     }
