@@ -78,8 +78,8 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut requests: mp
                     collect_copies(&ctx, &watch, Some(&namespace)).await;
                     collect_groups(&ctx, &watch, Some(&namespace)).await;
                 }
-                Request::Gone { offload, uid } => {
-                    let copy = watch.store.get(offload.namespace.as_deref().unwrap_or_default(), &offload.name).filter(|p| p.origin_uid() == Some(uid.as_str()));
+                Request::Gone { namespace, name, uid } => {
+                    let copy = watch.store.get(&namespace, &name).filter(|p| p.origin_uid() == Some(uid.as_str()));
                     if let Some(copy) = copy.filter(|p| !p.deleting()) {
                         collect_orphan(&ctx, &watch, &copy).await;
                     }

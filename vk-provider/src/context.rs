@@ -30,9 +30,9 @@ use crate::{Error, translate};
 pub(crate) enum CollectRequest {
     /// Collect the copies of one member namespace: an offload pod there went away.
     Copies(String),
-    /// The training pod with `uid` was deleted outright: delete `offload`, its copy's
-    /// place in the member, if it holds that pod's copy.
-    Gone { offload: ObjectRef<OffloadPod>, uid: String },
+    /// The training pod with `uid` was deleted outright: delete the offload pod `name` in the
+    /// member namespace `namespace` (its copy's place) if it holds that pod's copy.
+    Gone { namespace: String, name: String, uid: String },
 }
 
 /// Pod writes in flight at once, per member and towards the training cluster. The API

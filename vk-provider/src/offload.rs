@@ -5,10 +5,8 @@
 //! back, the ConfigMaps and Secrets the spec references (kept in sync while it runs) and the
 //! member's status, packed ([`crate::packed`]) and decoded only when it is copied up.
 
-use std::borrow::Cow;
-
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use kube::runtime::reflector::{Lookup, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use tidepool_api::keys;
 use tidepool_api::pod::PodLite;
 
@@ -17,13 +15,12 @@ use crate::referenced::{self, References};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OffloadPod {
-    /// `metadata.name`, `.namespace`, `.uid` and `.resourceVersion`: no whole `ObjectMeta`
+    /// `metadata.name`, `.namespace` and `.uid`: no whole `ObjectMeta`
     /// (360 bytes before it holds anything), no labels or annotations (a map costs a whole
     /// tree node, about 0.5 KB, for a single entry): the ones read back are the fields below.
     name: Box<str>,
     namespace: Box<str>,
     uid: Option<Box<str>>,
-    resource_version: Option<Box<str>>,
     /// `metadata.deletionTimestamp` is set.
     deleting: bool,
     /// Label `tidepool.io/origin-uid`: the UID of the training pod it copies.
@@ -58,7 +55,6 @@ impl From<Pod> for OffloadPod {
             name: metadata.name.unwrap_or_default().into_boxed_str(),
             namespace: metadata.namespace.unwrap_or_default().into_boxed_str(),
             uid: boxed(metadata.uid),
-            resource_version: boxed(metadata.resource_version),
             deleting: metadata.deletion_timestamp.is_some(),
             origin_uid: boxed(labels.remove(keys::LABEL_ORIGIN_UID)),
             origin,
@@ -129,43 +125,6 @@ impl OffloadPod {
     }
 }
 
-/// Keyed in the cache like the member's Pod it stands for.
-impl Lookup for OffloadPod {
-    type DynamicType = ();
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
-    }
-
-    fn name(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.name))
-    }
-
-    fn namespace(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.namespace))
-    }
-
-    fn resource_version(&self) -> Option<Cow<'_, str>> {
-        self.resource_version.as_deref().map(Cow::Borrowed)
-    }
-
-    fn uid(&self) -> Option<Cow<'_, str>> {
-        self.uid.as_deref().map(Cow::Borrowed)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,7 +151,6 @@ mod tests {
             (offload.name(), offload.namespace(), offload.uid(), offload.deleting()),
             ("p", "tp-team", Some("m1"), false)
         );
-        assert_eq!(offload.to_object_ref(()), ObjectRef::new("p").within("tp-team"));
         let mut training = PodLite::default();
         training.metadata.uid = Some("t1".into());
         assert!(offload.is_copy_of(&training));

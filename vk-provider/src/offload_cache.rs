@@ -125,14 +125,12 @@ impl std::fmt::Debug for OffloadCacheWriter {
 }
 
 impl OffloadCacheWriter {
-    /// Applies one watch event, as the reflector's writer does.
-    pub fn apply(&mut self, event: &watcher::Event<OffloadPod>) {
+    /// Applies one watch event, as the reflector's writer does; the cache shares the event's
+    /// entry.
+    pub fn apply(&mut self, event: &watcher::Event<Arc<OffloadPod>>) {
         let shared = &*self.shared;
         match event {
-            watcher::Event::Apply(pod) => {
-                let pod = Arc::new(pod.clone());
-                upsert(&mut shared.write(), shared, pod);
-            }
+            watcher::Event::Apply(pod) => upsert(&mut shared.write(), shared, pod.clone()),
             watcher::Event::Delete(pod) => {
                 if let Ok(entry) = shared.write().find_entry(shared.hash_of(pod), same(pod.namespace(), pod.name())) {
                     entry.remove();
@@ -141,7 +139,7 @@ impl OffloadCacheWriter {
             watcher::Event::Init => self.relist = Some(Table::new()),
             watcher::Event::InitApply(pod) => {
                 let relist = self.relist.get_or_insert_with(Table::new);
-                upsert(relist, shared, Arc::new(pod.clone()));
+                upsert(relist, shared, pod.clone());
             }
             watcher::Event::InitDone => {
                 let relisted = self.relist.take().unwrap_or_default();
@@ -152,27 +150,23 @@ impl OffloadCacheWriter {
             }
         }
     }
-
-    /// A reader's handle to the same cache.
-    pub fn reader(&self) -> OffloadCache {
-        OffloadCache { shared: self.shared.clone(), ready: self.ready.subscribe() }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
-    use kube::runtime::reflector::Lookup;
     use serde_json::json;
     use watcher::Event;
 
-    fn pod(namespace: &str, name: &str, rv: &str) -> OffloadPod {
+    /// An offload pod; `origin` tells one version of it from another.
+    fn pod(namespace: &str, name: &str, origin: &str) -> Arc<OffloadPod> {
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv, "uid": format!("u-{name}")}
+            "metadata": {"name": name, "namespace": namespace, "uid": format!("u-{name}"),
+                         "labels": {tidepool_api::keys::LABEL_ORIGIN_UID: origin}}
         }))
         .unwrap();
-        OffloadPod::from(pod)
+        Arc::new(OffloadPod::from(pod))
     }
 
     fn names(cache: &OffloadCache) -> Vec<String> {
@@ -195,7 +189,7 @@ mod tests {
 
         writer.apply(&Event::Apply(pod("a", "p1", "2")));
         assert_eq!(cache.len(), 2, "an update replaces its entry");
-        assert_eq!(cache.get("a", "p1").unwrap().resource_version().as_deref(), Some("2"));
+        assert_eq!(cache.get("a", "p1").unwrap().origin_uid(), Some("2"));
         assert!(cache.get("a", "p2").is_none());
         writer.apply(&Event::Apply(pod("a", "p2", "3")));
         writer.apply(&Event::Delete(pod("b", "p1", "4")));
@@ -209,7 +203,6 @@ mod tests {
         assert_eq!(names(&cache), ["a/p1", "a/p2"], "the old state is read until the re-list is done");
         writer.apply(&Event::InitDone);
         assert_eq!(names(&cache), ["c/p9"]);
-        assert_eq!(names(&writer.reader()), ["c/p9"]);
     }
 
     #[test]

@@ -268,7 +268,7 @@ fn start_offload_watch(
     );
     let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
         .default_backoff()
-        .map(|event| event.map(|e| translate::map_event(e, OffloadPod::from)))
+        .map(|event| event.map(|e| translate::map_event(e, |pod| Arc::new(OffloadPod::from(pod)))))
         // What `reflect` and `touched_objects` do, into tidepool's own cache (see
         // `crate::offload_cache`).
         .map(move |event| {
@@ -342,7 +342,7 @@ struct CopyEventTargets {
 
 /// Passes the member's offload pod changes on until its watch ends.
 async fn forward_copy_events(
-    events: impl futures::Stream<Item = Result<OffloadPod, watcher::Error>>,
+    events: impl futures::Stream<Item = Result<Arc<OffloadPod>, watcher::Error>>,
     store: OffloadCache,
     tell: CopyEventTargets,
 ) {
@@ -406,8 +406,8 @@ async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Arc<PodLi
             continue;
         };
         let request = collect::Request::Gone {
-            offload: ObjectRef::new(&pod.name_any())
-                .within(&translate::member_namespace(&watch.member.namespace_prefix, namespace)),
+            namespace: translate::member_namespace(&watch.member.namespace_prefix, namespace),
+            name: pod.name_any(),
             uid,
         };
         // Never wait on one member's collector; its periodic pass catches what is dropped.
