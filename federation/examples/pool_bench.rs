@@ -54,7 +54,7 @@ fn pod(node: usize, cpu_milli: i64) -> PodView {
     let mut requests = Resources::new();
     requests.set("cpu", cpu_milli);
     requests.set("memory", 128 << 30);
-    PodView { node: Some(format!("bench-node-{node:05}")), requests, ..Default::default() }
+    PodView { node: Some(format!("bench-node-{node:05}").into()), requests, ..Default::default() }
 }
 
 fn median(mut runs: Vec<Duration>) -> Duration {

@@ -42,30 +42,72 @@ pub struct HardTaint {
 /// Key of a member pod: namespace and name.
 pub type PodCapacityKey = (String, String);
 
-/// What the capacity model needs of a member pod.
+/// What the capacity model needs of a member pod. A member holds one per pod (online and
+/// offload, thousands of each), so what only some online pods carry is boxed apart
+/// ([`OnlineParts`]).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodView {
     /// `spec.nodeName`; `None` while pending.
-    pub node: Option<String>,
+    pub node: Option<Box<str>>,
     pub requests: Resources,
     /// Succeeded or Failed: holds no resources any more.
     pub terminated: bool,
     /// Created by tidepool (carries `tidepool.io/origin-uid`).
     pub offload: bool,
+    /// `spec.priority`, resolved by the API server at admission.
+    pub priority: Option<i32>,
     /// The training pod an offload pod copies.
     pub origin_uid: Option<Arc<str>>,
     /// An offload pod's own UID (`None` for online pods: not needed).
     pub uid: Option<Arc<str>>,
+    /// Where a pending pod could land and the workload it belongs to; `None` when it has
+    /// neither (every offload pod, most placed online pods).
+    pub online: Option<Box<OnlineParts>>,
+}
+
+/// The parts of a member pod's view that only online pods have ([`PodView::online`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OnlineParts {
     /// `spec.nodeSelector`: which pools a pending pod could land in.
     pub node_selector: BTreeMap<String, String>,
     /// `spec.tolerations` of a pending online pod: a pool of tainted (dedicated) nodes is
     /// where it could land only if it tolerates them.
     pub tolerations: Vec<PoolToleration>,
-    /// `spec.priority`, resolved by the API server at admission.
-    pub priority: Option<i32>,
     /// The online workload whose controller created the pod: kind (`Deployment`, through
     /// its ReplicaSet, or `StatefulSet`) and name. Counts the replicas that exist.
     pub workload: Option<(&'static str, Box<str>)>,
+}
+
+impl OnlineParts {
+    /// The parts boxed, or `None` when there are none to keep.
+    pub fn boxed(
+        node_selector: BTreeMap<String, String>,
+        tolerations: Vec<PoolToleration>,
+        workload: Option<(&'static str, Box<str>)>,
+    ) -> Option<Box<Self>> {
+        let empty = node_selector.is_empty() && tolerations.is_empty() && workload.is_none();
+        (!empty).then(|| Box::new(Self { node_selector, tolerations, workload }))
+    }
+}
+
+/// The selector of a view without one.
+static NO_SELECTOR: BTreeMap<String, String> = BTreeMap::new();
+
+impl PodView {
+    /// `spec.nodeSelector` (kept for a pending online pod only).
+    pub fn node_selector(&self) -> &BTreeMap<String, String> {
+        self.online.as_ref().map_or(&NO_SELECTOR, |o| &o.node_selector)
+    }
+
+    /// `spec.tolerations` (kept for a pending online pod only).
+    pub fn tolerations(&self) -> &[PoolToleration] {
+        self.online.as_ref().map_or(&[], |o| &o.tolerations)
+    }
+
+    /// The online workload the pod belongs to: kind and name.
+    pub fn workload(&self) -> Option<(&'static str, &str)> {
+        self.online.as_ref()?.workload.as_ref().map(|(kind, name)| (*kind, &**name))
+    }
 }
 
 impl PodView {
@@ -370,7 +412,7 @@ impl PodView {
         let origin_uid =
             pod.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_UID)).map(|u| u.as_str().into());
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).map(Box::from);
         // Only a pending online pod's selector is ever read (which pools it could land in).
         let (node_selector, tolerations) = match (&node, &origin_uid) {
             (None, None) => (
@@ -387,10 +429,8 @@ impl PodView {
             offload: origin_uid.is_some(),
             uid: if online { None } else { pod.metadata.uid.as_deref().map(Arc::from) },
             origin_uid,
-            node_selector,
-            tolerations,
             priority: pod.spec.as_ref().and_then(|s| s.priority),
-            workload: if online { workload_of(pod) } else { None },
+            online: OnlineParts::boxed(node_selector, tolerations, if online { workload_of(pod) } else { None }),
         }
     }
 }
@@ -583,7 +623,7 @@ pub fn pool_capacity_in<'a>(
     let mut sums = PoolSums::of(&in_pool, announced(demand, &could_land, colocation));
     for p in pods {
         let requests = counted(colocation, &p.requests);
-        if p.pending_online() && could_land(&p.node_selector, &p.tolerations) {
+        if p.pending_online() && could_land(p.node_selector(), p.tolerations()) {
             sums.held_back.add(&requests);
         }
         let Some(node) = p.node.as_deref() else { continue };
@@ -686,7 +726,7 @@ mod tests {
         let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
         let pending = |tolerations: Vec<PoolToleration>| PodView {
             requests: Resources::from_pairs([("cpu", "3")]).unwrap(),
-            tolerations,
+            online: OnlineParts::boxed(BTreeMap::new(), tolerations, None),
             ..Default::default()
         };
         let pool: Vec<&NodeView> =
@@ -1011,6 +1051,27 @@ mod tests {
     }
 
     #[test]
+    fn a_member_pod_view_is_small_and_an_offload_pod_boxes_no_online_parts() {
+        // One view per member pod, in a table of thousands: the online-only parts are boxed.
+        assert!(std::mem::size_of::<PodView>() <= 96, "PodView is {} bytes", std::mem::size_of::<PodView>());
+        let copy: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "uid": "copy", "labels": {keys::LABEL_ORIGIN_UID: "origin"}},
+            "spec": {"nodeName": "n1", "nodeSelector": {"pool": "gpu"}, "containers": []},
+        }))
+        .unwrap();
+        let view = PodView::from_pod(&copy);
+        assert!(view.online.is_none() && view.node_selector().is_empty());
+        let pending: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "lend", "operator": "Exists"}], "containers": []},
+        }))
+        .unwrap();
+        let view = PodView::from_pod(&pending);
+        assert_eq!(view.node_selector(), &BTreeMap::from([("pool".to_owned(), "gpu".to_owned())]));
+        assert_eq!(view.tolerations().len(), 1);
+    }
+
+    #[test]
     fn a_pod_names_its_deployment_through_its_replica_set_or_its_stateful_set() {
         let pod = |kind: &str, owner: &str, hash: Option<&str>| -> Pod {
             let mut p: Pod = serde_json::from_value(serde_json::json!({
@@ -1023,7 +1084,7 @@ mod tests {
             }
             p
         };
-        let of = |p: &Pod| PodView::from_pod(p).workload.map(|(k, n)| (k, n.to_string()));
+        let of = |p: &Pod| PodView::from_pod(p).workload().map(|(k, n)| (k, n.to_string()));
         assert_eq!(of(&pod("ReplicaSet", "web-6b9f7c", Some("6b9f7c"))), Some(("Deployment", "web".into())));
         assert_eq!(of(&pod("StatefulSet", "db", None)), Some(("StatefulSet", "db".into())));
         // A ReplicaSet of its own (no template hash of its name), or another controller.
@@ -1312,13 +1373,13 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(k, (node, terminated, offload, sel, req))| PodView {
-                node: node.map(|i| format!("n{i}")),
+                node: node.map(|i| format!("n{i}").into()),
                 requests: units(*req),
                 terminated: *terminated,
                 offload: *offload,
                 origin_uid: offload.then(|| format!("origin-{k}").into()),
                 uid: offload.then(|| format!("copy-{k}").into()),
-                node_selector: sel.map(),
+                online: OnlineParts::boxed(sel.map(), Vec::new(), None),
                 ..Default::default()
             })
             .collect();

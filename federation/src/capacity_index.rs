@@ -158,10 +158,10 @@ impl PodIndex {
                 self.pending.remove(key);
             }
         }
-        if let Some((kind, name)) = &p.workload
+        if let Some((kind, name)) = p.workload()
             && !p.terminated
         {
-            let k = (key.0.clone(), *kind, name.clone());
+            let k = (key.0.clone(), kind, name.into());
             let n = self.workloads.entry(k.clone()).or_default();
             *n += if add { 1 } else { -1 };
             if *n == 0 {
@@ -234,7 +234,7 @@ impl PodIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{CapacityPolicy, HardTaint, NodeView, OnlineDemand, pool_capacity_in};
+    use crate::capacity::{CapacityPolicy, HardTaint, NodeView, OnlineDemand, OnlineParts, pool_capacity_in};
     use crate::member::ViewCache;
     use crate::pool_model::PoolModel;
     use crate::priority::priority_conflict;
@@ -303,17 +303,18 @@ mod tests {
                 let key = (format!("ns{ns}"), format!("p{name}"));
                 let origin = format!("origin-{}-{}", key.0, key.1);
                 let view = PodView {
-                    node: node.map(|n| format!("n{n}")),
+                    node: node.map(|n| format!("n{n}").into()),
                     requests,
                     terminated,
                     offload,
                     origin_uid: offload.then(|| origin.into()),
                     uid: offload.then(|| format!("copy-{ns}-{name}-{gpu}").into()),
-                    node_selector: if gpu { BTreeMap::from([("pool".into(), "gpu".into())]) } else { BTreeMap::new() },
-                    tolerations: Vec::new(),
                     priority,
-                    workload: workload
-                        .map(|w| (if w == 0 { "Deployment" } else { "StatefulSet" }, format!("w{w}").into())),
+                    online: OnlineParts::boxed(
+                        if gpu { BTreeMap::from([("pool".into(), "gpu".into())]) } else { BTreeMap::new() },
+                        Vec::new(),
+                        workload.map(|w| (if w == 0 { "Deployment" } else { "StatefulSet" }, format!("w{w}").into())),
+                    ),
                 };
                 (key, view)
             },
@@ -403,7 +404,7 @@ mod tests {
             for (kind, name) in [("Deployment", "w0"), ("StatefulSet", "w1"), ("Deployment", "w1")] {
                 let live = pods
                     .iter()
-                    .filter(|((n, _), p)| n == ns && !p.terminated && p.workload == Some((kind, name.into())))
+                    .filter(|((n, _), p)| n == ns && !p.terminated && p.workload() == Some((kind, name)))
                     .count();
                 assert_eq!(pods.derived.existing(ns, kind, name), live as i32, "{ns}/{kind}/{name}");
             }

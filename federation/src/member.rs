@@ -872,6 +872,7 @@ fn spawn_cache<T, K, V, D, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::OnlineParts;
 
     #[test]
     fn hpa_headroom_counts_from_the_replicas_already_asked_for() {
@@ -911,7 +912,8 @@ mod tests {
         templates.apply(watcher::Event::Apply((web, template(5))));
         templates.apply(watcher::Event::Apply((db, template(2))));
         let pod = |ns: &str, name: &str, workload: Option<(&'static str, &str)>, terminated: bool| {
-            let view = PodView { workload: workload.map(|(k, n)| (k, n.into())), terminated, ..Default::default() };
+            let online = OnlineParts::boxed(BTreeMap::new(), Vec::new(), workload.map(|(k, n)| (k, n.into())));
+            let view = PodView { online, terminated, ..Default::default() };
             ((ns.to_owned(), name.to_owned()), view)
         };
         let pods = [

@@ -204,7 +204,7 @@ impl PoolModel {
             self.members.keys().any(|n| nodes.get(n).is_some_and(|v| v.matches(sel) && v.tolerated_by(tolerations)))
         };
         let mut held_back = announced(demand, &could_land, colocation);
-        for p in index.pending().filter(|p| could_land(&p.node_selector, &p.tolerations)) {
+        for p in index.pending().filter(|p| could_land(p.node_selector(), p.tolerations())) {
             held_back.add(&counted(colocation, &p.requests));
         }
         let mut capacity = self.allocatable.sum.clone();
