@@ -39,8 +39,10 @@ pub(crate) enum CollectRequest {
 /// clients speak HTTP/1.1, one connection per request in flight: unbounded, a burst of a
 /// thousand pods opened a thousand TLS connections (each handshake costing the API server
 /// CPU, each connection's buffers costing tidepool memory). Per member, so a member that
-/// hangs holds up only its own pods.
-pub(crate) const WRITES_IN_FLIGHT: usize = 32;
+/// hangs holds up only its own pods. In a burst a member's creates answer in 0.2-0.3 s, so
+/// the slots set how soon the copies exist: 32 left a 500-pod burst's copies waiting 1.6-2.0 s
+/// (p50) for one, 64 halves that (BENCHMARKS.md, "Side by side with the peer", session 20).
+pub(crate) const WRITES_IN_FLIGHT: usize = 64;
 /// Events published at once: they are notes for people, behind the pods' own writes.
 const EVENTS_IN_FLIGHT: usize = 8;
 /// `reportingController` of the pod sync's Events.
