@@ -582,6 +582,9 @@ pub fn status_settles_in(
     if current.synced.pending_detail != desired_digest.pending_detail {
         return None;
     }
+    if merges_to_nothing(desired) {
+        return Some(UNTIL_NEXT_CHANGE);
+    }
     let before = &current.synced.conditions;
     let new: Vec<&PodCondition> =
         desired.conditions.iter().flatten().filter(|c| !before.contains(&SyncedStatus::condition(c))).collect();
@@ -595,6 +598,20 @@ pub fn status_settles_in(
         return None;
     }
     std::time::Duration::try_from(settle - age).ok()
+}
+
+/// Whether a merge patch of `desired`, a Pending copy's status, leaves the Pending training pod
+/// as it is (its container statuses, reason and message being the pod's already): no
+/// conditions, no address, no start time. That is a copy just created, before the member's
+/// scheduler has looked at it, of a pod the training scheduler or the dispatcher bound: the
+/// Binding gave the training pod `PodScheduled`, which the copy lacks, so the digests differ,
+/// yet writing would change nothing and cost the training API server a write per pod.
+fn merges_to_nothing(desired: &PodStatus) -> bool {
+    desired.conditions.is_none()
+        && desired.pod_ip.is_none()
+        && desired.pod_ips.as_ref().is_none_or(Vec::is_empty)
+        && desired.host_ip.is_none()
+        && desired.start_time.is_none()
 }
 
 #[cfg(test)]
@@ -1221,6 +1238,18 @@ mod tests {
             ),
             ("running: write at once", Some(&pending), running.clone(), None),
             ("no status yet: write", None, scheduled_at("2026-11-29T12:00:09.8Z"), None),
+            (
+                "a copy just created, its pod bound by a Binding: a write would change nothing",
+                Some(&scheduled_at("2026-11-29T12:00:08Z")),
+                pending.clone(),
+                Some(3_600_000),
+            ),
+            (
+                "a copy with an address: write",
+                Some(&scheduled_at("2026-11-29T12:00:08Z")),
+                status(json!({"phase": "Pending", "qosClass": "BestEffort", "podIP": "10.0.0.7"})),
+                None,
+            ),
             (
                 "nothing new among the conditions: write",
                 Some(&scheduled_at("2026-11-29T12:00:09.8Z")),
