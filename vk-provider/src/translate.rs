@@ -564,6 +564,8 @@ pub const UNTIL_NEXT_CHANGE: std::time::Duration = std::time::Duration::from_sec
 ///   newest is `settle` old — the pod usually runs by then, and one write carries both
 ///   changes. A condition stamped in the future (a member clock ahead of ours) never delays
 ///   a write.
+/// - A copy's status that a merge patch would not change anything with (no conditions,
+///   address or start time: `merges_to_nothing`) waits for the next change.
 ///
 /// `current` is the training pod's status as the cache has it, `desired_digest` the
 /// digest of `desired`.
