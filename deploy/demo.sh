@@ -31,6 +31,8 @@ if [[ "${1:-}" == down ]]; then
   exit 0
 fi
 
+say "prerequisites: the packages deploy/prerequisites lists (installed when missing)"
+bash deploy/prereqs.sh
 say "building the local control plane from source (cached after the first run)"
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN

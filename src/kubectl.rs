@@ -24,7 +24,7 @@ use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
-use tidepool_api::resources::{format_milli, parse_milli};
+use tidepool_api::resources::{format_bytes, format_milli, is_bytes, parse_milli};
 use tidepool_api::{MemberCluster, keys};
 
 use crate::status::bar;
@@ -269,7 +269,11 @@ fn listed(map: &BTreeMap<String, String>) -> String {
     if map.is_empty() {
         return "-".to_owned();
     }
-    map.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    let shown = |k: &str, v: &str| match parse_milli(v) {
+        Ok(m) if is_bytes(k) => format_bytes(m),
+        _ => v.to_owned(),
+    };
+    map.iter().map(|(k, v)| format!("{k}={}", shown(k, v))).collect::<Vec<_>>().join(",")
 }
 
 fn print_members(rows: &[MemberRow], wide: bool) -> Result<String, std::fmt::Error> {
@@ -727,7 +731,7 @@ mod tests {
                 "pools": [
                     {"name": "gpu", "virtualNode": "tidepool-member-a-gpu", "nodes": 4,
                      "capacity": {"nvidia.com/gpu": "16", "cpu": "64"}, "used": {"nvidia.com/gpu": "12"},
-                     "heldBack": {"nvidia.com/gpu": "2"}},
+                     "heldBack": {"nvidia.com/gpu": "2", "memory": "17179869184"}},
                     {"name": "cpu", "virtualNode": "tidepool-member-a-cpu", "nodes": 2, "capacity": {"cpu": "8"},
                      "deficit": {"cpu": "2"}}
                 ]
@@ -745,11 +749,13 @@ mod tests {
         assert!(text.contains("12/16 [#######...]"), "{text}");
         assert!(text.contains("NotReady,Paused"), "{text}");
         assert!(text.contains("cpu=2"), "{text}");
+        assert!(text.contains("memory=16Gi,nvidia.com/gpu=2"), "sizes in kubectl's units: {text}");
         let json = render(Some(Output::Json), "MemberList", &rows, print_members).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["kind"], "MemberList");
         assert_eq!(v["items"][0]["virtualNode"], "tidepool-member-a-gpu");
         assert_eq!(v["items"][0]["heldBack"]["nvidia.com/gpu"], "2");
+        assert_eq!(v["items"][0]["heldBack"]["memory"], "17179869184", "JSON keeps the status's quantity");
     }
 
     #[test]

@@ -19,6 +19,10 @@ export CP_PORT_OFFSET=${CP_PORT_OFFSET:-30}
 # Per offset: two runs at different offsets never share (and tear down) one state.
 state=${TIDEPOOL_TEST_STATE:-${TMPDIR:-/tmp}/tidepool-test-clusters-$CP_PORT_OFFSET}
 
+echo "== prerequisites: the packages deploy/prerequisites lists (installed when missing)" >&2
+bash deploy/prereqs.sh
+echo "== every command the scripts run is on deploy/prerequisites" >&2
+cargo test --locked --test prerequisites
 echo "== building the local control plane (cached after the first run)" >&2
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN

@@ -93,6 +93,33 @@ pub fn format_milli(milli: i64) -> String {
     if milli % 1000 == 0 { (milli / 1000).to_string() } else { format!("{milli}m") }
 }
 
+/// Whether `name` counts bytes (memory, storage, huge pages, a colocation system's memory).
+pub fn is_bytes(name: &str) -> bool {
+    name == "memory" || name == "ephemeral-storage" || name.starts_with("hugepages-") || name.ends_with("memory")
+}
+
+/// Formats milli-bytes as kubectl shows sizes: the largest binary unit that divides the value
+/// exactly (`16Gi`, `1536Mi`), else whole mebibytes rounded up from 1 Mi on (`1Mi`), else
+/// bytes.
+pub fn format_bytes(milli: i64) -> String {
+    let bytes = milli / 1000 + i64::from(milli % 1000 != 0);
+    const UNITS: [(&str, u32); 6] = [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
+    if bytes == 0 {
+        return "0".to_owned();
+    }
+    for (unit, shift) in UNITS {
+        let size = 1i64 << shift;
+        if bytes % size == 0 {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    if bytes.unsigned_abs() >= 1 << 20 {
+        let mi = 1i64 << 20;
+        return format!("{}Mi", bytes / mi + i64::from(bytes % mi != 0));
+    }
+    bytes.to_string()
+}
+
 /// The resource names of Kubernetes itself, the GPU vendors and the colocation systems, in
 /// byte order: held as [`Name::Known`], never allocated.
 const KNOWN: [&str; 14] = [
@@ -333,6 +360,29 @@ impl fmt::Display for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = self.iter().map(|(k, v)| format!("{k}={}", format_milli(v))).collect();
         f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod bytes_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_kubectl_shows_them() {
+        let gi = 1000 * (1i64 << 30);
+        let cases = [
+            ("sixteen gibibytes", 16 * gi, "16Gi"),
+            ("a gibibyte and a half", 3 * gi / 2, "1536Mi"),
+            ("an odd size rounds up to mebibytes", 1000 * ((5 << 20) + 3), "6Mi"),
+            ("small odd sizes stay bytes", 1000 * 1000, "1000"),
+            ("kibibytes", 1000 * 4096, "4Ki"),
+            ("nothing", 0, "0"),
+        ];
+        for (what, milli, want) in cases {
+            assert_eq!(format_bytes(milli), want, "{what}");
+        }
+        assert_eq!(format_bytes(parse_milli("17179869184").unwrap()), "16Gi", "the plugin's old output");
+        assert!(is_bytes("memory") && is_bytes("hugepages-2Mi") && !is_bytes("cpu") && !is_bytes("nvidia.com/gpu"));
     }
 }
 

@@ -412,7 +412,7 @@ real_nodes_down() {
 real_apiserver_relays() {
   local c addr
   addr=$(real_bridge_ip training)
-  command -v socat >/dev/null || fail "socat is missing (apt-get install socat)"
+  command -v socat >/dev/null || fail "socat is missing (bash deploy/prereqs.sh)"
   for c in "${CLUSTERS[@]}"; do
     start "$c-relay" socat -lf "$S/logs/$c-relay.socat.log" \
       "TCP-LISTEN:$(port_of apiserver "$c"),bind=$addr,fork,reuseaddr" "TCP:127.0.0.1:$(port_of apiserver "$c")"
@@ -425,7 +425,7 @@ real_apiserver_relays() {
 real_checkpoint_store() {
   local addr port py
   addr=$(real_bridge_ip training) port=$(real_port s3 training)
-  python3 -c 'import moto.server' 2>/dev/null || fail "moto's server is missing (pip install 'moto[server]==5.2.1')"
+  python3 -c 'import moto.server' 2>/dev/null || fail "moto's server is missing (bash deploy/prereqs.sh)"
   # The interpreter itself, not a version manager's shim: until the exec chain ends the
   # process would not name STATE_DIR, and `await` would take it for dead.
   py=$(python3 -c 'import sys; print(sys.executable)')

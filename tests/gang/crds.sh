@@ -34,7 +34,7 @@ if [[ -f "$out/.complete" ]]; then
 fi
 
 command -v go >/dev/null || { log "go is not installed: it fetches the PodGroup CRDs"; exit 1; }
-command -v jq >/dev/null || { log "jq is not installed (apt-get install jq)"; exit 1; }
+command -v jq >/dev/null || { log "jq is not installed (bash deploy/prereqs.sh)"; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GONOSUMDB='*' GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
 
 SP=sigs.k8s.io/scheduler-plugins@v0.34.7

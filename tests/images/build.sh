@@ -17,8 +17,8 @@
 # second run with the same inputs does nothing. tp-train is built first by
 # `cargo build --release --locked -p tidepool-workload` (a no-op when current), or taken from
 # TIDEPOOL_WORKLOAD_BINARY when that is set. Prints the output directory on its last line of stdout; progress
-# goes to stderr. Needs umoci, jq, cc (with static libc: libc6-dev), busybox-static; as root
-# it apt-get installs the missing ones.
+# goes to stderr. Needs umoci, jq, cc (with static libc: libc6-dev), busybox-static, which
+# deploy/prereqs.sh installs.
 #
 # Verified with tests/nodes/build.sh's containerd v2.4.2 (tests/nodes/containerd.toml.in):
 # import.sh of all three; `ctr run` of workload (`sh -c 'echo hello; id'`), of tidepool
@@ -53,21 +53,13 @@ if [[ -n "$bin" ]]; then
   bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 fi
 
-need() {  # need COMMAND PACKAGE
-  command -v "$1" >/dev/null && return 0
-  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-    log "$1 not found: apt-get install -y $2"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >&2
-  else
-    log "$1 is needed: install the '$2' package"; exit 1
-  fi
-}
-need umoci umoci; need jq jq; need cc gcc
+# deploy/prereqs.sh installs these before any build; checked again here for a direct call.
+for tool in umoci jq cc; do
+  command -v "$tool" >/dev/null || { log "$tool is missing: run bash deploy/prereqs.sh"; exit 1; }
+done
 busybox=/bin/busybox
 if ! [[ -x $busybox ]] || ldd "$busybox" >/dev/null 2>&1; then   # missing, or not static
-  [[ $(id -u) -eq 0 ]] || { log "a static $busybox is needed: install busybox-static"; exit 1; }
-  log "no static $busybox: apt-get install -y busybox-static"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q busybox-static >&2
+  log "a static $busybox is needed: run bash deploy/prereqs.sh (busybox-static)"; exit 1
 fi
 [[ $(id -u) -eq 0 ]] || { log "run as root: the image layers must be root-owned"; exit 1; }
 

@@ -27,7 +27,7 @@ if [[ -f "$out/.complete" ]]; then
 fi
 
 command -v go >/dev/null || { log "go is not installed: it is needed to build metrics-server"; exit 1; }
-command -v jq >/dev/null || { log "jq is not installed (apt-get install jq)"; exit 1; }
+command -v jq >/dev/null || { log "jq is not installed (bash deploy/prereqs.sh)"; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0
 export GONOSUMDB='*' GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
 

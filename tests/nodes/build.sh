@@ -21,7 +21,7 @@
 #   containerd-shim-runc-v2       2 s
 #   CNI plugins (4)               7 s  (deps 3 s)
 #   coredns                     155 s  (1023 packages; deps 14 s)
-#   runc                          copy (apt-get install runc if missing: a few seconds)
+#   runc                          copy (deploy/prereqs.sh installs it)
 # A rerun with the same script prints the cached directory at once.
 #
 # Traps:
@@ -48,7 +48,7 @@ if [[ -f "$out/.complete" ]]; then
 fi
 
 command -v go >/dev/null || { log "go is not installed: it is needed to build the node binaries"; exit 1; }
-command -v jq >/dev/null || { log "jq is not installed (apt-get install jq)"; exit 1; }
+command -v jq >/dev/null || { log "jq is not installed (bash deploy/prereqs.sh)"; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0
 export GONOSUMDB='*' GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
 
@@ -122,15 +122,7 @@ dir=$(fetch "$COREDNS" "$COREDNS_SUM")
 
 log "runc (4/4): the distribution's package"
 runc=$(PATH="$PATH:/usr/sbin:/sbin" command -v runc || true)
-if [[ -z "$runc" ]]; then
-  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-    log "runc not found: apt-get install -y runc"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q runc >&2
-    runc=$(PATH="$PATH:/usr/sbin:/sbin" command -v runc)
-  else
-    log "runc is not installed and this is not root with apt-get: install the 'runc' package"; exit 1
-  fi
-fi
+[[ -n "$runc" ]] || { log "runc is missing: run bash deploy/prereqs.sh"; exit 1; }
 cp "$runc" "$tmp/runc"
 log "runc: copied $runc ($("$tmp/runc" --version | head -1))"
 
