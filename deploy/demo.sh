@@ -2,10 +2,12 @@
 # The tidepool demo on a fresh machine: builds what is missing (cached), starts a training
 # cluster and two member clusters on loopback (kwok GPU nodes, and one real node each:
 # containerd, kubelet, CNI, CoreDNS), runs tidepool between them with its embedded default
-# config, registers both members, sends a real trainer process across the bridge (its logs
-# and exec through the training cluster), places an elastic job whole, reclaims by band
-# with a checkpoint notice, and moves the real job to member-b when member-a takes its whole
-# real node back (it resumes there from its checkpoint). Everything stays up afterwards so you can look around with
+# config, registers both members, runs a distributed PS/trainer job made by Jobs across the
+# bridge on member-a's real node (logs, exec, top through the training cluster), places an
+# elastic job whole and reclaims it by band with a checkpoint notice, reclaims the real job's
+# elastic trainer (it acks from inside its pod) and gives it back, then moves the whole job to
+# member-b when member-a takes its real node back: its Jobs make the pods again, tidepool
+# places them there, and they resume from their checkpoints. Everything stays up afterwards so you can look around with
 # kubectl; `bash deploy/demo.sh down` stops it all. Needs root (the real nodes).
 #
 # Environment: TIDEPOOL_DEMO_DIR (state, default $TMPDIR/tidepool-demo), CP_PORT_OFFSET (0).
@@ -83,22 +85,42 @@ done
 k get nodes -o wide
 k get memberclusters
 
-say "a real trainer process on member-a's real node, across the bridge"
+say "a distributed training job, as a tenant writes it: parameter servers and trainers made by Jobs"
 k create namespace team-a --dry-run=client -o yaml | k apply -f -
 for _ in $(seq 60); do k -n team-a get serviceaccount default >/dev/null 2>&1 && break; sleep 0.5; done
 # Its checkpoints go to the local clusters' S3 store (moto's server on the training bridge).
-sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#" deploy/examples/trainer-real.yaml | k apply -f -
-k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s
-k -n team-a get pods -o wide
-echo "-- its offload copy in member-a, placed by member-a's own scheduler on the real node:"
+sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#" deploy/examples/ps-trainer-job.yaml | k apply -f -
+ctr_running() {  # ctr_running N NODE: N pods of the job Running, all on virtual node NODE
+  local n=$1 node=$2 got
+  for _ in $(seq 240); do
+    got=$(k -n team-a get pods -l job=ctr --field-selector=status.phase=Running \
+            -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c "^$node\$" || true)
+    [[ $got -ge $n ]] && return 0; sleep 0.5
+  done
+  echo "(the job did not reach $n running pods on $node; see $state/tidepool.log)"; return 1
+}
+ctr_running 4 tidepool-member-a-real
+k -n team-a get pods -l job=ctr -o wide -L tidepool.io/band,tidepool.io/role
+echo "-- their copies in member-a (namespace tp-team-a), placed by member-a's own scheduler on its real node:"
 ka -n tp-team-a get pods -o wide
-sleep 3
-echo "-- kubectl logs trainer-0 -c trainer (through the training apiserver, tidepool's kubelet API, member-a): the loss falls"
-k -n team-a logs trainer-0 -c trainer --tail=3
-echo "-- kubectl exec trainer-0 -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3':"
-k -n team-a exec trainer-0 -c trainer -- sh -c 'hostname; cat /etc/tidepool/annotations; exit 3' || echo "(exit code $?)"
+trainer() {  # the live pod of trainer INDEX
+  k -n team-a get pods -l job=ctr,role=trainer,batch.kubernetes.io/job-completion-index="$1" \
+    --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}'
+}
+sleep 5
+t0=$(trainer 0)
+echo "-- kubectl logs $t0 (through the training API server, tidepool's kubelet API, member-a): the loss falls"
+k -n team-a logs "$t0" --tail=3
+ps0=$(k -n team-a get pods -l job=ctr,role=ps -o jsonpath='{.items[0].metadata.name}')
+echo "-- kubectl exec $ps0 -- sh -c 'hostname; cat /etc/tidepool/annotations' (the notice will appear there):"
+k -n team-a exec "$ps0" -- sh -c 'hostname; cat /etc/tidepool/annotations; echo'
+echo "-- kubectl top pods (metrics-server scraping the virtual node, which reads member-a's metrics):"
+for _ in $(seq 90); do
+  k -n team-a top pods -l job=ctr 2>/dev/null | grep -q ctr && break; sleep 1
+done
+k -n team-a top pods -l job=ctr || echo "(no metrics yet)"
 
-say "an elastic training job (6 workers, gang of 4) placed whole on one pool"
+say "an elastic job on the GPU pools (kwok nodes): 6 workers, a gang of 4, placed whole on one pool"
 k apply -f deploy/examples/elastic-job.yaml
 for _ in $(seq 120); do
   bound=$(k -n team-a get pods -l app=resnet -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true)
@@ -125,57 +147,59 @@ for _ in $(seq 120); do
   [[ -n "$noticed" ]] && break; sleep 0.5
 done
 k -n team-a get pods -l app=resnet -o custom-columns='NAME:.metadata.name,BAND:.metadata.labels.tidepool\.io/band,PHASE:.status.phase,RECLAIM-DEADLINE:.metadata.annotations.tidepool\.io/reclaim-deadline'
-echo "-- each trainer checkpoints and acknowledges (it sees the notice in /etc/tidepool/annotations)"
+echo "-- these simulated workers have no process to ack: an operator acks for them (annotation tidepool.io/checkpoint-done)"
 for p in $noticed; do k -n team-a annotate pod "$p" tidepool.io/checkpoint-done=true --overwrite; done
 for p in $noticed; do
   k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed "pod/$p" --timeout=60s
 done
 k -n team-a get pods -l app=resnet -o custom-columns='NAME:.metadata.name,BAND:.metadata.labels.tidepool\.io/band,PHASE:.status.phase,REASON:.status.reason,MESSAGE:.status.message'
-k -n team-a get events --field-selector reason=ReclaimRequested -o custom-columns='OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message' 2>/dev/null | head -5 || true
 echo "-- the gang core (medium) keeps running; the Job's replacements for the reclaimed workers wait, explained:"
 sleep 3
 k -n team-a get pods -l app=resnet --field-selector=status.phase=Pending -o custom-columns='NAME:.metadata.name,WHY:.status.conditions[0].message'
 
-say "member-a needs its real node's CPU back: the real job checkpoints, acks from inside the pod, and resumes"
+say "member-a needs most of its real node's CPU back: the elastic trainer checkpoints, acks from inside its pod and goes"
 cores=$(ka get node "$MEMBER_A_REAL_NODE" -o jsonpath='{.status.allocatable.cpu}')
-k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"$((cores * 1000 - 100))m\"}}}}"
-if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --timeout=120s; then
-  echo "-- its final status (the ack is the trainer's termination message, no credentials involved):"
-  k -n team-a get pod trainer-0 -o jsonpath='{.status.phase} {.status.reason}: {.status.message}{"\n"}'
-  k -n team-a get pod trainer-0 -o jsonpath='{range .status.containerStatuses[*]}{.name}: {.state.terminated.message}{end}'
-  echo "-- room again: the same job started anew resumes from its checkpoint"
+# Room for the gang's core only (three pods of 50m).
+k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"$((cores * 1000 - 160))m\"}}}}"
+t1=$(trainer 1)
+if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed "pod/$t1" --timeout=120s; then
+  k -n team-a get pod "$t1" -o jsonpath='{.status.phase} {.status.reason}: {.status.message}{"\n"}'
+  echo "-- its ack, the termination message the member's kubelet reported (no credentials involved):"
+  k -n team-a get pod "$t1" -o jsonpath='{.status.containerStatuses[0].state.terminated.message}{"\n"}'
+  echo "-- DisruptionTarget, so the Job's podFailurePolicy does not count it:"
+  k -n team-a get pod "$t1" -o jsonpath='{range .status.conditions[?(@.type=="DisruptionTarget")]}{.type}={.status} {.reason}{"\n"}{end}'
+  for _ in $(seq 40); do
+    k -n team-a get pods -l job=ctr,role=trainer --field-selector=status.phase=Pending -o name | grep -q . && break
+    sleep 0.5
+  done
+  sleep 2
+  echo "-- the core trains on; the Job's new trainer 1 waits, explained:"
+  k -n team-a get pods -l job=ctr -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,REASON:.status.reason,WHY:.status.conditions[?(@.type=="PodScheduled")].message'
+  k -n team-a logs "$(trainer 0)" --tail=2
+  echo "-- the demand falls: trainer 1 joins the same member again and resumes from its ack"
   k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
-  k -n team-a delete pod trainer-0 --wait=true
-  sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#" deploy/examples/trainer-real.yaml | k apply -f -
-  k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s || true
-  sleep 3
-  k -n team-a logs trainer-0 -c trainer --tail=3 || true
+  ctr_running 4 tidepool-member-a-real && sleep 5 && k -n team-a logs "$(trainer 1)" --tail=3
 else
-  echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
+  echo "(trainer 1 was not reclaimed within 120 s; see $state/tidepool.log)"
   k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 fi
 
-say "a deeper deficit: member-a takes its whole real node back; the job resumes on member-b"
-if k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=30s 2>/dev/null; then
-  k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"${cores}000m\"}}}}"
-  if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed pod/trainer-0 --timeout=120s; then
-    echo "-- reclaimed whole from member-a (parameter servers and trainer); the acks, from inside the pod:"
-    k -n team-a get pod trainer-0 -o jsonpath='{range .status.containerStatuses[*]}{.name}: {.state.terminated.message}{end}'
-    echo "-- placed again on member-b's real pool, same checkpoint store, same job:"
-    k -n team-a delete pod trainer-0 --wait=true
-    sed "s#CHECKPOINT_STORE#$CHECKPOINT_STORE#; s#tidepool-member-a-real#tidepool-member-b-real#" deploy/examples/trainer-real.yaml | k apply -f -
-    k -n team-a wait --for=jsonpath='{.status.phase}'=Running pod/trainer-0 --timeout=90s || true
-    k -n team-a get pod trainer-0 -o wide
-    echo "-- its copy in member-b, on member-b's real node:"
-    "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
-    sleep 3
-    echo "-- kubectl logs trainer-0 -c trainer: it goes on from the step it saved on member-a"
-    k -n team-a logs trainer-0 -c trainer --tail=3 || true
-  else
-    echo "(trainer-0 was not reclaimed within 120 s; see $state/tidepool.log)"
-  fi
-  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+say "member-a takes its whole real node back: the whole job is reclaimed, and its Jobs resume it on member-b"
+step_before=$(k -n team-a logs "$(trainer 0)" --tail=1 | sed -n 's/.*step=\([0-9]*\).*/\1/p')
+k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"${cores}000m\"}}}}"
+if ctr_running 4 tidepool-member-b-real; then
+  echo "-- the pods member-a had: reclaimed with the notice, each acked from inside"
+  k -n team-a get pods -l job=ctr --field-selector=status.phase=Failed \
+    -o jsonpath='{range .items[*]}{.metadata.name}  {.spec.nodeName}  {.status.reason}  {.status.containerStatuses[0].state.terminated.message}{end}'
+  echo "-- the Jobs' new pods, placed by tidepool on member-b's real pool:"
+  k -n team-a get pods -l job=ctr --field-selector=status.phase=Running -o wide
+  echo "-- their copies in member-b, on member-b's real node:"
+  "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
+  sleep 5
+  echo "-- kubectl logs of trainer 0: it goes on from the step it saved on member-a (it was at step ${step_before:-?})"
+  k -n team-a logs "$(trainer 0)" --tail=3
 fi
+k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 
 say "tidepool status"
 KUBECONFIG="$TRAINING_KUBECONFIG" "$root/target/debug/tidepool" status
@@ -185,8 +209,10 @@ cat <<MSG
 Tidepool is running (pid $(cat "$state/tidepool.pid")). Look around:
   export KUBECONFIG=$TRAINING_KUBECONFIG
   $CP_BIN/kubectl get nodes,memberclusters
-  $CP_BIN/kubectl -n team-a logs -f trainer-0 -c trainer   # a real training job, now on member-b's real node
-  $CP_BIN/kubectl -n team-a exec -it trainer-0 -c trainer -- sh
-  $CP_BIN/kubectl -n team-a delete pod trainer-0     # deleted in the member first, then here
+  $CP_BIN/kubectl -n team-a get pods -l job=ctr -o wide     # the PS/trainer job, now on member-b's real node
+  $CP_BIN/kubectl -n team-a logs -f job/ctr-trainer         # its trainer's log
+  $CP_BIN/kubectl -n team-a exec -it job/ctr-ps -- sh
+  $CP_BIN/kubectl -n team-a top pods
+  $CP_BIN/kubectl -n team-a delete job ctr-ps ctr-trainer   # the copies are deleted in the member first, then here
 Stop everything:  bash deploy/demo.sh down
 MSG

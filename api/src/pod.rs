@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::Band;
+use crate::node_match::NodeConstraints;
 use crate::resources::{Resources, parse_milli};
 
 /// `kubectl apply`'s copy of the whole object: never read here, and often most of a pod.
@@ -46,6 +47,8 @@ pub struct SpecLite {
     pub priority: Option<i32>,
     /// Effective requests, as the scheduler counts them ([`pod_requests`]).
     pub requests: Resources,
+    /// The node selector and required node affinity, for the few pods that have them.
+    pub node_constraints: Option<Box<NodeConstraints>>,
 }
 
 /// The parts of a pod's status tidepool decides on.
@@ -176,6 +179,7 @@ impl From<Pod> for PodLite {
         metadata.generate_name = None;
         let spec = spec.map(|s| SpecLite {
             requests: pod_requests(&s),
+            node_constraints: NodeConstraints::of(&s).map(Box::new),
             node_name: s.node_name,
             scheduler_name: s.scheduler_name,
             priority: s.priority,

@@ -34,6 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use tidepool_api::Resources;
+use tidepool_api::node_match::{NodeConstraints, virtual_node_labels};
 use tidepool_api::resources::{format_milli, is_device};
 use tidepool_federation::PoolCapacity;
 use tidepool_federation::capacity::{GPU_PRODUCT_LABEL, NodeFree};
@@ -106,6 +107,11 @@ impl PoolView {
         }
     }
 
+    /// The labels of the pool's virtual node, which a pod's node selection is matched against.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        virtual_node_labels(&self.member, &self.pool, &self.node, self.gpu_product.as_deref())
+    }
+
     /// The GPU model of a member node: its own label, else the pool's single model.
     fn product_of<'a>(&'a self, node: &'a NodeFree) -> Option<&'a str> {
         node.labels.get(GPU_PRODUCT_LABEL).or(self.gpu_product.as_ref()).map(String::as_str)
@@ -113,13 +119,16 @@ impl PoolView {
 }
 
 /// A gang asking to be placed: the requests of its `minMember` core pods.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GangDemand {
     pub key: GangKey,
     pub pods: Vec<Resources>,
     /// Virtual node already recorded for this gang: only that pool may be used, so a restart
     /// in the middle of binding never splits the gang across pools.
     pub pinned: Option<String>,
+    /// The core pods' own node selection (selector, required affinity), each different one
+    /// once: a pool is a candidate only when its virtual node satisfies all of them.
+    pub constraints: Vec<NodeConstraints>,
 }
 
 /// The part of a pool a gang was planned into: node label pairs every node of it carries
@@ -207,6 +216,11 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
     {
         return Err(Unplaceable::new(format!("the gang's recorded pool {node} is not offered any more")));
     }
+    let offered = selected_by(&gang.constraints, offered);
+    if offered.is_empty() && !gang.constraints.is_empty() {
+        let wanted: Vec<String> = gang.constraints.iter().map(NodeConstraints::describe).collect();
+        return Err(Unplaceable::new(format!("no pool matches the pods' node selection ({})", wanted.join("; "))));
+    }
     let candidates: Vec<&PoolView> = offered.into_iter().filter(|p| p.schedulable).collect();
     if candidates.is_empty() {
         return Err(Unplaceable::new(match subject {
@@ -245,6 +259,14 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
         }),
         None => Err(Unplaceable::new(demand.explain(subject, &candidates, &refusals))),
     }
+}
+
+/// The pools whose virtual node satisfies every one of `constraints`.
+fn selected_by<'a>(constraints: &[NodeConstraints], pools: Vec<&'a PoolView>) -> Vec<&'a PoolView> {
+    if constraints.is_empty() {
+        return pools;
+    }
+    pools.into_iter().filter(|p| constraints.iter().all(|c| c.matches(&p.node, &p.labels()))).collect()
 }
 
 /// Whether one more (elastic) pod fits on `pool`, next to `already`: the pods planned onto
@@ -863,7 +885,7 @@ mod tests {
     }
 
     fn gang(pods: Vec<Resources>) -> GangDemand {
-        GangDemand { key: GangKey::annotation("ns", "job"), pods, pinned: None }
+        GangDemand { key: GangKey::annotation("ns", "job"), pods, pinned: None, constraints: vec![] }
     }
 
     #[test]
@@ -1348,6 +1370,7 @@ mod tests {
                 key: GangKey::annotation("ns", "job"),
                 pods,
                 pinned: pinned.map(|i| format!("tidepool-m{i}")),
+                constraints: vec![],
             },
         )
     }

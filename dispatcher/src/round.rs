@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use tidepool_api::Resources;
 use tidepool_api::keys::{self, Band};
+use tidepool_api::node_match::NodeConstraints;
 use tidepool_api::pod::PodLite;
 
 use crate::context::requests;
@@ -308,6 +309,13 @@ fn admit_placed(
     let mut admitted = Vec::new();
     for p in elastic {
         let req = requests(p);
+        if let Some(c) = p.spec.node_constraints.as_deref()
+            && !c.matches(&pool.node, &pool.labels())
+        {
+            let message = format!("gang {key} runs on {node}, which the pod's node selection ({}) excludes", c.describe());
+            writes.push(Write::Explain { pods: vec![(*p).clone()], message });
+            continue;
+        }
         if !plan::fits_one(&req, pool, &admitted, domain) {
             let inside = if domain.is_empty() { String::new() } else { format!(" in {}", domain.to_annotation()) };
             let message = format!("gang {key}: no room for another elastic pod on {node}{inside}");
@@ -339,7 +347,14 @@ fn admit_new(
         return Admission { writes: vec![Write::Explain { pods: waiting(), message }], unplaced: None };
     }
     let core = &pending[..min];
-    let demand = GangDemand { key: key.clone(), pods: core.iter().map(|p| requests(p)).collect(), pinned: None };
+    let mut constraints: Vec<NodeConstraints> = Vec::new();
+    for c in core.iter().filter_map(|p| p.spec.node_constraints.as_deref()) {
+        if !constraints.contains(c) {
+            constraints.push(c.clone());
+        }
+    }
+    let pods = core.iter().map(|p| requests(p)).collect();
+    let demand = GangDemand { key: key.clone(), pods, pinned: None, constraints };
     match plan::place(&demand, pools) {
         Ok(placement) => {
             if let Some(pool) = pools.iter_mut().find(|v| v.node == placement.node) {
@@ -467,6 +482,46 @@ mod tests {
         assert_eq!(pools[1].used, gpus(4), "the core is booked on its pool for the rest of the round");
         assert_eq!(pools[1].free_per_node.iter().map(|n| n.free.clone()).collect::<Vec<_>>(), vec![gpus(0), gpus(0)]);
         assert_eq!(pools[0].used, Resources::new(), "the other pool keeps its room");
+    }
+
+    /// `p` with `spec.nodeSelector` `tidepool.io/member: member`.
+    fn selecting(mut p: PodLite, member: &str) -> PodLite {
+        let selector = [(keys::LABEL_MEMBER.to_owned(), member.to_owned())].into();
+        p.spec.node_constraints = Some(Box::new(NodeConstraints { selector, terms: vec![] }));
+        p
+    }
+
+    #[test]
+    fn a_gang_goes_only_to_a_pool_its_pods_select() {
+        // Pool b fits the core more tightly, but the pods select pool a's member.
+        let pods = vec![selecting(pending("w-0", 2), "member-of-tidepool-a"), selecting(pending("w-1", 2), "member-of-tidepool-a")];
+        let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
+        let admission = admit(&key(), &gang(pods, None), 2, &mut pools, (&BandRanges::default(), NOW));
+        assert!(
+            matches!(&admission.writes[..], [Write::Place { node, .. }] if node == "tidepool-a"),
+            "{:?}",
+            admission.writes
+        );
+    }
+
+    #[test]
+    fn a_gang_whose_pods_select_no_pool_waits_saying_what_they_select() {
+        let pods = vec![selecting(pending("w-0", 2), "member-z")];
+        let mut pools = vec![pool("tidepool-a", 1, 8)];
+        let admission = admit(&key(), &gang(pods, None), 1, &mut pools, (&BandRanges::default(), NOW));
+        let [Write::Explain { message, .. }] = &admission.writes[..] else { panic!("{:?}", admission.writes) };
+        assert!(message.contains("no pool matches the pods' node selection (tidepool.io/member=member-z)"), "{message}");
+    }
+
+    #[test]
+    fn an_elastic_pod_that_excludes_its_gangs_pool_waits_with_the_reason() {
+        let core = running_on(pending("w-0", 2), "tidepool-a");
+        let elastic = selecting(pending("w-1", 2), "member-z");
+        let mut pools = vec![pool("tidepool-a", 1, 8)];
+        let admission =
+            admit(&key(), &gang(vec![core, elastic], Some("tidepool-a")), 1, &mut pools, (&BandRanges::default(), NOW));
+        let [Write::Explain { message, .. }] = &admission.writes[..] else { panic!("{:?}", admission.writes) };
+        assert!(message.contains("which the pod's node selection (tidepool.io/member=member-z) excludes"), "{message}");
     }
 
     #[test]

@@ -329,7 +329,7 @@ pub fn worth_publishing(current: &PoolCapacity, next: &PoolCapacity) -> bool {
     significant(&current.capacity, &next.capacity)
 }
 
-pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+pub use tidepool_api::node_match::GPU_PRODUCT_LABEL;
 /// The extended resource name of NVIDIA GPUs. Only one device resource among others (see
 /// [`tidepool_api::resources::is_device`]): everything ranks by all of them alike.
 pub const GPU: &str = "nvidia.com/gpu";

@@ -33,19 +33,8 @@ const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// Labels of a virtual node.
 pub fn node_labels(member: &str, pool: &PoolHandle, capacity: &PoolCapacity) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
-        (keys::LABEL_NODE_TYPE.to_owned(), keys::NODE_TYPE_VIRTUAL.to_owned()),
-        (keys::LABEL_MEMBER.to_owned(), member.to_owned()),
-        (keys::LABEL_POOL.to_owned(), pool.name.to_string()),
-        ("kubernetes.io/hostname".to_owned(), pool.node.to_string()),
-        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
-        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
-        ("kubernetes.io/role".to_owned(), "agent".to_owned()),
-    ]);
-    if let Some(product) = &capacity.gpu_product {
-        labels.insert(tidepool_federation::capacity::GPU_PRODUCT_LABEL.to_owned(), product.clone());
-    }
-    labels
+    let (name, node) = (pool.name.to_string(), pool.node.to_string());
+    tidepool_api::node_match::virtual_node_labels(member, &name, &node, capacity.gpu_product.as_deref())
 }
 
 /// Reason of a colocation pool's `Ready=False` while none of its nodes publishes the batch

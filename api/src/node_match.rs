@@ -1,0 +1,179 @@
+//! Which nodes a pod may go to by its own words: `spec.nodeSelector` and the required node
+//! affinity, matched against a node's name and labels the way kube-scheduler's NodeAffinity
+//! filter matches them. For `schedulerName: tidepool` the nodes are virtual nodes, whose
+//! labels ([`virtual_node_labels`]) name the member, the pool and the GPU model, so a tenant
+//! can keep a job on one member (`tidepool.io/member: member-a`), one pool or one model
+//! with the selectors they already write. Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::keys;
+
+/// The GPU model label of nodes (NVIDIA's GPU feature discovery); a virtual node carries it
+/// when every node of its pool has the same model.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+
+/// A pod's node selection, kept only for pods that have one (boxed in [`crate::pod::SpecLite`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeConstraints {
+    /// `spec.nodeSelector`: every pair must be a label of the node.
+    pub selector: BTreeMap<String, String>,
+    /// The required node affinity's terms: one of them must match (none: no constraint).
+    pub terms: Vec<NodeSelectorTerm>,
+}
+
+impl NodeConstraints {
+    /// The constraints of `spec`, or `None` when it has none.
+    pub fn of(spec: &PodSpec) -> Option<Self> {
+        let selector = spec.node_selector.clone().unwrap_or_default();
+        let terms = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+            .map(|r| r.node_selector_terms.clone())
+            .unwrap_or_default();
+        let c = NodeConstraints { selector, terms };
+        (c != NodeConstraints::default()).then_some(c)
+    }
+
+    /// Whether node `name` with `labels` satisfies both the selector and the affinity.
+    pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && (self.terms.is_empty() || self.terms.iter().any(|t| term_matches(t, name, labels)))
+    }
+
+    /// How a tenant wrote it, for an explanation: `a=b, c In [d e]`.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let terms: Vec<String> = self
+            .terms
+            .iter()
+            .map(|t| {
+                let exprs = t.match_expressions.iter().flatten().chain(t.match_fields.iter().flatten());
+                exprs.map(describe_requirement).collect::<Vec<_>>().join(", ")
+            })
+            .collect();
+        if !terms.is_empty() {
+            parts.push(format!("affinity {}", terms.join(" or ")));
+        }
+        parts.join(", ")
+    }
+}
+
+fn describe_requirement(r: &NodeSelectorRequirement) -> String {
+    match r.values.as_deref() {
+        Some(v) if !v.is_empty() => format!("{} {} [{}]", r.key, r.operator, v.join(" ")),
+        _ => format!("{} {}", r.key, r.operator),
+    }
+}
+
+/// A term with no requirement matches no node (as in kube-scheduler).
+fn term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let name_fields = BTreeMap::from([("metadata.name".to_owned(), name.to_owned())]);
+    exprs.iter().all(|r| requirement_matches(r, labels)) && fields.iter().all(|r| requirement_matches(r, &name_fields))
+}
+
+fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let value = labels.get(&r.key);
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(have), Some(bound)) = (value.and_then(|v| number(v)), values.first().and_then(|v| number(v)))
+            else {
+                return false;
+            };
+            if r.operator == "Gt" { have > bound } else { have < bound }
+        }
+        _ => false,
+    }
+}
+
+/// The labels of the virtual node of pool `pool` of `member`, named `node`: what a pod's
+/// selector can choose it by.
+pub fn virtual_node_labels(
+    member: &str,
+    pool: &str,
+    node: &str,
+    gpu_product: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (keys::LABEL_NODE_TYPE.to_owned(), keys::NODE_TYPE_VIRTUAL.to_owned()),
+        (keys::LABEL_MEMBER.to_owned(), member.to_owned()),
+        (keys::LABEL_POOL.to_owned(), pool.to_owned()),
+        ("kubernetes.io/hostname".to_owned(), node.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+        ("kubernetes.io/role".to_owned(), "agent".to_owned()),
+    ]);
+    if let Some(product) = gpu_product {
+        labels.insert(GPU_PRODUCT_LABEL.to_owned(), product.to_owned());
+    }
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(json!({"containers": [], "nodeSelector": v["nodeSelector"], "affinity": v["affinity"]}))
+            .unwrap()
+    }
+
+    fn affinity(terms: serde_json::Value) -> serde_json::Value {
+        json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
+    }
+
+    #[test]
+    fn a_pod_without_selector_or_required_affinity_has_no_constraints() {
+        assert_eq!(NodeConstraints::of(&spec(json!({}))), None);
+        let preferred = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}});
+        assert_eq!(NodeConstraints::of(&spec(preferred)), None);
+    }
+
+    #[test]
+    fn constraints_match_as_kube_scheduler_matches_them() {
+        let real = virtual_node_labels("member-a", "real", "tidepool-member-a-real", None);
+        let gpu = virtual_node_labels("member-b", "a100", "tidepool-member-b-a100", Some("NVIDIA-A100-SXM4-80GB"));
+        let cases = [
+            ("a selector naming the pool", json!({"nodeSelector": {"tidepool.io/pool": "real"}}), true, false),
+            ("a selector naming a label no node has", json!({"nodeSelector": {"zone": "x"}}), false, false),
+            ("In on the member", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["member-b"]}]}])), false, true),
+            ("NotIn on the member", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "NotIn", "values": ["member-b"]}]}])), true, false),
+            ("Exists on the GPU model", affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "Exists"}]}])), false, true),
+            ("DoesNotExist on the GPU model", affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]}])), true, false),
+            ("one of two terms", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "In", "values": ["x"]}]},
+                                                  {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["tidepool-member-a-real"]}]}])), true, false),
+            ("an empty term matches nothing", affinity(json!([{}])), false, false),
+            ("Gt on a label that is no number", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "Gt", "values": ["1"]}]}])), false, false),
+        ];
+        for (what, v, on_real, on_gpu) in cases {
+            let c = NodeConstraints::of(&spec(v)).unwrap();
+            assert_eq!(c.matches("tidepool-member-a-real", &real), on_real, "{what} on the real pool");
+            assert_eq!(c.matches("tidepool-member-b-a100", &gpu), on_gpu, "{what} on the GPU pool");
+        }
+    }
+
+    #[test]
+    fn constraints_are_described_as_written() {
+        let mut v = affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["a", "b"]}]}]));
+        v["nodeSelector"] = json!({"tidepool.io/pool": "real"});
+        let c = NodeConstraints::of(&spec(v)).unwrap();
+        assert_eq!(c.describe(), "tidepool.io/pool=real, affinity tidepool.io/member In [a b]");
+    }
+}
