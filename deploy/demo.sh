@@ -18,6 +18,12 @@ cd "$root"
 state=${TIDEPOOL_DEMO_DIR:-${TMPDIR:-/tmp}/tidepool-demo}
 export CP_PORT_OFFSET=${CP_PORT_OFFSET:-0}
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# A step that did not happen ends the demo (and CI, which runs it): the last of tidepool's log.
+fail() {
+  printf '\nFAILED: %s\n-- the end of %s:\n' "$*" "$state/tidepool.log" >&2
+  tail -n 30 "$state/tidepool.log" >&2 || true
+  exit 1
+}
 
 stop_tidepool() {
   if [[ -f "$state/tidepool.pid" ]]; then
@@ -97,7 +103,7 @@ ctr_running() {  # ctr_running N NODE: N pods of the job Running, all on virtual
             -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c "^$node\$" || true)
     [[ $got -ge $n ]] && return 0; sleep 0.5
   done
-  echo "(the job did not reach $n running pods on $node; see $state/tidepool.log)"; return 1
+  fail "the job did not reach $n running pods on $node"
 }
 ctr_running 4 tidepool-member-a-real
 k -n team-a get pods -l job=ctr -o wide -L tidepool.io/band,tidepool.io/role
@@ -118,7 +124,7 @@ echo "-- kubectl top pods (metrics-server scraping the virtual node, which reads
 for _ in $(seq 90); do
   k -n team-a top pods -l job=ctr 2>/dev/null | grep -q ctr && break; sleep 1
 done
-k -n team-a top pods -l job=ctr || echo "(no metrics yet)"
+k -n team-a top pods -l job=ctr || fail "kubectl top pods showed no metrics within 90 s"
 
 say "an elastic job on the GPU pools (kwok nodes): 6 workers, a gang of 4, placed whole on one pool"
 k apply -f deploy/examples/elastic-job.yaml
@@ -162,43 +168,43 @@ cores=$(ka get node "$MEMBER_A_REAL_NODE" -o jsonpath='{.status.allocatable.cpu}
 # Room for the gang's core only (three pods of 50m).
 k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"$((cores * 1000 - 160))m\"}}}}"
 t1=$(trainer 1)
-if k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed "pod/$t1" --timeout=120s; then
-  k -n team-a get pod "$t1" -o jsonpath='{.status.phase} {.status.reason}: {.status.message}{"\n"}'
-  echo "-- its ack, the termination message the member's kubelet reported (no credentials involved):"
-  k -n team-a get pod "$t1" -o jsonpath='{.status.containerStatuses[0].state.terminated.message}{"\n"}'
-  echo "-- DisruptionTarget, so the Job's podFailurePolicy does not count it:"
-  k -n team-a get pod "$t1" -o jsonpath='{range .status.conditions[?(@.type=="DisruptionTarget")]}{.type}={.status} {.reason}{"\n"}{end}'
-  for _ in $(seq 40); do
-    k -n team-a get pods -l job=ctr,role=trainer --field-selector=status.phase=Pending -o name | grep -q . && break
-    sleep 0.5
-  done
-  sleep 2
-  echo "-- the core trains on; the Job's new trainer 1 waits, explained:"
-  k -n team-a get pods -l job=ctr -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,REASON:.status.reason,WHY:.status.conditions[?(@.type=="PodScheduled")].message'
-  k -n team-a logs "$(trainer 0)" --tail=2
-  echo "-- the demand falls: trainer 1 joins the same member again and resumes from its ack"
-  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
-  ctr_running 4 tidepool-member-a-real && sleep 5 && k -n team-a logs "$(trainer 1)" --tail=3
-else
-  echo "(trainer 1 was not reclaimed within 120 s; see $state/tidepool.log)"
-  k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
-fi
+k -n team-a wait --for=jsonpath='{.status.reason}'=Reclaimed "pod/$t1" --timeout=120s ||
+  fail "trainer 1 was not reclaimed within 120 s"
+k -n team-a get pod "$t1" -o jsonpath='{.status.phase} {.status.reason}: {.status.message}{"\n"}'
+echo "-- its ack, the termination message the member's kubelet reported (no credentials involved):"
+k -n team-a get pod "$t1" -o jsonpath='{.status.containerStatuses[0].state.terminated.message}{"\n"}'
+echo "-- DisruptionTarget, so the Job's podFailurePolicy does not count it:"
+k -n team-a get pod "$t1" -o jsonpath='{range .status.conditions[?(@.type=="DisruptionTarget")]}{.type}={.status} {.reason}{"\n"}{end}'
+for _ in $(seq 40); do
+  k -n team-a get pods -l job=ctr,role=trainer --field-selector=status.phase=Pending -o name | grep -q . && break
+  sleep 0.5
+done
+sleep 2
+echo "-- the core trains on; the Job's new trainer 1 waits, explained:"
+k -n team-a get pods -l job=ctr -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,REASON:.status.reason,WHY:.status.conditions[?(@.type=="PodScheduled")].message'
+k -n team-a logs "$(trainer 0)" --tail=2
+echo "-- the demand falls: trainer 1 joins the same member again and resumes from its ack"
+k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
+ctr_running 4 tidepool-member-a-real
+sleep 5
+k -n team-a logs "$(trainer 1)" | grep -m 1 'resumed at step' || fail "trainer 1 did not resume from its checkpoint"
+k -n team-a logs "$(trainer 1)" --tail=2
 
 say "member-a takes its whole real node back: the whole job is reclaimed, and its Jobs resume it on member-b"
 step_before=$(k -n team-a logs "$(trainer 0)" --tail=1 | sed -n 's/.*step=\([0-9]*\).*/\1/p')
 k patch membercluster member-a --type merge -p "{\"spec\":{\"capacity\":{\"reserve\":{\"cpu\":\"${cores}000m\"}}}}"
-if ctr_running 4 tidepool-member-b-real; then
-  echo "-- the pods member-a had: reclaimed with the notice, each acked from inside"
-  k -n team-a get pods -l job=ctr --field-selector=status.phase=Failed \
-    -o jsonpath='{range .items[*]}{.metadata.name}  {.spec.nodeName}  {.status.reason}  {.status.containerStatuses[0].state.terminated.message}{end}'
-  echo "-- the Jobs' new pods, placed by tidepool on member-b's real pool:"
-  k -n team-a get pods -l job=ctr --field-selector=status.phase=Running -o wide
-  echo "-- their copies in member-b, on member-b's real node:"
-  "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
-  sleep 5
-  echo "-- kubectl logs of trainer 0: it goes on from the step it saved on member-a (it was at step ${step_before:-?})"
-  k -n team-a logs "$(trainer 0)" --tail=3
-fi
+ctr_running 4 tidepool-member-b-real
+echo "-- the pods member-a had: reclaimed with the notice, each acked from inside"
+k -n team-a get pods -l job=ctr --field-selector=status.phase=Failed \
+  -o jsonpath='{range .items[*]}{.metadata.name}  {.spec.nodeName}  {.status.reason}  {.status.containerStatuses[0].state.terminated.message}{end}'
+echo "-- the Jobs' new pods, placed by tidepool on member-b's real pool:"
+k -n team-a get pods -l job=ctr --field-selector=status.phase=Running -o wide
+echo "-- their copies in member-b, on member-b's real node:"
+"$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
+sleep 5
+echo "-- kubectl logs of trainer 0: it goes on from the step it saved on member-a (it was at step ${step_before:-?})"
+k -n team-a logs "$(trainer 0)" | grep -m 1 'resumed at step' || fail "trainer 0 did not resume from its checkpoint"
+k -n team-a logs "$(trainer 0)" --tail=2
 k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 
 say "tidepool status"

@@ -45,6 +45,8 @@ pub(crate) struct Context {
     pub(crate) copies: CopyWriter,
     recorder: Recorder,
     pub(crate) pod_groups: moka::future::Cache<(GangSource, String), crate::error::Result<u32>>,
+    /// The shapes of operators' jobs, read as the PodGroups are (same lifetime).
+    pub(crate) workloads: moka::future::Cache<(GangSource, String), crate::error::Result<crate::workload::Shape>>,
     /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
     explained: Mutex<HashMap<String, String>>,
     /// Gangs above band `low` that found no room in the last round: reclaim may preempt
@@ -87,6 +89,7 @@ impl Context {
             pods,
             copies,
             pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
+            workloads: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             explained: Mutex::new(HashMap::new()),
             preempt: Mutex::new(Vec::new()),
             preempt_wanted: tokio::sync::Notify::new(),
@@ -288,6 +291,18 @@ pub(crate) fn pod_group_api(training: Client, source: &GangSource, ns: &str) -> 
         _ => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
     };
     let ar = ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    (Api::<DynamicObject>::namespaced_with(training, ns, &ar), gvk)
+}
+
+/// The API of the jobs of `kind` in `ns`, and their group-version-kind.
+pub(crate) fn workload_api(
+    training: Client,
+    kind: crate::workload::WorkloadKind,
+    ns: &str,
+) -> (Api<DynamicObject>, GroupVersionKind) {
+    let (group, version, kind, plural) = kind.api();
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
     (Api::<DynamicObject>::namespaced_with(training, ns, &ar), gvk)
 }
 

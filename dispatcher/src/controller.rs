@@ -11,7 +11,7 @@
 //! All state is re-derived from the API each round, so a restarted dispatcher continues
 //! where the last one stopped.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,12 +29,13 @@ use tidepool_federation::TrainingPods;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::context::{Context, PreemptRequest, pacing, pod_group_api, publish, requests};
+use crate::context::{Context, PreemptRequest, pacing, pod_group_api, publish, requests, workload_api};
 use crate::error::{Error, PodGroupRef, Result};
 use crate::gang::{self, GangKey, GangSource};
 use crate::order::admission_order;
 use crate::plan::{Domain, PoolView};
 use crate::round::{self, GangState, PlannedPod, Stamp, Write};
+use crate::workload::{self, WorkloadKind};
 
 /// A round runs at least this often, so capacity that frees up is noticed.
 const TICK: Duration = Duration::from_secs(2);
@@ -320,6 +321,9 @@ fn pool_views(ctx: &Context, all: &[Arc<PodLite>]) -> Vec<PoolView> {
 }
 
 async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<PodLite>]) -> Result<u32> {
+    if let Some(why) = pods.iter().find_map(|p| workload::refused(&p.metadata)) {
+        return Err(Error::Refused(why));
+    }
     match &key.source {
         GangSource::Single(_) => Ok(1),
         GangSource::Annotation(name) => {
@@ -330,6 +334,16 @@ async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<PodLite>]) -> Resu
                 }
             }
             min.ok_or_else(|| Error::MinMemberMissing { gang: name.clone() })
+        }
+        GangSource::Workload(kind, name) => {
+            let cache_key = (key.source.clone(), key.namespace.clone());
+            let training = ctx.training.clone();
+            let (kind, ns, name) = (*kind, key.namespace.clone(), name.clone());
+            let shape =
+                ctx.workloads.get_with(cache_key, async move { fetch_workload(training, kind, &ns, &name).await }).await?;
+            let live: BTreeSet<String> =
+                pods.iter().filter(|p| p.is_live()).filter_map(|p| workload::part_of(&p.metadata)).collect();
+            Ok(workload::min_member(&shape, &live))
         }
         GangSource::PodGroup(name) | GangSource::Volcano(name) => {
             let cache_key = (key.source.clone(), key.namespace.clone());
@@ -357,6 +371,17 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
         // No such CRD installed reads as 404 too; anything else is worth saying.
         Err(e) if tidepool_federation::api_code(&e, &[404]) => Err(Error::PodGroupKindNotFound(group)),
         Err(e) => Err(Error::PodGroupRead { group, source: Arc::new(e) }),
+    }
+}
+
+async fn fetch_workload(training: Client, kind: WorkloadKind, ns: &str, name: &str) -> Result<workload::Shape> {
+    let (api, gvk) = workload_api(training, kind, ns);
+    let job = PodGroupRef { kind: gvk.kind, group: gvk.group, namespace: ns.to_owned(), name: name.to_owned() };
+    match api.get_opt(name).await {
+        Ok(Some(obj)) => workload::shape(kind, &obj.data).ok_or(Error::WorkloadInvalid(job)),
+        Ok(None) => Err(Error::PodGroupNotFound(job)),
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => Err(Error::PodGroupKindNotFound(job)),
+        Err(e) => Err(Error::PodGroupRead { group: job, source: Arc::new(e) }),
     }
 }
 

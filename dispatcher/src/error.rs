@@ -37,6 +37,12 @@ pub enum Error {
     /// No such CRD installed reads as 404 too.
     #[error("{0} not found (is its CRD installed?)")]
     PodGroupKindNotFound(PodGroupRef),
+    /// An operator's job whose spec names no replicas tidepool can count.
+    #[error("{0} names no replicas in its spec")]
+    WorkloadInvalid(PodGroupRef),
+    /// A pod of a kind tidepool does not run across the bridge ([`crate::workload::refused`]).
+    #[error("{0}")]
+    Refused(String),
     #[error("cannot read {group}: {source}")]
     PodGroupRead {
         group: PodGroupRef,

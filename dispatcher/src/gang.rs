@@ -6,6 +6,7 @@ use tidepool_api::keys::{self, Band};
 use tidepool_api::pod::PodLite;
 
 use crate::error::Error;
+use crate::workload::{WorkloadKind, workload_of};
 
 /// Where a gang's definition lives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,6 +17,9 @@ pub enum GangSource {
     Volcano(String),
     /// `tidepool.io/gang` annotation; minimum from `tidepool.io/min-member`.
     Annotation(String),
+    /// A job an operator made the pods of, read from the operator's labels; minimum from the
+    /// job's spec ([`crate::workload`]).
+    Workload(WorkloadKind, String),
     /// A pod with no gang: a gang of one.
     Single(String),
 }
@@ -40,6 +44,7 @@ impl GangKey {
             GangSource::PodGroup(n) => ("podgroup", n),
             GangSource::Volcano(n) => ("volcano", n),
             GangSource::Annotation(n) => ("gang", n),
+            GangSource::Workload(kind, n) => (kind.word(), n),
             GangSource::Single(n) => ("pod", n),
         }
     }
@@ -60,8 +65,8 @@ impl std::fmt::Display for GangKey {
 }
 
 impl Ord for GangKey {
-    /// As the written forms compare. Consistent with `Eq`: a namespace holds no `/` and the
-    /// kind is one of four words, so two keys written alike are the same key.
+    /// As the written forms compare. Consistent with `Eq`: a namespace holds no `/` and each
+    /// source has a word of its own, so two keys written alike are the same key.
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.text().cmp(other.text())
     }
@@ -90,6 +95,8 @@ pub fn gang_of_meta(meta: &ObjectMeta) -> GangKey {
         GangSource::Volcano(g.clone())
     } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_GANG)).filter(|g| !g.is_empty()) {
         GangSource::Annotation(g.clone())
+    } else if let Some((kind, job)) = workload_of(meta) {
+        GangSource::Workload(kind, job)
     } else {
         GangSource::Single(meta.name.clone().unwrap_or_default())
     };
@@ -166,6 +173,18 @@ mod tests {
                 GangSource::Annotation("g".into()),
             ),
             (
+                "our annotation wins over an operator's labels",
+                json!({"name": "p", "namespace": "ns", "annotations": {"tidepool.io/gang": "g"},
+                       "labels": {"training.kubeflow.org/operator-name": "tfjob-controller", "training.kubeflow.org/job-name": "j"}}),
+                GangSource::Annotation("g".into()),
+            ),
+            (
+                "an operator's pod is a gang of its job",
+                json!({"name": "p", "namespace": "ns",
+                       "labels": {"training.kubeflow.org/operator-name": "tfjob-controller", "training.kubeflow.org/job-name": "j"}}),
+                GangSource::Workload(WorkloadKind::TfJob, "j".into()),
+            ),
+            (
                 "a pod with nothing is a gang of one",
                 json!({"name": "p", "namespace": "ns"}),
                 GangSource::Single("p".into()),
@@ -190,6 +209,8 @@ mod tests {
             key("team", GangSource::Annotation("b".into())),
             key("team", GangSource::PodGroup("a".into())),
             key("team", GangSource::Single("a".into())),
+            key("team", GangSource::Workload(WorkloadKind::TfJob, "a".into())),
+            key("team", GangSource::Workload(WorkloadKind::JobSet, "a".into())),
         ];
         let mut written: Vec<String> = keys.iter().map(ToString::to_string).collect();
         written.sort();

@@ -19,6 +19,7 @@ mod reclaim;
 pub mod restart;
 mod round;
 pub mod victims;
+pub mod workload;
 
 use std::sync::Arc;
 

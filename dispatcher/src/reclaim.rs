@@ -27,7 +27,7 @@ use tidepool_federation::MemberHandle;
 use tidepool_federation::capacity::PoolCapacity;
 use tracing::{error, info, warn};
 
-use crate::context::{Context, pacing, pod_group_api, publish, requests};
+use crate::context::{Context, pacing, pod_group_api, publish, requests, workload_api};
 use crate::error::Result;
 use crate::gang::{self, GangKey, GangSource};
 use crate::victims::{OffloadPodView, Victim, victims};
@@ -501,12 +501,16 @@ fn publish_later(ctx: &Arc<Context>, pod: &PodLite, events: Vec<(EventType, &'st
     });
 }
 
-/// Whether the PodGroup of `gang` (sig-scheduling or Volcano) carries the checkpoint ack,
-/// which then holds for every pod of the gang: the PodGroup's kind and name if so. Read at
+/// Whether the PodGroup of `gang` (sig-scheduling or Volcano), or the operator's job it is,
+/// carries the checkpoint ack, which then holds for every pod of the gang: the object's kind
+/// and name if so. Read at
 /// most once per [`GANG_ACK_RECHECK`] per gang, and only for gangs with pods under notice.
 async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<String> {
-    let name = match &gang.source {
-        GangSource::PodGroup(n) | GangSource::Volcano(n) => n.clone(),
+    let (name, (api, gvk)) = match &gang.source {
+        GangSource::PodGroup(n) | GangSource::Volcano(n) => {
+            (n.clone(), pod_group_api(ctx.training.clone(), &gang.source, &gang.namespace))
+        }
+        GangSource::Workload(kind, n) => (n.clone(), workload_api(ctx.training.clone(), *kind, &gang.namespace)),
         GangSource::Annotation(_) | GangSource::Single(_) => return None,
     };
     if let Some((read, acked)) = state.gang_acks.get(gang)
@@ -514,7 +518,6 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
     {
         return acked.clone();
     }
-    let (api, gvk) = pod_group_api(ctx.training.clone(), &gang.source, &gang.namespace);
     let acked = match api.get_opt(&name).await {
         Ok(pg) => pg
             .filter(|pg| pg.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE))

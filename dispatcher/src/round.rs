@@ -17,6 +17,7 @@ use crate::context::requests;
 use crate::gang::{self, BandRanges, GangKey};
 use crate::order::QueueEntry;
 use crate::plan::{self, GangDemand, PoolView};
+use crate::workload;
 
 /// A gang as seen in one round.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -268,7 +269,8 @@ pub(crate) fn admit(
     (ranges, now): (&BandRanges, i64),
 ) -> Admission {
     let mut pending: Vec<&Arc<PodLite>> = g.pods.iter().filter(|p| p.node_name().is_none()).collect();
-    pending.sort_by_key(|p| p.name_any());
+    // The core is the first `min` of them: by role and index, as the job needs them.
+    pending.sort_by(|a, b| workload::core_cmp(&a.metadata, &b.metadata));
     match &g.pinned {
         Some(node) => {
             let bound = g.pods.len() - pending.len();
