@@ -107,8 +107,8 @@ ctr_running() {  # ctr_running N NODE: N pods of the job Running, all on virtual
 }
 ctr_running 4 tidepool-member-a-real
 k -n team-a get pods -l job=ctr -o wide -L tidepool.io/band,tidepool.io/role
-echo "-- their copies in member-a (namespace tp-team-a), placed by member-a's own scheduler on its real node:"
-ka -n tp-team-a get pods -o wide
+echo "-- their copies in member-a (its namespace team-a, made by tidepool), placed by member-a's own scheduler on its real node:"
+ka -n team-a get pods -o wide
 trainer() {  # the live pod of trainer INDEX
   k -n team-a get pods -l job=ctr,role=trainer,batch.kubernetes.io/job-completion-index="$1" \
     --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}'
@@ -118,8 +118,9 @@ t0=$(trainer 0)
 echo "-- kubectl logs $t0 (through the training API server, tidepool's kubelet API, member-a): the loss falls"
 k -n team-a logs "$t0" --tail=3
 ps0=$(k -n team-a get pods -l job=ctr,role=ps -o jsonpath='{.items[0].metadata.name}')
-echo "-- kubectl exec $ps0 -- sh -c 'hostname; cat /etc/tidepool/annotations' (the notice will appear there):"
-k -n team-a exec "$ps0" -- sh -c 'hostname; cat /etc/tidepool/annotations; echo'
+echo "-- kubectl exec $ps0 -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local; cat /etc/tidepool/annotations':"
+echo "   (the training namespace's FQDNs resolve in the member: the copies run in a namespace of the same name)"
+k -n team-a exec "$ps0" -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local | tail -n 2; cat /etc/tidepool/annotations; echo'
 echo "-- kubectl top pods (metrics-server scraping the virtual node, which reads member-a's metrics):"
 for _ in $(seq 90); do
   k -n team-a top pods -l job=ctr 2>/dev/null | grep -q ctr && break; sleep 1
@@ -200,7 +201,7 @@ k -n team-a get pods -l job=ctr --field-selector=status.phase=Failed \
 echo "-- the Jobs' new pods, placed by tidepool on member-b's real pool:"
 k -n team-a get pods -l job=ctr --field-selector=status.phase=Running -o wide
 echo "-- their copies in member-b, on member-b's real node:"
-"$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n tp-team-a get pods -o wide
+"$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n team-a get pods -o wide
 sleep 5
 echo "-- kubectl logs of trainer 0: it goes on from the step it saved on member-a (it was at step ${step_before:-?})"
 k -n team-a logs "$(trainer 0)" | grep -m 1 'resumed at step' || fail "trainer 0 did not resume from its checkpoint"

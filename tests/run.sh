@@ -4,7 +4,8 @@
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
 # real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
 # metrics-server from tests/metrics/build.sh, the PodGroup CRDs from tests/gang/crds.sh, images
-# from tests/images/build.sh, tidepool's own image from its release binary). The clusters are
+# from tests/images/build.sh, tidepool's own image from its release binary; the training
+# operators tests/operators/start.sh runs from tests/operators/build.sh). The clusters are
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
@@ -53,6 +54,10 @@ export CP_METRICS_BIN
 echo "== fetching the member gang schedulers' PodGroup CRDs (cached after the first run)" >&2
 TIDEPOOL_GANG_CRDS=$(bash tests/gang/crds.sh | tail -n 1)
 export TIDEPOOL_GANG_CRDS
+
+echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
+TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)
+export TIDEPOOL_OPERATORS_BIN
 
 echo "== building tidepool and its tests" >&2
 cargo build --workspace --all-targets --locked

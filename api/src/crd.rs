@@ -46,11 +46,15 @@ pub struct MemberClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_prefix: Option<String>,
 
-    /// `SameName`: offload pods of training namespace `team-a` run in member namespace
-    /// `team-a` (no prefix), so the FQDNs a job was written with
-    /// (`<svc>.team-a.svc.cluster.local`) resolve in the member. Opt-in: a training namespace
-    /// whose name the member already uses for a namespace tidepool did not create is refused
-    /// (Event `OffloadNamespaceConflict` on the pod), never shared. Default `Prefixed`.
+    /// `SameName` (the default): offload pods of training namespace `team-a` run in member
+    /// namespace `team-a`, so the FQDNs a job was given by its operator
+    /// (`<job>-ps-0.team-a.svc:2222` in a TFJob's `TF_CONFIG`, an MPI hostfile's
+    /// `<pod>.<job>.team-a.svc`) resolve in the member as they do in the training cluster.
+    /// Where the member already has a namespace of that name that is not this member's
+    /// offload namespace (its own `team-a`, `default`, another bridge's), it is never shared:
+    /// that training namespace falls back to `<namespacePrefix><namespace>` for good (Event
+    /// `OffloadNamespaceFallback` on the pod; FQDNs naming `team-a` then do not resolve there).
+    /// `Prefixed`: always `<namespacePrefix><namespace>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_mode: Option<NamespaceMode>,
 
@@ -178,21 +182,24 @@ impl TerminationGraceLimits {
 /// How a training namespace maps to its member namespace.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum NamespaceMode {
-    /// `<namespacePrefix><namespace>` (default `tp-<namespace>`).
+    /// The training namespace's own name, or `<namespacePrefix><namespace>` where the member
+    /// has that name already.
     #[default]
-    Prefixed,
-    /// The training namespace's own name.
     SameName,
+    /// `<namespacePrefix><namespace>` (default `tp-<namespace>`).
+    Prefixed,
 }
 
 impl MemberClusterSpec {
-    /// The prefix of this member's offload namespaces: none in `SameName` mode, else
-    /// `spec.namespacePrefix` or the bridge's `default`.
+    /// The prefix of this member's prefixed offload namespaces (every one in `Prefixed` mode,
+    /// the fallbacks in `SameName` mode): `spec.namespacePrefix` or the bridge's `default`.
     pub fn effective_namespace_prefix(&self, default: &str) -> String {
-        match self.namespace_mode {
-            Some(NamespaceMode::SameName) => String::new(),
-            _ => self.namespace_prefix.clone().unwrap_or_else(|| default.to_owned()),
-        }
+        self.namespace_prefix.clone().unwrap_or_else(|| default.to_owned())
+    }
+
+    /// Whether offload namespaces take the training namespaces' own names where they can.
+    pub fn same_name_namespaces(&self) -> bool {
+        self.namespace_mode.unwrap_or_default() == NamespaceMode::SameName
     }
 }
 
@@ -563,9 +570,6 @@ impl MemberClusterSpec {
         {
             errors.push(FieldError::new("spec.namespacePrefix", NAMESPACE_PREFIX_RULE));
         }
-        if self.namespace_mode == Some(NamespaceMode::SameName) && self.namespace_prefix.is_some() {
-            errors.push(FieldError::new("spec.namespacePrefix", "must be unset with namespaceMode: SameName"));
-        }
         if let Some(n) = &self.gang_scheduler_name {
             if self.gang_scheduler.is_none() {
                 errors.push(FieldError::new("spec.gangSchedulerName", "must be unset without gangScheduler"));
@@ -684,17 +688,15 @@ mod tests {
     }
 
     #[test]
-    fn same_name_mode_has_no_prefix_and_refuses_one() {
+    fn same_name_is_the_default_and_the_prefix_names_the_fallbacks() {
         let mut s = spec();
+        assert!(s.same_name_namespaces(), "same-named namespaces unless the member says otherwise");
         assert_eq!(s.effective_namespace_prefix("tp-"), "tp-");
         s.namespace_prefix = Some("lend-".into());
         assert_eq!(s.effective_namespace_prefix("tp-"), "lend-");
-        s.namespace_mode = Some(NamespaceMode::SameName);
-        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
-        assert_eq!(paths, ["spec.namespacePrefix"], "a prefix means nothing in SameName mode");
-        s.namespace_prefix = None;
-        assert!(s.validate("member-a").is_empty());
-        assert_eq!(s.effective_namespace_prefix("tp-"), "");
+        assert!(s.validate("member-a").is_empty(), "a prefix names the fallback namespaces");
+        s.namespace_mode = Some(NamespaceMode::Prefixed);
+        assert!(!s.same_name_namespaces());
     }
 
     #[test]

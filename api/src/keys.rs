@@ -46,6 +46,9 @@ pub const LABEL_GANG: &str = "tidepool.io/gang";
 pub const LABEL_BAND: &str = "tidepool.io/band";
 /// Annotations on an offload pod naming its origin.
 pub const ANNOTATION_ORIGIN_NAMESPACE: &str = "tidepool.io/origin-namespace";
+/// On an offload namespace in a member: the training namespace whose pods it holds (with
+/// [`LABEL_ORIGIN_MEMBER`], which of the training cluster's `MemberCluster`s made it).
+pub const LABEL_ORIGIN_NAMESPACE: &str = "tidepool.io/origin-namespace";
 pub const ANNOTATION_ORIGIN_NAME: &str = "tidepool.io/origin-name";
 /// Label (value `true`) on the ConfigMaps and Secrets tidepool copied into an offload
 /// namespace. With the origin cluster and member labels it is what the collector selects:
@@ -56,6 +59,9 @@ pub const LABEL_REFLECTED: &str = "tidepool.io/reflected";
 pub const ANNOTATION_ORIGIN_RESOURCE_VERSION: &str = "tidepool.io/origin-resource-version";
 /// Reason of a training pod the offload policy refused (and of its Event).
 pub const REASON_OFFLOAD_POLICY: &str = "OffloadPolicy";
+/// Event on a pod whose training namespace's name the member had taken for itself: its pods
+/// run in the prefixed offload namespace there.
+pub const REASON_OFFLOAD_NAMESPACE_FALLBACK: &str = "OffloadNamespaceFallback";
 /// Label on member namespaces tidepool created, so it never touches others.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "tidepool";

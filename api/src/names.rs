@@ -89,9 +89,101 @@ pub fn offload_namespace(prefix: &str, namespace: &str) -> Result<String, Namesp
     Ok(name)
 }
 
+/// How one member names the offload namespaces of the training namespaces: their own names
+/// (`same_name`) except those the member already had for itself, which fell back to
+/// `<prefix><namespace>` for good; or always `<prefix><namespace>`. Shared by everything that
+/// reads or writes a member's namespaces, so a training namespace maps to one member
+/// namespace everywhere; rebuilt at each session start from the namespaces' labels.
+#[derive(Debug)]
+pub struct OffloadNamespaces {
+    prefix: String,
+    same_name: bool,
+    /// Training namespaces whose same-named member namespace was taken.
+    fallback: std::sync::RwLock<std::collections::BTreeSet<String>>,
+}
+
+impl OffloadNamespaces {
+    pub fn new(prefix: impl Into<String>, same_name: bool) -> Self {
+        Self { prefix: prefix.into(), same_name, fallback: Default::default() }
+    }
+
+    /// The member namespace of training namespace `namespace`.
+    pub fn member_ns(&self, namespace: &str) -> String {
+        if self.same_name && !self.fell_back(namespace) {
+            namespace.to_owned()
+        } else {
+            member_namespace(&self.prefix, namespace)
+        }
+    }
+
+    /// [`Self::member_ns`], refusing a name longer than a namespace name may be.
+    pub fn offload_ns(&self, namespace: &str) -> Result<String, NamespaceTooLong> {
+        let name = self.member_ns(namespace);
+        if name.len() > MAX_NAMESPACE_LEN {
+            return Err(NamespaceTooLong { name });
+        }
+        Ok(name)
+    }
+
+    /// Whether training namespaces keep their names where they can.
+    pub fn same_name(&self) -> bool {
+        self.same_name
+    }
+
+    /// Whether `namespace` fell back to the prefixed name.
+    pub fn fell_back(&self, namespace: &str) -> bool {
+        // A poisoned lock still holds a whole set: nothing here is written in more than one
+        // step, so what a panicking holder left is as good as what it found.
+        self.fallback.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(namespace)
+    }
+
+    /// From now on `namespace` maps to `<prefix><namespace>`: its same-named member namespace
+    /// is somebody else's. True if it was not so already.
+    pub fn fall_back(&self, namespace: &str) -> bool {
+        self.same_name
+            && self.fallback.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(namespace.to_owned())
+    }
+
+    /// Records what the member's offload namespaces say: `member_ns` holds the offload pods of
+    /// training namespace `origin` (its `tidepool.io/origin-namespace` label).
+    pub fn learn(&self, member_ns: &str, origin: &str) {
+        if member_ns != origin && member_ns == member_namespace(&self.prefix, origin) {
+            self.fall_back(origin);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_named_namespaces_fall_back_to_the_prefix_for_good() {
+        let ns = OffloadNamespaces::new("tp-", true);
+        assert_eq!(ns.member_ns("team-a"), "team-a");
+        assert!(ns.fall_back("team-a"), "the member has a team-a of its own");
+        assert!(!ns.fall_back("team-a"), "once");
+        assert_eq!(ns.member_ns("team-a"), "tp-team-a");
+        assert_eq!(ns.member_ns("team-b"), "team-b");
+        let prefixed = OffloadNamespaces::new("tp-", false);
+        assert_eq!(prefixed.member_ns("team-a"), "tp-team-a");
+        assert!(!prefixed.fall_back("team-a"), "nothing to fall back from");
+    }
+
+    #[test]
+    fn a_restart_learns_the_fallbacks_from_the_namespaces() {
+        let ns = OffloadNamespaces::new("tp-", true);
+        ns.learn("team-a", "team-a");
+        ns.learn("tp-team-b", "team-b");
+        ns.learn("other-c", "team-c");
+        assert_eq!(ns.member_ns("team-a"), "team-a");
+        assert_eq!(ns.member_ns("team-b"), "tp-team-b");
+        assert_eq!(ns.member_ns("team-c"), "team-c", "a name of no mapping of ours teaches nothing");
+        let long = "n".repeat(62);
+        assert!(ns.offload_ns(&long).is_ok());
+        ns.fall_back(&long);
+        assert!(ns.offload_ns(&long).is_err(), "65 characters with the prefix");
+    }
 
     #[test]
     fn virtual_node_names_follow_the_design() {

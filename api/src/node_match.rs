@@ -153,14 +153,52 @@ mod tests {
         let cases = [
             ("a selector naming the pool", json!({"nodeSelector": {"tidepool.io/pool": "real"}}), true, false),
             ("a selector naming a label no node has", json!({"nodeSelector": {"zone": "x"}}), false, false),
-            ("In on the member", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["member-b"]}]}])), false, true),
-            ("NotIn on the member", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "NotIn", "values": ["member-b"]}]}])), true, false),
-            ("Exists on the GPU model", affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "Exists"}]}])), false, true),
-            ("DoesNotExist on the GPU model", affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]}])), true, false),
-            ("one of two terms", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "In", "values": ["x"]}]},
-                                                  {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["tidepool-member-a-real"]}]}])), true, false),
+            (
+                "In on the member",
+                affinity(
+                    json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["member-b"]}]}]),
+                ),
+                false,
+                true,
+            ),
+            (
+                "NotIn on the member",
+                affinity(
+                    json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "NotIn", "values": ["member-b"]}]}]),
+                ),
+                true,
+                false,
+            ),
+            (
+                "Exists on the GPU model",
+                affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "Exists"}]}])),
+                false,
+                true,
+            ),
+            (
+                "DoesNotExist on the GPU model",
+                affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]}])),
+                true,
+                false,
+            ),
+            (
+                "one of two terms",
+                affinity(
+                    json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "In", "values": ["x"]}]},
+                                                  {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["tidepool-member-a-real"]}]}]),
+                ),
+                true,
+                false,
+            ),
             ("an empty term matches nothing", affinity(json!([{}])), false, false),
-            ("Gt on a label that is no number", affinity(json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "Gt", "values": ["1"]}]}])), false, false),
+            (
+                "Gt on a label that is no number",
+                affinity(
+                    json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "Gt", "values": ["1"]}]}]),
+                ),
+                false,
+                false,
+            ),
         ];
         for (what, v, on_real, on_gpu) in cases {
             let c = NodeConstraints::of(&spec(v)).unwrap();
@@ -171,7 +209,9 @@ mod tests {
 
     #[test]
     fn constraints_are_described_as_written() {
-        let mut v = affinity(json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["a", "b"]}]}]));
+        let mut v = affinity(
+            json!([{"matchExpressions": [{"key": "tidepool.io/member", "operator": "In", "values": ["a", "b"]}]}]),
+        );
         v["nodeSelector"] = json!({"tidepool.io/pool": "real"});
         let c = NodeConstraints::of(&spec(v)).unwrap();
         assert_eq!(c.describe(), "tidepool.io/pool=real, affinity tidepool.io/member In [a b]");

@@ -124,7 +124,12 @@ fn gangs(rng: &mut XorShift, n: usize) -> Vec<GangDemand> {
             if rng.below(5) == 0 {
                 pods[0] = res(0, 16, 64);
             }
-            GangDemand { key: GangKey::annotation("bench", &format!("gang-{g:04}")), pods, pinned: None, constraints: vec![] }
+            GangDemand {
+                key: GangKey::annotation("bench", &format!("gang-{g:04}")),
+                pods,
+                pinned: None,
+                constraints: vec![],
+            }
         })
         .collect()
 }

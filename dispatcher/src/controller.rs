@@ -339,8 +339,10 @@ async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<PodLite>]) -> Resu
             let cache_key = (key.source.clone(), key.namespace.clone());
             let training = ctx.training.clone();
             let (kind, ns, name) = (*kind, key.namespace.clone(), name.clone());
-            let shape =
-                ctx.workloads.get_with(cache_key, async move { fetch_workload(training, kind, &ns, &name).await }).await?;
+            let shape = ctx
+                .workloads
+                .get_with(cache_key, async move { fetch_workload(training, kind, &ns, &name).await })
+                .await?;
             let live: BTreeSet<String> =
                 pods.iter().filter(|p| p.is_live()).filter_map(|p| workload::part_of(&p.metadata)).collect();
             Ok(workload::min_member(&shape, &live))

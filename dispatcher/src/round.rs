@@ -314,7 +314,8 @@ fn admit_placed(
         if let Some(c) = p.spec.node_constraints.as_deref()
             && !c.matches(&pool.node, &pool.labels())
         {
-            let message = format!("gang {key} runs on {node}, which the pod's node selection ({}) excludes", c.describe());
+            let message =
+                format!("gang {key} runs on {node}, which the pod's node selection ({}) excludes", c.describe());
             writes.push(Write::Explain { pods: vec![(*p).clone()], message });
             continue;
         }
@@ -496,7 +497,10 @@ mod tests {
     #[test]
     fn a_gang_goes_only_to_a_pool_its_pods_select() {
         // Pool b fits the core more tightly, but the pods select pool a's member.
-        let pods = vec![selecting(pending("w-0", 2), "member-of-tidepool-a"), selecting(pending("w-1", 2), "member-of-tidepool-a")];
+        let pods = vec![
+            selecting(pending("w-0", 2), "member-of-tidepool-a"),
+            selecting(pending("w-1", 2), "member-of-tidepool-a"),
+        ];
         let mut pools = vec![pool("tidepool-a", 1, 8), pool("tidepool-b", 2, 2)];
         let admission = admit(&key(), &gang(pods, None), 2, &mut pools, (&BandRanges::default(), NOW));
         assert!(
@@ -512,7 +516,10 @@ mod tests {
         let mut pools = vec![pool("tidepool-a", 1, 8)];
         let admission = admit(&key(), &gang(pods, None), 1, &mut pools, (&BandRanges::default(), NOW));
         let [Write::Explain { message, .. }] = &admission.writes[..] else { panic!("{:?}", admission.writes) };
-        assert!(message.contains("no pool matches the pods' node selection (tidepool.io/member=member-z)"), "{message}");
+        assert!(
+            message.contains("no pool matches the pods' node selection (tidepool.io/member=member-z)"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -206,9 +206,10 @@ pub fn part_of(meta: &ObjectMeta) -> Option<String> {
 /// last; inside a role by replica index; then by name, numbers compared as numbers
 /// (`worker-2` before `worker-10`).
 pub fn core_cmp(a: &ObjectMeta, b: &ObjectMeta) -> Ordering {
-    rank(a).cmp(&rank(b)).then_with(|| index(a).cmp(&index(b))).then_with(|| {
-        natural_cmp(a.name.as_deref().unwrap_or_default(), b.name.as_deref().unwrap_or_default())
-    })
+    rank(a)
+        .cmp(&rank(b))
+        .then_with(|| index(a).cmp(&index(b)))
+        .then_with(|| natural_cmp(a.name.as_deref().unwrap_or_default(), b.name.as_deref().unwrap_or_default()))
 }
 
 fn rank(meta: &ObjectMeta) -> u8 {
@@ -285,10 +286,29 @@ mod tests {
     #[test]
     fn operator_pods_name_their_job() {
         let cases = [
-            ("a TFJob's pod", kubeflow("mnist-ps-0", "tfjob-controller", "mnist", "ps", 0), Some((WorkloadKind::TfJob, "mnist"))),
-            ("a PyTorchJob's pod", kubeflow("r-master-0", "pytorchjob-controller", "r", "master", 0), Some((WorkloadKind::PyTorchJob, "r"))),
-            ("an MPIJob v2 pod", meta("pi-launcher", json!({LABEL_KUBEFLOW_OPERATOR: "mpi-operator", LABEL_KUBEFLOW_JOB_NAME: "pi", LABEL_KUBEFLOW_JOB_ROLE: "launcher"})), Some((WorkloadKind::MpiJob, "pi"))),
-            ("a JobSet's pod", meta("t-node-0-0-x", json!({LABEL_JOBSET_NAME: "t", LABEL_JOBSET_REPLICATED_JOB: "node"})), Some((WorkloadKind::JobSet, "t"))),
+            (
+                "a TFJob's pod",
+                kubeflow("mnist-ps-0", "tfjob-controller", "mnist", "ps", 0),
+                Some((WorkloadKind::TfJob, "mnist")),
+            ),
+            (
+                "a PyTorchJob's pod",
+                kubeflow("r-master-0", "pytorchjob-controller", "r", "master", 0),
+                Some((WorkloadKind::PyTorchJob, "r")),
+            ),
+            (
+                "an MPIJob v2 pod",
+                meta(
+                    "pi-launcher",
+                    json!({LABEL_KUBEFLOW_OPERATOR: "mpi-operator", LABEL_KUBEFLOW_JOB_NAME: "pi", LABEL_KUBEFLOW_JOB_ROLE: "launcher"}),
+                ),
+                Some((WorkloadKind::MpiJob, "pi")),
+            ),
+            (
+                "a JobSet's pod",
+                meta("t-node-0-0-x", json!({LABEL_JOBSET_NAME: "t", LABEL_JOBSET_REPLICATED_JOB: "node"})),
+                Some((WorkloadKind::JobSet, "t")),
+            ),
             ("an operator tidepool does not know", kubeflow("x-0", "someone-else", "x", "worker", 0), None),
             ("an empty job name", kubeflow("x-0", "tfjob-controller", "", "worker", 0), None),
             ("a plain pod", meta("p", json!({"app": "x"})), None),
@@ -310,7 +330,11 @@ mod tests {
     fn a_jobs_minimum_comes_from_its_spec() {
         let none = BTreeSet::new();
         let tf = json!({"spec": {"tfReplicaSpecs": {"PS": {"replicas": 2}, "Worker": {"replicas": 4}, "Chief": {}}}});
-        assert_eq!(min_member(&shape(WorkloadKind::TfJob, &tf).unwrap(), &none), 7, "every replica; a replica spec without replicas has one");
+        assert_eq!(
+            min_member(&shape(WorkloadKind::TfJob, &tf).unwrap(), &none),
+            7,
+            "every replica; a replica spec without replicas has one"
+        );
         let stated = json!({"spec": {"runPolicy": {"schedulingPolicy": {"minAvailable": 3}}, "pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 5}}}});
         assert_eq!(min_member(&shape(WorkloadKind::PyTorchJob, &stated).unwrap(), &none), 3, "minAvailable wins");
         let elastic = json!({"spec": {"elasticPolicy": {"minReplicas": 2, "maxReplicas": 4}, "pytorchReplicaSpecs": {"Worker": {"replicas": 4}}}});
@@ -343,7 +367,7 @@ mod tests {
     #[test]
     fn the_core_is_chosen_by_role_then_index_never_by_name_alone() {
         let tf = |name: &str, rtype: &str, i: u32| kubeflow(name, "tfjob-controller", "j", rtype, i);
-        let mut pods = vec![
+        let mut pods = [
             tf("j-worker-10", "worker", 10),
             tf("j-evaluator-0", "evaluator", 0),
             tf("j-worker-2", "worker", 2),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -23,6 +23,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_api::crd::MemberClusterStatus;
 use tidepool_api::metrics::{MemberLabels, metrics};
+use tidepool_api::names::OffloadNamespaces;
 use tidepool_api::{MemberCluster, MemberName, keys};
 use tokio::sync::mpsc;
 use tracing::{error, info, instrument, warn};
@@ -333,9 +334,13 @@ async fn connect(mc: &MemberCluster, name: &MemberName, ctx: &Context) -> Result
         return Err(NotReady::Bootstrap { server: dialed.server, error: e.to_string() }.into());
     }
     check_gang_scheduler(mc, &dialed).await?;
+    let namespaces = match offload_namespaces(mc, name, ctx, &dialed.client).await {
+        Ok(n) => n,
+        Err(e) => return Err(NotReady::Bootstrap { server: dialed.server, error: e.to_string() }.into()),
+    };
 
     // 7. Start (or replace) the session and publish it.
-    let handle = start_session(mc, name, ctx, dialed, fingerprint).await?;
+    let handle = start_session(mc, name, ctx, (dialed, namespaces), fingerprint).await?;
     Ok(Outcome::Started { pools: handle.pools.len() })
 }
 
@@ -429,16 +434,48 @@ pub fn user_agent(identity: &str) -> String {
     format!("tidepool/{} ({identity})", env!("CARGO_PKG_VERSION"))
 }
 
+/// Step 6, last: how this member names its offload namespaces, with the fallbacks its
+/// namespaces record (a training namespace whose own name the member had taken keeps its
+/// prefixed namespace across restarts). Read before any copy is made: a fallback missed would
+/// put a pod's second copy in the other namespace.
+async fn offload_namespaces(
+    mc: &MemberCluster,
+    name: &MemberName,
+    ctx: &Context,
+    client: &Client,
+) -> Result<OffloadNamespaces, kube::Error> {
+    let prefix = mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix);
+    let namespaces = OffloadNamespaces::new(prefix, mc.spec.same_name_namespaces());
+    if !namespaces.same_name() {
+        return Ok(namespaces);
+    }
+    let selector = format!(
+        "{}={},{}={},{}={name}",
+        keys::LABEL_MANAGED_BY,
+        keys::MANAGED_BY,
+        keys::LABEL_ORIGIN_CLUSTER,
+        ctx.config.cluster_name,
+        keys::LABEL_ORIGIN_MEMBER
+    );
+    let lp = kube::api::ListParams::default().labels(&selector);
+    for ns in Api::<Namespace>::all(client.clone()).list_metadata(&lp).await?.items {
+        if let Some(origin) = ns.labels().get(keys::LABEL_ORIGIN_NAMESPACE) {
+            namespaces.learn(&ns.name_any(), origin);
+        }
+    }
+    Ok(namespaces)
+}
+
 /// Step 7: starts the member's session, waits for its first capacity and publishes it.
 async fn start_session(
     mc: &MemberCluster,
     name: &MemberName,
     ctx: &Context,
-    dialed: Dialed,
+    (dialed, namespaces): (Dialed, OffloadNamespaces),
     fingerprint: String,
 ) -> Result<Arc<MemberHandle>, Error> {
     let options = SessionOptions {
-        namespace_prefix: mc.spec.effective_namespace_prefix(&ctx.config.namespace_prefix),
+        namespaces: Arc::new(namespaces),
         copy_labels: mc.spec.copy_labels.clone(),
         copy_annotations: mc.spec.copy_annotations.clone(),
         max_termination_grace: mc.spec.max_termination_grace_seconds,

@@ -316,8 +316,9 @@ fn owned_selector(kind: &str, cluster: &str, member: &MemberName) -> String {
 }
 
 /// Lists what tidepool made in the member for this training cluster and member, in the
-/// offload namespaces named with the member's `prefix` (another MemberCluster on the same API
-/// server has namespaces of its own, never this one's to empty or delete).
+/// offload namespaces this MemberCluster made (labelled with its name; older ones: named with
+/// its `prefix`). Another MemberCluster on the same API server has namespaces of its own,
+/// never this one's to empty or delete.
 async fn member_objects(
     client: &Client,
     cluster: &str,
@@ -338,7 +339,13 @@ async fn member_objects(
             continue;
         }
         let ns_name = ns.name_any();
-        if !ns_name.starts_with(prefix) {
+        // This MemberCluster's by its label; one made before namespaces carried it, by the
+        // prefix every namespace had then.
+        let mine = match ns.labels().get(keys::LABEL_ORIGIN_MEMBER) {
+            Some(m) => m == member.as_str(),
+            None => ns_name.starts_with(prefix),
+        };
+        if !mine {
             left.foreign_namespaces += 1;
             continue;
         }

@@ -136,8 +136,8 @@ pub struct MemberHandle {
     pub name: MemberName,
     /// Client for the member's API server, built from the vetted kubeconfig.
     pub client: Client,
-    /// Prefix of offload namespaces in this member.
-    pub namespace_prefix: String,
+    /// How training namespaces map to this member's offload namespaces.
+    pub namespaces: Arc<tidepool_api::names::OffloadNamespaces>,
     /// `spec.copyLabels` and `spec.copyAnnotations`: what of a training pod's metadata its
     /// copy carries besides tidepool's own.
     pub copy_labels: Vec<String>,
@@ -208,8 +208,8 @@ impl MemberHandle {
 /// Settings of a session that come from its `MemberCluster` and the bridge config.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionOptions {
-    /// Prefix of offload namespaces in the member.
-    pub namespace_prefix: String,
+    /// How training namespaces map to the member's offload namespaces.
+    pub namespaces: Arc<tidepool_api::names::OffloadNamespaces>,
     /// `spec.copyLabels`, `spec.copyAnnotations`.
     pub copy_labels: Vec<String>,
     pub copy_annotations: Vec<String>,
@@ -593,7 +593,7 @@ impl Session {
         let handle = MemberHandle {
             name,
             client,
-            namespace_prefix: options.namespace_prefix,
+            namespaces: options.namespaces,
             copy_labels: options.copy_labels,
             copy_annotations: options.copy_annotations,
             max_termination_grace: options.max_termination_grace,

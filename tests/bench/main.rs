@@ -184,7 +184,7 @@ async fn main() {
     delete_pods(&direct_api).await;
     // The offload namespace is tidepool's to create (it puts nothing in one it did not make):
     // one left by an earlier run is emptied, one made by anyone else goes.
-    let offload_ns = format!("tp-{NS}");
+    let offload_ns = offload_ns(NS);
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
     if let Some(ns) = namespaces.get_opt(&offload_ns).await.unwrap() {
         if ns.metadata.labels.unwrap_or_default().contains_key(keys::LABEL_MANAGED_BY) {

@@ -203,7 +203,7 @@ async fn empty(api: &Api<Pod>) {
 
 /// Waits (bounded) until offload copies in the members' offload namespace are gone.
 async fn copies_gone(members: &[Client]) {
-    let offload_ns = format!("tp-{NS}");
+    let offload_ns = offload_ns(NS);
     for m in members {
         let api = Api::<Pod>::namespaced(m.clone(), &offload_ns);
         for _ in 0..1200 {

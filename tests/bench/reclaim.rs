@@ -231,7 +231,7 @@ async fn main() {
         vec![Tidepool::start_with(&env, TEST, NS, settings)]
     };
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
-    let offload = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let offload = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let online_pods = Api::<Pod>::namespaced(member.clone(), ONLINE);
     let trials: usize = std::env::var("BENCH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
 

@@ -83,7 +83,7 @@ async fn broken_members_are_reported_and_the_good_one_keeps_working() {
         async move { (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
     })
     .await;
-    let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}")).get(&worker).await.unwrap();
+    let offload = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS)).get(&worker).await.unwrap();
     assert!(offload.spec.unwrap().node_name.unwrap().starts_with("member-b-gpu-"));
 
     // 3. Fixing a broken member brings it up without restarting tidepool.

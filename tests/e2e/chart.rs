@@ -251,7 +251,7 @@ async fn the_chart_runs_tidepool_from_its_image_and_the_pod_bridges_a_member() {
         }
     })
     .await;
-    let copies = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let copy = copies.get(&name).await.unwrap();
     let labels: BTreeMap<String, String> = copy.metadata.labels.unwrap();
     assert_eq!(labels.get("tidepool.io/origin-cluster").map(String::as_str), Some("training"));

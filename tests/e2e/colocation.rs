@@ -237,8 +237,7 @@ async fn a_job_is_lent_at_least_three_times_the_cpu_in_koordinator_batch_mode_on
     assert!(lent_batch >= 3 * lent_requests, "{lent_batch}m is not 3 × {lent_requests}m");
 
     // 3. The copies are Koordinator batch work, placed by the member's scheduler on its nodes.
-    let copies =
-        Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}")).list(&ListParams::default()).await.unwrap();
+    let copies = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS)).list(&ListParams::default()).await.unwrap();
     // Only this job's: a failed earlier run may have left copies its tidepool has not collected.
     let copies: Vec<&Pod> = copies.items.iter().filter(|c| c.name_any().starts_with(&second)).collect();
     assert_eq!(copies.len(), 12);
@@ -398,7 +397,7 @@ async fn without_the_agent_the_pool_is_not_ready_and_a_guaranteed_pod_is_refused
     })
     .await;
     assert!(message.contains("Guaranteed") && message.contains("koordinator-batch"), "{message}");
-    let copies = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     assert!(copies.get_opt(&guaranteed).await.unwrap().is_none(), "a refused pod reached the member");
 
     drain_pods(&training, NS).await;

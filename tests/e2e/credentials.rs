@@ -159,7 +159,7 @@ async fn each_credentials_reason_is_reported_and_revoked_then_rotated_credential
         async move { (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
     };
     wait_for(Duration::from_secs(60), "pod Running on the revocable member", running).await;
-    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
     let copy_uid = copies.get(&worker).await.unwrap().metadata.uid.unwrap();
 
     // 3. Revoked (its ServiceAccount deleted, so the member's API server refuses the token):
@@ -282,6 +282,9 @@ async fn two_members_on_one_api_server_never_enter_or_drain_each_others_offload_
     let member = |name: &str, id: &str| {
         let mut mc = member_cluster(name, TEST, NS, id);
         mc.spec.namespace_prefix = Some(prefix(id));
+        // Each in its own prefixed namespaces (with the default same-named ones, the second
+        // would fall back to its prefix: the same separation, less plainly seen).
+        mc.spec.namespace_mode = Some(tidepool_api::crd::NamespaceMode::Prefixed);
         mc
     };
     let pods = Api::<Pod>::namespaced(training.clone(), NS);

@@ -548,7 +548,7 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         async move { records.get_opt(&record).await.ok().flatten() }
     })
     .await;
-    let offload_ns = format!("tp-{NS}");
+    let offload_ns = offload_ns(NS);
     let lp_member = client_from(&member_kubeconfig).await;
     // Its own offload namespace is readable to it, and holds the copies.
     let copies = Api::<Secret>::namespaced(lp_member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();

@@ -635,7 +635,7 @@ async fn a_gang_the_member_leaves_pending_is_rolled_back_whole() {
     }
     // Both offload copies are gone, the running one included.
     let member = env.client("member-b").await;
-    let offload = Api::<Pod>::namespaced(member, &format!("tp-{ns}"));
+    let offload = Api::<Pod>::namespaced(member, &offload_ns(ns));
     wait_for(Duration::from_secs(60), "offload copies removed", || {
         let (offload, names) = (offload.clone(), names.clone());
         async move {

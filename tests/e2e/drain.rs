@@ -52,7 +52,7 @@ async fn deleting_a_member_fails_its_pods_and_removes_everything_tidepool_made_t
     .unwrap();
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let member_ns = format!("tp-{NS}");
+    let member_ns = offload_ns(NS);
     let member_pods = Api::<Pod>::namespaced(member.clone(), &member_ns);
     let member_cms = Api::<ConfigMap>::namespaced(member.clone(), &member_ns);
     let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone());

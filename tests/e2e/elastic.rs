@@ -208,8 +208,7 @@ impl Setup {
     /// Kills the process of `pod`'s container in member `i` with SIGKILL through the real
     /// node's containerd: the process dies, the pod object is left to the kubelet and tidepool.
     async fn kill_process(&self, i: usize, pod: &str) {
-        let copies =
-            Api::<Pod>::namespaced(self.members[i].clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
+        let copies = Api::<Pod>::namespaced(self.members[i].clone(), &offload_ns(NS));
         let copy = copies.get(pod).await.unwrap();
         let id = copy.status.and_then(|s| s.container_statuses).and_then(|c| c.into_iter().next()?.container_id);
         let id = id.unwrap_or_else(|| panic!("the copy of {pod} has no container id"));

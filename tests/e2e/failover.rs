@@ -155,7 +155,7 @@ async fn setup(test: &str, ns: &str, member: &str, top_level: &str) -> Setup {
         async move { (pods.get(&worker).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
     })
     .await;
-    let offload = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{ns}")).get(&worker).await.unwrap();
+    let offload = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(ns)).get(&worker).await.unwrap();
     let offload_uid = offload.metadata.uid.unwrap();
     Setup { proxy, tidepool, training, member_b, node, worker, offload_uid, origin_uid }
 }
@@ -212,7 +212,7 @@ async fn an_unreachable_member_is_held_not_torn_down_and_recovers_without_duplic
     // 2. For the whole outage nothing is torn down: the node stays (NotReady, tainted), the
     //    offload pod is the same one, still Running, and the training pod still Running.
     //    Watched for the outage's whole length (not sampled): any change in between is seen.
-    let member_ns = format!("tp-{NS}");
+    let member_ns = offload_ns(NS);
     let copies_api = Api::<Pod>::namespaced(s.member_b.clone(), &member_ns);
     let origin = format!("{}={}", keys::LABEL_ORIGIN_UID, s.origin_uid);
     let mut copies_watch = Box::pin(watcher(copies_api.clone(), watcher::Config::default().labels(&origin)));

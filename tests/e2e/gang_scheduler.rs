@@ -135,7 +135,7 @@ async fn gang_path(scheduler: GangScheduler, test: &str) {
             .await
             .unwrap();
     }
-    let member_ns = format!("tp-{ns}");
+    let member_ns = offload_ns(&ns);
     let made = copies(&member, &member_ns, &names).await;
     let group = gang_group::group_name("training", &ns, "gang", &gang);
     // Waited for rather than read at once, so a group made after its copies fails on the
@@ -172,7 +172,7 @@ async fn gang_path(scheduler: GangScheduler, test: &str) {
     let spec = json!({"nodeName": node, "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}]});
     let other = Api::<Pod>::namespaced(training.clone(), &other_ns);
     other.create(&PostParams::default(), &pod(&intruder, meta, spec)).await.unwrap();
-    let other_member_ns = format!("tp-{other_ns}");
+    let other_member_ns = offload_ns(&other_ns);
     let intruding = copies(&member, &other_member_ns, std::slice::from_ref(&intruder)).await.remove(0);
     let own = gang_group::group_name("training", &other_ns, "podgroup", &group);
     assert_ne!(own, group);

@@ -91,6 +91,13 @@ impl Env {
 
 /// A suffix unique to this test run, so objects a failed earlier run left behind never
 /// collide with this run's.
+/// The member namespace that holds the copies of training namespace `ns` under a
+/// `MemberCluster`'s defaults: its own name (`namespaceMode: SameName`), so the FQDNs the
+/// operators write (`<svc>.<ns>.svc`) resolve in the member too.
+pub fn offload_ns(ns: &str) -> String {
+    ns.to_owned()
+}
+
 pub fn run_id() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()

@@ -67,7 +67,7 @@ impl Setup {
 
     /// `kubectl` on the training pod, and the same on its offload pod in member-a.
     async fn both(&self, args: &[&str], stdin: Option<&str>) -> ((i32, String, String), (i32, String, String)) {
-        let member_ns = format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX);
+        let member_ns = offload_ns(NS);
         let with = |ns: &str| {
             let mut a: Vec<String> = vec!["-n".into(), ns.into()];
             a.extend(args.iter().map(|s| s.replace("POD", &self.pod)));

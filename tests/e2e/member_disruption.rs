@@ -83,7 +83,7 @@ async fn a_member_preemption_and_a_member_eviction_are_reflected_with_their_reas
     let node = format!("tidepool-{MEMBER}");
     node_ready(&training, &node).await;
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
-    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
     let id = run_id();
 
     // 1. Preemption: an online pod above the offload priorities, for the node the copy

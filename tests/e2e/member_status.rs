@@ -258,7 +258,7 @@ async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() 
         async move { (phase.await.as_deref() == Some("Running")).then_some(()) }
     })
     .await;
-    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
     let copy_uid = copies.get(&kept).await.unwrap().metadata.uid.unwrap();
 
     // 2. Paused: the node is tainted, and a pod for tidepool's scheduler that fits the member

@@ -131,7 +131,7 @@ async fn a_same_named_pod_of_another_origin_in_the_member_is_never_overwritten()
     let training = env.client("training").await;
     let member_b = env.client("member-b").await;
     prepare(&env, &training, TEST, NS).await;
-    let member_ns = format!("tp-{NS}");
+    let member_ns = offload_ns(NS);
     // A namespace of that name that tidepool did not make (an aborted run's) goes first.
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member_b.clone());
     if let Some(ns) = namespaces.get_opt(&member_ns).await.unwrap()
@@ -245,7 +245,7 @@ async fn a_deselected_member_loses_its_node_and_finalizer_and_is_not_drained() {
         async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
     })
     .await;
-    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
     let copy_uid = copies.get(&name).await.unwrap().metadata.uid.unwrap();
 
     // Deselected (its label no longer matches this tidepool's memberSelector): the virtual
@@ -305,7 +305,7 @@ async fn a_training_pod_failed_in_the_training_cluster_has_its_copy_deleted() {
         async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
     })
     .await;
-    let copies = Api::<Pod>::namespaced(member_b.clone(), &format!("tp-{NS}"));
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
     assert!(copies.get_opt(&name).await.unwrap().is_some());
 
     // Failed by someone else (an admin, a controller): not the dispatcher, which deletes the

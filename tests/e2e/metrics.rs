@@ -137,7 +137,7 @@ async fn kubectl_top_shows_an_offloaded_pod_and_an_hpa_scales_its_deployment() {
     let (cpu, memory) = top_pod(&env, &first).await;
     assert!(cpu >= 20, "a busy loop shows CPU: {cpu}m\n{}", tidepool.log_tail());
     assert!(memory > 0 || cpu > 0, "usage shown");
-    let copy = format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX);
+    let copy = offload_ns(NS);
     let (code, member_top, _) =
         kubectl(&env, "member-a", &["top", "pod", &first, "-n", &copy, "--no-headers"], None).await;
     assert_eq!(code, 0, "the member's own metrics-server sees the copy: {member_top}");

@@ -59,7 +59,7 @@ impl Setup {
     }
 
     fn copies(&self) -> Api<Pod> {
-        Api::namespaced(self.member.clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX))
+        Api::namespaced(self.member.clone(), &offload_ns(NS))
     }
 
     /// Creates a training pod bound to the real pool's virtual node, running `script` in the

@@ -185,7 +185,7 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
     })
     .await;
     // The notice is on the offload copy too, where /etc/tidepool/annotations shows it.
-    let offload = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let offload = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let copy = wait_for(Duration::from_secs(10), "notice on the offload pod", || {
         let (offload, victim) = (offload.clone(), victim.clone());
         async move {

@@ -54,7 +54,7 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
     // A watch of the member: never two offload pods for one origin, at any moment. A watch
     // sees every pod that ever existed, however briefly (a poll could miss one that lived
     // between two LISTs), and a watch error fails the test instead of being skipped.
-    let offload = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let offload = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
     // How many offload pods of this run the watch has seen so far.

@@ -42,7 +42,8 @@ impl Setup {
         let member = env.client("member-a").await;
         let mut mc = member_cluster(MEMBER, test, ns, "member-a");
         mc.spec.pools = vec![real_pool(&env)];
-        mc.spec.namespace_mode = (mode == NamespaceMode::SameName).then_some(mode);
+        // SameName is the default: it is left unset, as a member's admin would leave it.
+        mc.spec.namespace_mode = (mode == NamespaceMode::Prefixed).then_some(mode);
         let tidepool = start_on_real_node(&env, &training, (test, ns), "", &mc, NODE).await;
         let member_ns = match mode {
             NamespaceMode::SameName => ns.to_owned(),
@@ -297,8 +298,10 @@ async fn a_member_service_tidepool_does_not_own_is_never_overwritten_and_mirrors
     s.member_services().delete(&clash, &DeleteParams::default()).await.unwrap();
 }
 
+/// The member already has a namespace of the training namespace's name: it is never shared;
+/// that training namespace's copies go to the prefixed namespace, said once on the pod.
 #[tokio::test]
-async fn same_name_mode_refuses_a_member_namespace_that_is_not_tidepools() {
+async fn a_member_namespace_that_is_not_tidepools_is_never_shared_its_pods_fall_back_to_the_prefix() {
     let ns = "e2e-services-taken";
     let env = Env::load();
     let member = env.client("member-a").await;
@@ -310,16 +313,32 @@ async fn same_name_mode_refuses_a_member_namespace_that_is_not_tidepools() {
     let pod = format!("p-{}", run_id());
     s.run(&pod, json!({}), None, "exec sleep 3600").await;
     let events = Api::<Event>::namespaced(s.training.clone(), ns);
-    wait_for(Duration::from_secs(60), "OffloadNamespaceConflict on the pod", || {
+    wait_for(Duration::from_secs(60), "OffloadNamespaceFallback on the pod", || {
         let (events, pod) = (events.clone(), pod.clone());
         async move {
             let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={pod}"))).await.ok()?;
-            list.items.iter().any(|e| e.reason.as_deref() == Some("OffloadNamespaceConflict")).then_some(())
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(keys::REASON_OFFLOAD_NAMESPACE_FALLBACK))
+                .then_some(())
         }
+    })
+    .await;
+    let fallback = format!("{}{ns}", keys::DEFAULT_NAMESPACE_PREFIX);
+    let in_fallback = Api::<Pod>::namespaced(member.clone(), &fallback);
+    wait_for(Duration::from_secs(60), "the copy in the prefixed namespace", || {
+        let (api, pod) = (in_fallback.clone(), pod.clone());
+        async move { api.get_opt(&pod).await.ok().flatten() }
     })
     .await;
     let copies = Api::<Pod>::namespaced(member.clone(), ns).list(&ListParams::default()).await.unwrap();
     assert!(copies.items.is_empty(), "a copy went into the member's own namespace");
+    let made = Api::<Namespace>::all(member.clone()).get(&fallback).await.unwrap();
+    assert_eq!(
+        kube::ResourceExt::labels(&made).get(keys::LABEL_ORIGIN_NAMESPACE).map(String::as_str),
+        Some(ns),
+        "the fallback is recorded"
+    );
     drain_pods(&s.training, ns).await;
 }
 

@@ -217,7 +217,7 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     .unwrap();
     let created = pods.create(&PostParams::default(), &pod).await.unwrap();
     let uid = created.metadata.uid.clone().unwrap();
-    let member_pods = Api::<Pod>::namespaced(member.clone(), &format!("tp-{NS}"));
+    let member_pods = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let offload = wait_for(Duration::from_secs(60), "offload pod Running in the member", || {
         let (member_pods, name) = (member_pods.clone(), name.clone());
         async move {

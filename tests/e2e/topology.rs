@@ -238,7 +238,7 @@ async fn a_gang_lands_wholly_on_the_free_rack_and_its_copies_carry_the_affinity(
     }
     // The copies land in rack r2, each with the domain required and its planned node preferred.
     let member = env.client(MEMBER).await;
-    let copies = Api::<Pod>::namespaced(member, &format!("tp-{ns}"));
+    let copies = Api::<Pod>::namespaced(member, &offload_ns(ns));
     let landed: Vec<Pod> = wait_for(Duration::from_secs(90), "all copies on member nodes", || {
         let (copies, names) = (copies.clone(), names.clone());
         async move {
@@ -325,7 +325,7 @@ async fn a_gang_whose_planned_node_is_taken_before_its_copies_exist_waits_pendin
     assert!(message.contains("Insufficient nvidia.com/gpu"), "{pending}: {message}");
     assert!(message.contains("didn't match Pod's node affinity"), "{pending}: {message}");
     let member = env.client(MEMBER).await;
-    let copies = Api::<Pod>::namespaced(member, &format!("tp-{ns}"));
+    let copies = Api::<Pod>::namespaced(member, &offload_ns(ns));
     let outside: Vec<String> = copies
         .list(&ListParams::default())
         .await

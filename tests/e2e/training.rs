@@ -189,7 +189,7 @@ async fn when_the_member_preempts_the_copy_itself_sigterm_is_the_notice_and_the_
 
     // The member takes the copy back without any notice, as its scheduler does when online
     // pods arrive faster than tidepool's reclaim: a delete with the copy's own grace period.
-    let copies = Api::<Pod>::namespaced(s.member.clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
+    let copies = Api::<Pod>::namespaced(s.member.clone(), &offload_ns(NS));
     let copy = copies.get(&first).await.unwrap();
     assert_eq!(
         copy.spec.as_ref().unwrap().termination_grace_period_seconds,

@@ -111,7 +111,7 @@ async fn a_member_one_minor_older_is_bridged_capacity_pods_status_logs_and_exec(
         }
     })
     .await;
-    let copies = Api::<Pod>::namespaced(member.clone(), &format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX));
+    let copies = Api::<Pod>::namespaced(member.clone(), &offload_ns(NS));
     let copy = copies.get(&name).await.unwrap();
     assert_eq!(copy.spec.unwrap().node_name.as_deref(), Some(real_node.as_str()), "the copy is on the old kubelet");
     assert_eq!(running.pod_ip, copy.status.unwrap().pod_ip, "the training pod shows the copy's IP");

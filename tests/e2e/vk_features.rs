@@ -146,7 +146,7 @@ async fn pods_reaching_for_the_host_are_refused_and_a_normal_pod_beside_them_run
     }
 
     // 2. The normal pod beside them runs in the member; the offenders never got there.
-    let member_pods = Api::<Pod>::namespaced(s.member.clone(), &format!("tp-{NS}"));
+    let member_pods = Api::<Pod>::namespaced(s.member.clone(), &offload_ns(NS));
     wait_phase(&member_pods, &normal, "Running").await;
     wait_phase(&pods, &normal, "Running").await;
     for name in [&privileged, &host_path] {
@@ -203,7 +203,7 @@ async fn configmaps_and_secrets_follow_their_pod_into_the_member_and_leave_with_
         }),
     );
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let member_ns = format!("tp-{NS}");
+    let member_ns = offload_ns(NS);
     let member_cms = Api::<ConfigMap>::namespaced(s.member.clone(), &member_ns);
     let member_secrets = Api::<Secret>::namespaced(s.member.clone(), &member_ns);
     let member_pods = Api::<Pod>::namespaced(s.member.clone(), &member_ns);
@@ -299,7 +299,7 @@ async fn offload_pods_whose_training_pod_is_gone_are_collected_and_nothing_else_
     const MEMBER: &str = "e2e-vko-a";
     const NODE: &str = "tidepool-e2e-vko-a";
     let s = setup(TEST, NS, MEMBER).await;
-    let member_ns = format!("tp-{NS}");
+    let member_ns = offload_ns(NS);
     // The offload namespace as tidepool makes it (tidepool refuses to put anything in one it
     // did not create), so the orphans can be planted before tidepool starts.
     ensure_namespace(&s.member, &member_ns).await;
@@ -435,7 +435,7 @@ async fn an_offload_namespace_deleted_in_the_member_is_made_again_while_it_termi
     const MEMBER: &str = "e2e-vkn-a";
     const NODE: &str = "tidepool-e2e-vkn-a";
     let s = setup(TEST, NS, MEMBER).await;
-    let member_ns = format!("{}{NS}", keys::DEFAULT_NAMESPACE_PREFIX);
+    let member_ns = offload_ns(NS);
     let holds = Api::<ConfigMap>::namespaced(s.member.clone(), &member_ns);
     let release = serde_json::json!({"metadata": {"finalizers": null}});
     // A failed earlier run may have left its hold, and the namespace stuck terminating.

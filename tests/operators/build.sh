@@ -4,7 +4,11 @@
 #   training-operator   Kubeflow training-operator v1.9.3 (TFJob, PyTorchJob, XGBoostJob,
 #                       PaddleJob, JAXJob; its MPIJob v1 is left to mpi-operator below)
 #   mpi-operator        Kubeflow mpi-operator v0.8.0 (MPIJob kubeflow.org/v2beta1)
+#   jobset              JobSet v0.10.1 (jobset.x-k8s.io/v1alpha2), the controller and its webhooks
+#   trainer-controller-manager   Kubeflow Trainer v2.2.0 (TrainJob, [Cluster]TrainingRuntime
+#                       trainer.kubeflow.org/v1alpha1; its TrainJobs run as JobSets)
 #   crds/<operator>/    each operator's CRDs, as its module ships them
+#   runtimes/trainer/   Trainer's ClusterTrainingRuntimes (torch, deepspeed, jax, mlx, xgboost)
 #
 # Sources come from the Go module proxy only. Each module is pinned by its h1: hash below,
 # checked against what `go mod download -json` reports before anything is read or built; the
@@ -22,6 +26,7 @@
 #   - training-operator v1.9.3 ships an MPIJob v1 CRD named like mpi-operator's v2beta1 one
 #     (mpijobs.kubeflow.org): both are kept here, apart; start.sh installs only the v2beta1
 #     one and starts the training-operator without its MPIJob scheme.
+#   - mpi-operator's health check port is a constant: see mpi_health_patch below.
 #   - the modules' go.mod files say go 1.23 to 1.25: GOTOOLCHAIN=local builds them with the
 #     machine's Go.
 set -euo pipefail
@@ -49,6 +54,10 @@ TRAINING_OPERATOR=github.com/kubeflow/training-operator@v1.9.3
 TRAINING_OPERATOR_SUM=h1:aaSHqskOtCY8Dn8sVd+l9p5XAczW6O0nYMPjVLAw/lc=
 MPI_OPERATOR=github.com/kubeflow/mpi-operator@v0.8.0
 MPI_OPERATOR_SUM=h1:22EccUiO4VDooG4TooesdE8o8euGVj89PIRhiP24SRE=
+JOBSET=sigs.k8s.io/jobset@v0.10.1
+JOBSET_SUM=h1:u8QKifNsrWVrlRFe6w2ofYTqFT9ma2DRHxfeB2m9xyU=
+TRAINER=github.com/kubeflow/trainer/v2@v2.2.0
+TRAINER_SUM=h1:whChZckEtycLo1UKH/M0hiNaCUozbLvf9JrgmMv+TAg=
 
 tmp="$out.partial.$$"
 rm -rf "$tmp"; mkdir -p "$tmp/crds"
@@ -104,21 +113,72 @@ copy_crds() {
   done
 }
 
-log "training-operator (1/2): $TRAINING_OPERATOR"
+# mpi-operator serves its leader-election health check on :8080, a constant (no flag): two
+# cluster sets (the demo's and the tests') could not each run one, and 8080 is a common port.
+# The module is copied into the partial output dir (the module cache is read-only, and Go
+# refuses build overlays of files under it), the copy's listen address becomes
+# $MPI_OPERATOR_HEALTH_ADDR when set (start.sh sets it), :8080 otherwise, and the copy is built
+# as the main module with the module's own go.sum, then removed. Prints the copy's directory.
+mpi_health_patch() {
+  local src=$tmp/src/mpi-operator app
+  mkdir -p "$tmp/src"
+  cp -R "$1" "$src"; chmod -R u+w "$src"
+  app=$src/cmd/mpi-operator/app
+  sed -i 's|Addr:    fmt.Sprintf(":%d", healthCheckPort),|Addr:    healthCheckAddr(),|' "$app/server.go"
+  sed -i 's|klog.Infof("Start listening to %d for health check", healthCheckPort)|klog.Infof("Start listening to %s for health check", healthCheckAddr())|' "$app/server.go"
+  [[ $(grep -c 'healthCheckAddr()' "$app/server.go") == 2 ]] ||
+    { log "mpi-operator: its health check address line is not where it was: update mpi_health_patch"; return 1; }
+  cat >"$app/health_addr_tidepool.go" <<'GO'
+package app
+
+import (
+	"fmt"
+	"os"
+)
+
+// healthCheckAddr is where the health check listens: $MPI_OPERATOR_HEALTH_ADDR, or upstream's
+// :8080. Added at build time by tidepool's tests/operators/build.sh.
+func healthCheckAddr() string {
+	if addr := os.Getenv("MPI_OPERATOR_HEALTH_ADDR"); addr != "" {
+		return addr
+	}
+	return fmt.Sprintf(":%d", healthCheckPort)
+}
+GO
+  printf '%s\n' "$src"
+}
+
+log "training-operator (1/4): $TRAINING_OPERATOR"
 dir=$(fetch "$TRAINING_OPERATOR" "$TRAINING_OPERATOR_SUM")
 build training-operator "$dir" ./cmd/training-operator.v1 -ldflags "-s -w"
 # The MPIJob v1 CRD goes apart: its name is mpi-operator's (see Traps above).
 copy_crds training-operator $(find "$dir/manifests/base/crds" -name 'kubeflow.org_*.yaml' ! -name '*mpijobs*' | sort)
 copy_crds training-operator-mpijob-v1 "$dir/manifests/base/crds/kubeflow.org_mpijobs.yaml"
 
-log "mpi-operator (2/2): $MPI_OPERATOR"
+log "mpi-operator (2/4): $MPI_OPERATOR"
 dir=$(fetch "$MPI_OPERATOR" "$MPI_OPERATOR_SUM")
-mpkg=github.com/kubeflow/mpi-operator/pkg/version
-build mpi-operator "$dir" ./cmd/mpi-operator \
-  -ldflags "-s -w -X $mpkg.Version=${MPI_OPERATOR#*@}"
 copy_crds mpi-operator "$dir/manifests/base/kubeflow.org_mpijobs.yaml"
+src=$(mpi_health_patch "$dir")
+mpkg=github.com/kubeflow/mpi-operator/pkg/version
+build mpi-operator "$src" ./cmd/mpi-operator -ldflags "-s -w -X $mpkg.Version=${MPI_OPERATOR#*@}"
+rm -rf "$tmp/src"
 
-for b in training-operator mpi-operator; do
+log "JobSet (3/4): $JOBSET"
+dir=$(fetch "$JOBSET" "$JOBSET_SUM")
+jpkg=sigs.k8s.io/jobset/pkg/version
+build jobset "$dir" . -ldflags "-s -w -X $jpkg.GitVersion=${JOBSET#*@}"
+copy_crds jobset "$dir"/config/components/crd/bases/*.yaml
+
+log "Trainer (4/4): $TRAINER"
+dir=$(fetch "$TRAINER" "$TRAINER_SUM")
+build trainer-controller-manager "$dir" ./cmd/trainer-controller-manager -ldflags "-s -w"
+copy_crds trainer "$dir"/manifests/base/crds/trainer.kubeflow.org_*.yaml
+mkdir -p "$tmp/runtimes/trainer"
+for f in "$dir"/manifests/base/runtimes/*.yaml; do
+  [[ $(basename "$f") == kustomization.yaml ]] || cp "$f" "$tmp/runtimes/trainer/"
+done
+
+for b in training-operator mpi-operator jobset trainer-controller-manager; do
   [[ -x "$tmp/$b" ]] || { log "missing $b after build"; exit 1; }
 done
 touch "$tmp/.complete"

@@ -30,7 +30,6 @@ use tidepool_federation::training::listed;
 
 use crate::context::{Context, OffloadWatch, delete_offload};
 use crate::referenced::Source;
-use crate::translate;
 
 /// Time between two full passes. Orphans are rare (the pod controller deletes offload pods
 /// itself); this is the safety net, so a minute of delay costs little.
@@ -152,7 +151,7 @@ async fn collect_copies(ctx: &Context, watch: &OffloadWatch, only: Option<&str>)
     // Pods on their way whose offload copy is not created yet use their copies too.
     if let Some(waiting) = ctx.waiting.locked_or_log("pods waiting for references") {
         for (origin_ns, sources) in waiting.values() {
-            let ns = translate::member_namespace(&member.namespace_prefix, origin_ns);
+            let ns = member.namespaces.member_ns(origin_ns);
             if wanted(&ns) {
                 used.extend(sources.iter().map(|s| (ns.clone(), s.clone())));
             }
@@ -218,7 +217,7 @@ fn needed_groups(ctx: &Context, watch: &OffloadWatch) -> BTreeSet<(String, Strin
             continue;
         }
         if let Some(group) = gang_group::member_group(&pod.metadata, &ctx.config.cluster_name, node) {
-            needed.insert((translate::member_namespace(&member.namespace_prefix, origin_ns), group.name));
+            needed.insert((member.namespaces.member_ns(origin_ns), group.name));
         }
     }
     needed

@@ -18,12 +18,12 @@ use tidepool_federation::{MemberHandle, Members, PoolHandle, TrainingPods};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info};
 
+use crate::Error;
 use crate::copies::{self, MemberCopies, MetaStores};
 use crate::handover::Handovers;
 use crate::offload::OffloadPod;
 use crate::offload_cache::OffloadCache;
 use crate::referenced::{References, Source};
-use crate::{Error, translate};
 
 /// Work for a member's collector ([`crate::collect`]) besides its periodic pass.
 #[derive(Debug)]
@@ -208,7 +208,7 @@ impl Context {
             .unwrap_or_default();
         let mut found: HashSet<ObjectRef<PodLite>> = HashSet::new();
         for watch in watches {
-            let member_ns = namespace.map(|ns| translate::member_namespace(&watch.member.namespace_prefix, ns));
+            let member_ns = namespace.map(|ns| watch.member.namespaces.member_ns(ns));
             for copy in watch.store.state() {
                 if member_ns.as_deref().is_some_and(|ns| copy.namespace() != ns) {
                     continue;

@@ -25,6 +25,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tidepool_api::keys;
 use tidepool_api::sync::Locked;
 use tidepool_federation::MemberHandle;
 use tidepool_federation::training::listed;
@@ -121,19 +122,19 @@ pub(crate) struct MemberCopies {
     changes: mpsc::Sender<Change>,
     /// This instance's offload namespaces in the member (label-selected watch).
     namespaces: Store<PartialObjectMeta<Namespace>>,
-    /// The member's offload namespace prefix: other members' namespaces on the same API
-    /// server are theirs (and, sharded, another replica's) to bind and watch.
-    prefix: String,
+    /// The `MemberCluster`: other members' namespaces on the same API server are theirs
+    /// (and, sharded, another replica's) to bind and watch.
+    member: String,
     by_namespace: Arc<Mutex<BTreeMap<String, MetaStores>>>,
     access: Arc<OffloadAccess>,
 }
 
 impl MemberCopies {
     /// Watches the copies labelled `copy_selector` in every offload namespace labelled
-    /// `namespace_selector` whose name starts with `prefix`, until `stop`.
+    /// `namespace_selector` that is `member`'s, until `stop`.
     pub(crate) fn start(
         client: &Client,
-        (member, prefix): (&str, &str),
+        member: &str,
         namespace_selector: &str,
         copy_selector: &str,
         stop: CancellationToken,
@@ -146,7 +147,7 @@ impl MemberCopies {
             stop: stop.clone(),
             changes,
             namespaces,
-            prefix: prefix.to_owned(),
+            member: member.to_owned(),
             by_namespace: Arc::default(),
             access: Arc::new(OffloadAccess::new(client.clone(), member)),
         };
@@ -164,7 +165,7 @@ impl MemberCopies {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(ns) if ns.metadata.name.as_deref().is_some_and(|n| found.is_ours(n)) => {
+                        Ok(ns) if found.is_ours(&ns.metadata) => {
                             let found = found.clone();
                             tokio::spawn(async move { found.enter(&ns.metadata.name.unwrap_or_default()).await });
                         }
@@ -180,24 +181,25 @@ impl MemberCopies {
 
     /// This instance's offload namespaces in the member, as its namespace watch lists them.
     pub(crate) fn namespaces(&self) -> Vec<String> {
-        let names = self.namespaces.state().iter().filter_map(|ns| ns.metadata.name.clone()).collect::<Vec<_>>();
-        names.into_iter().filter(|n| self.is_ours(n)).collect()
+        let state = self.namespaces.state();
+        state.iter().filter(|ns| self.is_ours(&ns.metadata)).filter_map(|ns| ns.metadata.name.clone()).collect()
     }
 
-    /// Whether `namespace` is one of this member's offload namespaces, by its prefix. Another
-    /// member's on the same API server is never entered: no binding, no watch, no write.
-    pub(crate) fn is_ours(&self, namespace: &str) -> bool {
-        namespace.starts_with(&self.prefix)
+    /// Whether a namespace the watch found (this training cluster's, by the watch's
+    /// selector) is this member's, by its label. Another member's on the same API server is
+    /// never entered: no binding, no watch, no write. One made before namespaces carried the
+    /// label is entered once the pod sync finds it holds a copy of this member's.
+    pub(crate) fn is_ours(&self, ns: &ObjectMeta) -> bool {
+        ns.labels.as_ref().and_then(|l| l.get(keys::LABEL_ORIGIN_MEMBER)).is_some_and(|m| *m == self.member)
     }
 
     /// Makes this session's identity able to work in offload namespace `namespace` (binding
-    /// it to the offload role there) and watches the copies in it; once per namespace.
+    /// it to the offload role there) and watches the copies in it; once per namespace. The
+    /// caller knows it is this member's: the pod sync made or checked it, or the namespace
+    /// watch saw its label.
     pub(crate) async fn enter(&self, namespace: &str) {
         if namespace.is_empty() || self.stores(namespace).is_some() {
             return;
-        }
-        if !self.is_ours(namespace) {
-            return warn!(namespace, prefix = %self.prefix, "not this member's offload namespace; not entered");
         }
         self.access.bind(namespace).await;
         self.watch_namespace(namespace);

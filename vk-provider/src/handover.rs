@@ -14,9 +14,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::{Api, ResourceExt};
+use tidepool_api::keys;
 use tidepool_api::pod::PodLite;
 use tidepool_api::sync::{Locked, Poisoned};
-use tidepool_api::{keys, names};
 use tidepool_federation::MemberHandle;
 use tidepool_federation::writes::{CopyWrites, FreeCopy};
 use tracing::{debug, error, warn};
@@ -89,7 +89,7 @@ async fn free(request: FreeCopy) {
 /// sync deletes in its turn once the training pod has ended.
 async fn delete_reclaimed(member: &MemberHandle, p: &PodLite, copy_uid: Option<String>) {
     let (Some(uid), Some(ns)) = (p.metadata.uid.as_deref(), p.metadata.namespace.as_deref()) else { return };
-    let member_ns = names::member_namespace(&member.namespace_prefix, ns);
+    let member_ns = member.namespaces.member_ns(ns);
     let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
     let mut dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
     let started = std::time::Instant::now();

@@ -28,7 +28,6 @@ use tracing::{debug, info, warn};
 
 use crate::context::{Context, OffloadWatch};
 use crate::services::{self, MirrorTarget, Step};
-use crate::translate;
 
 /// Safety-net pass interval.
 const PERIOD: Duration = Duration::from_secs(30);
@@ -140,7 +139,7 @@ fn desired(ctx: &Context, watch: &OffloadWatch, all: &[Arc<Service>]) -> Vec<(Se
         .into_iter()
         .filter_map(|key| {
             let source = by_key.get(&key)?;
-            let namespace = translate::member_namespace(&member.namespace_prefix, &key.0);
+            let namespace = member.namespaces.member_ns(&key.0);
             let target =
                 MirrorTarget { cluster: &ctx.config.cluster_name, member: member.name.as_str(), namespace: &namespace };
             Some((services::mirrored_service(source, &target)?, Arc::clone(source)))
@@ -189,7 +188,7 @@ async fn offload_namespaces(ctx: &Context, watch: &OffloadWatch) -> Result<Vec<S
     let list = Api::<Namespace>::all(watch.member.client.clone())
         .list_metadata(&ListParams::default().labels(&selector))
         .await?;
-    Ok(list.items.into_iter().filter_map(|n| n.metadata.name).filter(|n| watch.copies.is_ours(n)).collect())
+    Ok(list.items.into_iter().filter(|n| watch.copies.is_ours(&n.metadata)).filter_map(|n| n.metadata.name).collect())
 }
 
 async fn execute(

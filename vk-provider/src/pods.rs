@@ -297,7 +297,7 @@ fn start_offload_watch(
     );
     let copies = MemberCopies::start(
         &member.client,
-        (member.name.as_str(), member.namespace_prefix.as_str()),
+        member.name.as_str(),
         &namespace_selector,
         &copy_selector,
         member.cancelled.clone(),
@@ -406,7 +406,7 @@ async fn forward_deletions(ctx: Arc<Context>, mut gone: mpsc::Receiver<Arc<PodLi
             continue;
         };
         let request = collect::Request::Gone {
-            namespace: translate::member_namespace(&watch.member.namespace_prefix, namespace),
+            namespace: watch.member.namespaces.member_ns(namespace),
             name: pod.name_any(),
             uid,
         };
@@ -465,7 +465,7 @@ impl Known {
         let Some(node) = pod.node_name() else { return Ok(None) };
         let Some((watch, pool)) = ctx.route(node)? else { return Ok(None) };
         let namespace = pod.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-        let member_ns = translate::member_namespace(&watch.member.namespace_prefix, &namespace);
+        let member_ns = watch.member.namespaces.member_ns(&namespace);
         // The member's health (see tidepool_federation::health) first: a member that does
         // not answer is not waited for.
         let health = watch.member.health.borrow().clone();
@@ -625,16 +625,19 @@ impl PodSync<'_> {
             return Ok(Action::await_change());
         }
         // A copy that cannot exist in the member fails the pod.
-        let mut offload = match translate::offload_pod(&whole, &self.target(&whole, pool)) {
-            Ok(offload) => offload,
-            Err(e @ translate::TranslateError::NamespaceTooLong(_)) => {
+        let member_ns = match member.namespaces.offload_ns(&self.namespace) {
+            Ok(ns) => ns,
+            Err(e) => {
+                let e = translate::TranslateError::NamespaceTooLong(e);
                 let msg = format!("not offloaded to member {}: {e}", member.name);
                 fail_pod(self.ctx, self.pod, e.reason(), &msg).await?;
                 return Ok(Action::await_change());
             }
-            Err(e) => return Err(e.into()),
         };
-        ensure_namespace(self.ctx, self.watch, &self.member_ns).await?;
+        let mut offload = translate::offload_pod(&whole, &self.target(&whole, pool, &member_ns))?;
+        if let Some(wait) = self.ensure_namespace(&member_ns).await? {
+            return Ok(wait);
+        }
         if let Some(wait) = self.reflect(&mut offload).await? {
             return Ok(wait);
         }
@@ -673,12 +676,12 @@ impl PodSync<'_> {
         }
     }
 
-    fn target<'t>(&'t self, whole: &Pod, pool: &'t PoolHandle) -> Target<'t> {
+    fn target<'t>(&'t self, whole: &Pod, pool: &'t PoolHandle, member_ns: &'t str) -> Target<'t> {
         let member = self.member();
         Target {
             cluster: &self.ctx.config.cluster_name,
             member: member.name.as_str(),
-            namespace_prefix: &member.namespace_prefix,
+            namespace: member_ns,
             node_selector: &pool.node_selector,
             tolerations: &pool.tolerations,
             topology: &pool.topology,
@@ -688,6 +691,27 @@ impl PodSync<'_> {
             max_termination_grace: member.max_termination_grace,
             mode: pool.mode,
         }
+    }
+
+    /// The copy's namespace, made if need be; `Some` when the copy must wait: the member had
+    /// the training namespace's name for itself, so the pod's namespace now maps to the
+    /// prefixed one (said on the pod once) and the next reconcile makes the copy there.
+    async fn ensure_namespace(&self, member_ns: &str) -> Result<Option<Action>, Error> {
+        if ensure_namespace(self.ctx, self.watch, (&self.namespace, member_ns)).await? {
+            return Ok(None);
+        }
+        let member = self.member();
+        let msg = format!(
+            "member {} has a namespace {} of its own: this namespace's pods run in its namespace {} \
+             there, where names that say {} (such as <service>.{}.svc) do not resolve",
+            member.name,
+            self.namespace,
+            member.namespaces.member_ns(&self.namespace),
+            self.namespace,
+            self.namespace
+        );
+        publish(self.ctx, self.pod, EventType::Warning, keys::REASON_OFFLOAD_NAMESPACE_FALLBACK, &msg).await;
+        Ok(Some(Action::requeue(Duration::from_millis(100))))
     }
 
     /// Copies what `offload` references into the member namespace; `Some` when the copy
@@ -858,26 +882,29 @@ async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> 
     Ok(())
 }
 
-async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Result<(), Error> {
+/// The offload namespace `ns` for training namespace `origin`, made (and entered) once per
+/// session: labelled as this training cluster's and this member's, with the training
+/// namespace it holds. A namespace of that name that is not ours is never used: a same-named
+/// one falls back to the prefixed name (`Ok(false)`: map again and retry), a prefixed one is
+/// an error.
+async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, (origin, ns): (&str, &str)) -> Result<bool, Error> {
     let member = &watch.member;
     let key = (member.name.clone(), ns.to_owned());
     if ctx.namespaces.locked(NAMESPACES)?.contains(&key) {
-        return Ok(());
+        return Ok(true);
     }
+    let labels = [
+        (keys::LABEL_MANAGED_BY, keys::MANAGED_BY),
+        (keys::LABEL_ORIGIN_CLUSTER, ctx.config.cluster_name.as_str()),
+        (keys::LABEL_ORIGIN_MEMBER, member.name.as_str()),
+        (keys::LABEL_ORIGIN_NAMESPACE, origin),
+        ("pod-security.kubernetes.io/enforce", "baseline"),
+        ("pod-security.kubernetes.io/warn", "baseline"),
+    ];
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(ns.to_owned()),
-            labels: Some(
-                [
-                    (keys::LABEL_MANAGED_BY, keys::MANAGED_BY),
-                    (keys::LABEL_ORIGIN_CLUSTER, ctx.config.cluster_name.as_str()),
-                    ("pod-security.kubernetes.io/enforce", "baseline"),
-                    ("pod-security.kubernetes.io/warn", "baseline"),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            ),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect()),
             ..Default::default()
         },
         ..Default::default()
@@ -887,13 +914,18 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Resu
         Ok(_) => info!(member = %member.name, namespace = ns, "offload namespace created"),
         Err(kube::Error::Api(e)) if e.code == 409 => {
             // There already: ours, or somebody's — another training cluster's tidepool
-            // (whose copies our pods would mount) or the member's own. Nothing goes into,
-            // and no role is bound in, a namespace that is not ours.
+            // (whose copies our pods would mount), another MemberCluster's, or the member's
+            // own. Nothing goes into, and no role is bound in, a namespace that is not ours.
             let existing =
                 api.get_opt(ns).await.map_err(|e| Error::member(&member.name, "read offload namespace", e))?;
-            if let Some(owner) =
-                existing.and_then(|n| translate::foreign_namespace(&n.metadata, &ctx.config.cluster_name))
-            {
+            let foreign = existing.and_then(|n| {
+                translate::foreign_namespace(&n.metadata, &ctx.config.cluster_name, member.name.as_str())
+            });
+            if let Some(owner) = foreign {
+                if ns == origin && member.namespaces.fall_back(origin) {
+                    warn!(member = %member.name, namespace = ns, owner, "same-named offload namespace taken; falling back to the prefix");
+                    return Ok(false);
+                }
                 return Err(Error::ForeignNamespace { member: member.name.clone(), namespace: ns.to_owned(), owner });
             }
         }
@@ -901,7 +933,7 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, ns: &str) -> Resu
     }
     watch.copies.enter(ns).await;
     ctx.namespaces.locked(NAMESPACES)?.insert(key);
-    Ok(())
+    Ok(true)
 }
 
 /// One of `writes`' slots, held until dropped. `None` only if the semaphore were closed,

@@ -25,7 +25,8 @@ pub struct Target<'a> {
     pub cluster: &'a str,
     /// `MemberCluster` name.
     pub member: &'a str,
-    pub namespace_prefix: &'a str,
+    /// The copy's member namespace ([`tidepool_api::names::OffloadNamespaces`]).
+    pub namespace: &'a str,
     /// The pool's node selector.
     pub node_selector: &'a BTreeMap<String, String>,
     /// The pool's tolerations: every copy carries them.
@@ -115,33 +116,37 @@ fn lifecycle_toleration(t: &Toleration) -> Option<Toleration> {
     Some(Toleration { toleration_seconds: Some(seconds), ..t.clone() })
 }
 
-/// Keeps `term` to tidepool's namespaces: the pod's own (no namespaces), or others of the
-/// training cluster mapped to theirs. A term with a namespace selector (even `{}`: every
-/// namespace) goes: it would match the member's own pods, so a copy could seek out or —
-/// with required anti-affinity, which the scheduler also checks for pods placed after it —
-/// keep online pods off nodes.
-fn confine_term(term: &mut PodAffinityTerm, prefix: &str) -> bool {
+/// Keeps a pod (anti-)affinity term of the copy only when it speaks of the pod's own
+/// namespace (no `namespaces`, or only its own name, which becomes "its own" again in the
+/// member). A term naming other namespaces, or with a namespace selector (even `{}`: every
+/// namespace), goes: in the member it would reach namespaces that are not this tenant's —
+/// another tenant's offload namespace, or, with same-named namespaces, the member's own — so a
+/// copy could seek out other pods or, with required anti-affinity, which the scheduler also
+/// checks for pods placed after it, keep them off nodes.
+fn confine_term(term: &mut PodAffinityTerm, own: &str) -> bool {
     if term.namespace_selector.is_some() {
         return false;
     }
-    if let Some(namespaces) = term.namespaces.as_mut() {
-        for ns in namespaces.iter_mut() {
-            *ns = member_namespace(prefix, ns);
+    match term.namespaces.as_deref() {
+        None | Some([]) => true,
+        Some(names) if names.iter().all(|ns| ns == own) => {
+            term.namespaces = None;
+            true
         }
+        Some(_) => false,
     }
-    true
 }
 
 fn confine_terms(
     required: &mut Option<Vec<PodAffinityTerm>>,
     preferred: &mut Option<Vec<WeightedPodAffinityTerm>>,
-    prefix: &str,
+    own: &str,
 ) {
     if let Some(terms) = required.as_mut() {
-        terms.retain_mut(|t| confine_term(t, prefix));
+        terms.retain_mut(|t| confine_term(t, own));
     }
     if let Some(terms) = preferred.as_mut() {
-        terms.retain_mut(|t| confine_term(&mut t.pod_affinity_term, prefix));
+        terms.retain_mut(|t| confine_term(&mut t.pod_affinity_term, own));
     }
 }
 
@@ -204,7 +209,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     annotations.insert(keys::ANNOTATION_ORIGIN_NAME.to_owned(), name.clone());
     // A copy's PodGroup is tidepool's to name (see crate::gang_group), never the tenant's.
     crate::gang_group::drop_tenant_membership(&mut labels, &mut annotations);
-    let mut spec = offload_spec(spec, target, meta.annotations.as_ref());
+    let mut spec = offload_spec(spec, target, (&namespace, meta.annotations.as_ref()));
     if let Some(colocation) = target.mode.colocation() {
         colocate(colocation, &mut labels, &mut annotations, &mut spec);
     }
@@ -212,7 +217,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: Some(tidepool_api::names::offload_namespace(target.namespace_prefix, &namespace)?),
+            namespace: Some(target.namespace.to_owned()),
             labels: Some(labels),
             annotations: Some(annotations),
             ..Default::default()
@@ -293,9 +298,13 @@ fn is_label_value(v: &str) -> bool {
             && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
 }
 
-fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeMap<String, String>>) -> PodSpec {
+fn offload_spec(
+    spec: &PodSpec,
+    target: &Target<'_>,
+    (namespace, annotations): (&str, Option<&BTreeMap<String, String>>),
+) -> PodSpec {
     let mut s = spec.clone();
-    keep_in_pool(&mut s, target, annotations);
+    keep_in_pool(&mut s, target, (namespace, annotations));
     // Offload pods are guests: they never preempt online pods. Priority is the member's
     // business (its admission derives it from the class), so the training values go.
     s.priority = None;
@@ -313,7 +322,11 @@ fn offload_spec(spec: &PodSpec, target: &Target<'_>, annotations: Option<&BTreeM
 
 /// Scheduling belongs to the member: its own scheduler, inside the pool (its selector and
 /// tolerations), within the domain its gang was planned into.
-fn keep_in_pool(s: &mut PodSpec, target: &Target<'_>, annotations: Option<&BTreeMap<String, String>>) {
+fn keep_in_pool(
+    s: &mut PodSpec,
+    target: &Target<'_>,
+    (namespace, annotations): (&str, Option<&BTreeMap<String, String>>),
+) {
     s.node_name = None;
     s.scheduler_name = None;
     let mut selector: BTreeMap<String, String> = s
@@ -333,14 +346,14 @@ fn keep_in_pool(s: &mut PodSpec, target: &Target<'_>, annotations: Option<&BTree
             confine_terms(
                 &mut a.required_during_scheduling_ignored_during_execution,
                 &mut a.preferred_during_scheduling_ignored_during_execution,
-                target.namespace_prefix,
+                namespace,
             );
         }
         if let Some(a) = affinity.pod_anti_affinity.as_mut() {
             confine_terms(
                 &mut a.required_during_scheduling_ignored_during_execution,
                 &mut a.preferred_during_scheduling_ignored_during_execution,
-                target.namespace_prefix,
+                namespace,
             );
         }
     }
@@ -393,15 +406,18 @@ const DEFAULT_TERMINATION_GRACE: i64 = 30;
 /// created (labels managed-by tidepool and origin-cluster `cluster`): then nothing of ours
 /// goes in. Two training clusters sharing one offload namespace would see and mount each
 /// other's copies; a namespace tidepool did not create is somebody's.
-pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str) -> Option<String> {
+pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str, member: &str) -> Option<String> {
     let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str);
     if label(keys::LABEL_MANAGED_BY) != Some(keys::MANAGED_BY) {
         return Some("a namespace not created by tidepool".to_owned());
     }
-    match label(keys::LABEL_ORIGIN_CLUSTER) {
-        Some(origin) if origin == cluster => None,
-        Some(origin) => Some(format!("the offload namespace of training cluster {origin}")),
-        None => Some("a tidepool namespace of no known training cluster".to_owned()),
+    match (label(keys::LABEL_ORIGIN_CLUSTER), label(keys::LABEL_ORIGIN_MEMBER)) {
+        (Some(origin), _) if origin != cluster => Some(format!("the offload namespace of training cluster {origin}")),
+        (None, _) => Some("a tidepool namespace of no known training cluster".to_owned()),
+        // The same member bridged twice: each MemberCluster has namespaces of its own.
+        (Some(_), Some(other)) if other != member => Some(format!("the offload namespace of MemberCluster {other}")),
+        // Ours; or made before namespaces named their MemberCluster (each had its prefix).
+        (Some(_), _) => None,
     }
 }
 
@@ -673,7 +689,7 @@ mod tests {
         Target {
             cluster: "training",
             member: "member-a",
-            namespace_prefix: "tp-",
+            namespace: "tp-team-a",
             node_selector: selector,
             tolerations: &[],
             topology: &[],
@@ -1102,14 +1118,16 @@ mod tests {
     }
 
     #[test]
-    fn pod_affinity_stays_within_tidepools_namespaces() {
+    fn pod_affinity_stays_within_the_pods_own_namespace() {
         let mut pod = training_pod();
         pod.spec.as_mut().unwrap().affinity = Some(
             serde_json::from_value(json!({
                 "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                     {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}},
                     {"labelSelector": {"matchLabels": {"job": "j"}}, "topologyKey": "kubernetes.io/hostname"},
-                    {"labelSelector": {"matchLabels": {"job": "k"}}, "topologyKey": "kubernetes.io/hostname", "namespaces": ["team-a", "team-b"]}
+                    {"labelSelector": {"matchLabels": {"job": "k"}}, "topologyKey": "kubernetes.io/hostname", "namespaces": ["team-a", "team-b"]},
+                    {"labelSelector": {"matchLabels": {"job": "l"}}, "topologyKey": "kubernetes.io/hostname", "namespaces": ["team-a"]},
+                    {"labelSelector": {"matchLabels": {"job": "m"}}, "topologyKey": "kubernetes.io/hostname", "namespaces": ["online"]}
                 ]},
                 "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
                     {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": "kubernetes.io/hostname",
@@ -1122,37 +1140,33 @@ mod tests {
         let affinity = offload_pod(&pod, &target(&BTreeMap::new())).unwrap().spec.unwrap().affinity.unwrap();
         let required = affinity.pod_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
         let scopes: Vec<_> = required.iter().map(|t| (t.namespaces.clone(), t.namespace_selector.is_some())).collect();
-        assert_eq!(scopes, [(None, false), (Some(vec!["tp-team-a".to_owned(), "tp-team-b".to_owned()]), false)]);
+        // Only the terms about the pod's own namespace (team-a) stay, as "its own" in the member:
+        // another tenant's namespace, the member's `online` or a selector would reach beyond it.
+        assert_eq!(scopes, [(None, false), (None, false)]);
+        let jobs: Vec<_> =
+            required.iter().map(|t| t.label_selector.clone().unwrap().match_labels.unwrap()["job"].clone()).collect();
+        assert_eq!(jobs, ["j", "l"]);
         let preferred =
             affinity.pod_anti_affinity.unwrap().preferred_during_scheduling_ignored_during_execution.unwrap();
         assert_eq!(preferred.iter().map(|t| t.weight).collect::<Vec<_>>(), [5]);
     }
 
     #[test]
-    fn a_namespace_whose_offload_name_would_not_fit_is_refused_not_retried() {
-        let mut p = training_pod();
-        // `tp-` (3) + 60 = 63, the longest namespace name there is.
-        p.metadata.namespace = Some("n".repeat(60));
-        let copy = offload_pod(&p, &target(&BTreeMap::new())).unwrap();
-        assert_eq!(copy.metadata.namespace.map(|n| n.len()), Some(63));
-        p.metadata.namespace = Some("n".repeat(61));
-        let err = offload_pod(&p, &target(&BTreeMap::new())).unwrap_err();
-        assert!(err.to_string().contains("64 characters"), "{err}");
-    }
-
-    #[test]
-    fn an_offload_namespace_is_shared_with_no_other_training_cluster() {
+    fn an_offload_namespace_is_shared_with_no_other_training_cluster_or_member_cluster() {
         let ns = |labels: serde_json::Value| -> ObjectMeta {
             serde_json::from_value(json!({"name": "tp-team-a", "labels": labels})).unwrap()
         };
-        let managed = keys::LABEL_MANAGED_BY;
-        let origin = keys::LABEL_ORIGIN_CLUSTER;
-        assert_eq!(foreign_namespace(&ns(json!({managed: "tidepool", origin: "training"})), "training"), None);
-        let other = foreign_namespace(&ns(json!({managed: "tidepool", origin: "other"})), "training");
+        let (managed, origin, member) = (keys::LABEL_MANAGED_BY, keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_MEMBER);
+        let foreign = |labels| foreign_namespace(&ns(labels), "training", "member-a");
+        assert_eq!(foreign(json!({managed: "tidepool", origin: "training", member: "member-a"})), None);
+        assert_eq!(foreign(json!({managed: "tidepool", origin: "training"})), None, "made before the member label");
+        let other = foreign(json!({managed: "tidepool", origin: "other"}));
         assert!(other.as_deref().is_some_and(|o| o.contains("training cluster other")), "{other:?}");
-        let unmanaged = foreign_namespace(&ns(json!({"team": "payments"})), "training");
+        let twin = foreign(json!({managed: "tidepool", origin: "training", member: "member-a-twin"}));
+        assert!(twin.as_deref().is_some_and(|o| o.contains("MemberCluster member-a-twin")), "{twin:?}");
+        let unmanaged = foreign(json!({"team": "payments"}));
         assert!(unmanaged.as_deref().is_some_and(|o| o.contains("not created by tidepool")), "{unmanaged:?}");
-        assert!(foreign_namespace(&ObjectMeta::default(), "training").is_some());
+        assert!(foreign_namespace(&ObjectMeta::default(), "training", "member-a").is_some());
     }
 
     #[test]

@@ -33,7 +33,6 @@ use tracing::{info, warn};
 use super::target::Refusal;
 use super::usage::{self, Counters, NodeUsage, PodMetrics, TrainingPod};
 use super::{Body, Context, full, text};
-use crate::translate;
 
 /// The path metrics-server is pointed at for `node` (the node's annotation).
 pub(crate) fn resource_metrics_path(node: &str) -> String {
@@ -188,8 +187,7 @@ fn training_pod(pod: Pod, nodes: &BTreeSet<&str>) -> Option<TrainingPod> {
 /// The PodMetrics of the member's offload namespaces that hold `pods`' copies; an error
 /// says why the member's metrics cannot be read.
 async fn member_metrics(member: &MemberHandle, pods: &[&TrainingPod]) -> Result<Vec<PodMetrics>, String> {
-    let namespaces: BTreeSet<String> =
-        pods.iter().map(|p| translate::member_namespace(&member.namespace_prefix, &p.namespace)).collect();
+    let namespaces: BTreeSet<String> = pods.iter().map(|p| member.namespaces.member_ns(&p.namespace)).collect();
     let resource = ApiResource {
         group: "metrics.k8s.io".into(),
         version: "v1beta1".into(),

@@ -11,7 +11,6 @@ use tidepool_api::keys;
 use tidepool_federation::MemberHandle;
 
 use super::Context;
-use crate::translate;
 
 /// The offload pod behind a training pod.
 pub(crate) struct Target {
@@ -56,7 +55,7 @@ pub(crate) async fn resolve(ctx: &Context, namespace: &str, name: &str) -> Resul
                 format!("node {node} of pod {namespace}/{name} has no connected member session"),
             )
         })?;
-    let member_ns = translate::member_namespace(&member.namespace_prefix, namespace);
+    let member_ns = member.namespaces.member_ns(namespace);
     let api = Api::<Pod>::namespaced(member.client.clone(), &member_ns);
     let copy = api.get_opt(name).await.map_err(|e| Refusal::api(&format!("member {}", member.name), &e))?;
     // Same name but another pod's copy (another training cluster, or a stale one): never
