@@ -120,7 +120,7 @@ k -n team-a logs "$t0" --tail=3
 ps0=$(k -n team-a get pods -l job=ctr,role=ps -o jsonpath='{.items[0].metadata.name}')
 echo "-- kubectl exec $ps0 -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local; cat /etc/tidepool/annotations':"
 echo "   (the training namespace's FQDNs resolve in the member: the copies run in a namespace of the same name)"
-k -n team-a exec "$ps0" -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local | tail -n 2; cat /etc/tidepool/annotations; echo'
+k -n team-a exec "$ps0" -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local | grep -A1 ^Name; cat /etc/tidepool/annotations; echo'
 echo "-- kubectl top pods (metrics-server scraping the virtual node, which reads member-a's metrics):"
 for _ in $(seq 90); do
   k -n team-a top pods -l job=ctr 2>/dev/null | grep -q ctr && break; sleep 1

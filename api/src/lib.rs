@@ -19,6 +19,7 @@ pub mod pod;
 pub mod resources;
 pub mod schema;
 pub mod sync;
+pub mod terminal;
 
 pub use bridge::BridgeConfig;
 pub use crd::{MemberCluster, MemberClusterSpec, MemberClusterStatus};

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
@@ -25,6 +25,7 @@ use serde_json::json;
 use tidepool_api::keys::{self, Band};
 use tidepool_api::metrics::{PlacementLabels, metrics};
 use tidepool_api::pod::PodLite;
+use tidepool_api::terminal::{Ending, terminal_status};
 use tidepool_federation::TrainingPods;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
@@ -416,17 +417,27 @@ async fn place(
     Ok(())
 }
 
-/// Fails every live pod of the gang (reason `GangTimeout`); vk-provider then removes their
-/// offload copies, and the owning controller (Job, PyTorchJob, …) creates fresh pods that
-/// form the gang again.
+/// Fails every live pod of the gang (reason `GangTimeout`, a disruption: the member could not
+/// start the gang, which is nothing the job did); vk-provider then removes their offload
+/// copies, and the owning controller (Job, PyTorchJob, …) creates fresh pods that form the
+/// gang again.
 async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
     warn!(message, "gang timed out");
     metrics().gang_timeouts.inc();
+    let end = Ending { reason: keys::REASON_GANG_TIMEOUT, message, disruption: Some(keys::REASON_GANG_TIMEOUT) };
     for p in pods {
         let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-        let status =
-            json!({ "status": { "phase": "Failed", "reason": keys::REASON_GANG_TIMEOUT, "message": message } });
-        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(status)).await {
+        let current = match api.get_opt(&p.name_any()).await {
+            Ok(Some(pod)) if pod.metadata.uid == p.metadata.uid => pod,
+            Ok(_) => continue,
+            Err(e) => {
+                warn!(pod = %p.name_any(), error = %e, "cannot read gang pod to roll it back");
+                continue;
+            }
+        };
+        let status = terminal_status(current.status.as_ref(), &end, &[], &Time(jiff::Timestamp::now()));
+        let patch = json!({ "metadata": { "resourceVersion": current.metadata.resource_version }, "status": status });
+        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
             Ok(_) => publish(ctx, p, EventType::Warning, keys::REASON_GANG_TIMEOUT, message).await,
             Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot roll back gang pod"),
         }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -23,6 +23,7 @@ use tidepool_api::bridge::BandSeconds;
 use tidepool_api::keys::{self, Band};
 use tidepool_api::metrics::{BandLabels, ReclaimLabels, metrics};
 use tidepool_api::pod::PodLite;
+use tidepool_api::terminal::{Ending, terminal_status};
 use tidepool_federation::MemberHandle;
 use tidepool_federation::capacity::PoolCapacity;
 use tracing::{error, info, warn};
@@ -666,19 +667,33 @@ async fn free_copy(ctx: &Context, p: &PodLite) {
     ctx.copies.free_copy(Arc::new(p.clone()), member, copy_uid).await;
 }
 
+/// Writes the reclaimed end of pod `name` (see [`tidepool_api::terminal`]) over the version
+/// just read, reading again if it changed meanwhile (its copy's last status coming up).
+async fn write_reclaimed(api: &Api<Pod>, name: &str, message: &str, extra: &[PodCondition]) -> kube::Result<()> {
+    let end = Ending { reason: keys::REASON_RECLAIMED, message, disruption: Some(keys::REASON_DISRUPTION_RECLAIM) };
+    let mut tries = 0;
+    loop {
+        let pod = api.get(name).await?;
+        let status = terminal_status(pod.status.as_ref(), &end, extra, &Time(jiff::Timestamp::now()));
+        let patch = json!({ "metadata": { "resourceVersion": pod.metadata.resource_version }, "status": status });
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            Err(e) if tidepool_federation::api_code(&e, &[409]) && tries < 3 => tries += 1,
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
 /// The training pod's end: `Failed`, reason `Reclaimed`, then its Events. A pod reclaimed at
 /// once brings its `notice` along.
 async fn record_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, end: &ReclaimEnd, notice: Option<&Notice>) {
     let member = member_of(ctx, p).map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
     let message = format!("reclaimed by member {member} for online demand ({demand}); {end}");
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-    let mut status = json!({ "phase": "Failed", "reason": keys::REASON_RECLAIMED, "message": message });
-    if let Some(n) = notice {
-        status["conditions"] = json!(n.conditions);
-    }
-    let patch = Patch::Strategic(json!({ "status": status }));
     let name = p.name_any();
-    match api.patch_status(&name, &PatchParams::default(), &patch).await {
+    let extra: Vec<PodCondition> = notice
+        .map(|n| n.conditions.iter().filter_map(|c| serde_json::from_value(c.clone()).ok()).collect())
+        .unwrap_or_default();
+    match write_reclaimed(&api, &name, &message, &extra).await {
         Ok(_) => {
             info!(pod = %name, how = %end, "reclaimed");
             let labels = ReclaimLabels { member, band: reclaim_band(p).as_str(), outcome: end.outcome() };

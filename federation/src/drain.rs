@@ -24,11 +24,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tidepool_api::terminal::{Ending, terminal_status};
 use tidepool_api::{MemberCluster, MemberName, PoolName, VirtualNodeName, keys};
 use tracing::{info, warn};
 
@@ -391,10 +393,13 @@ async fn fail_pods(ctx: &Context, name: &MemberName, pods: &[Pod]) -> Result<(),
     let message = format!("MemberCluster {name} was deleted; the pod is given up so it can run elsewhere");
     for pod in pods {
         let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-        let patch = json!({
-            "metadata": { "resourceVersion": pod.metadata.resource_version },
-            "status": { "phase": "Failed", "reason": keys::REASON_MEMBER_REMOVED, "message": message },
-        });
+        let end = Ending {
+            reason: keys::REASON_MEMBER_REMOVED,
+            message: &message,
+            disruption: Some(keys::REASON_MEMBER_REMOVED),
+        };
+        let status = terminal_status(pod.status.as_ref(), &end, &[], &Time(jiff::Timestamp::now()));
+        let patch = json!({ "metadata": { "resourceVersion": pod.metadata.resource_version }, "status": status });
         match api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
             Ok(_) => {}
             // Changed or gone since the list: the next pass sees it again.

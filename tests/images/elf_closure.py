@@ -130,7 +130,10 @@ class Root:
     def find(self, name: str, obj: str, search: list[str]) -> tuple[str | None, list[str]]:
         origin = os.path.dirname(obj)
         dirs = [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for d in search]
-        for d in dirs + self.conf_dirs + DEFAULT_DIRS:
+        # Last, the object's own directory: wheels' bundled libraries (h5py.libs, paddle/libs)
+        # carry no RUNPATH and find their siblings because the module that links them all loaded
+        # them first (ld.so matches an already loaded soname before searching).
+        for d in dirs + self.conf_dirs + DEFAULT_DIRS + [origin]:
             path = os.path.normpath(d + "/" + name)
             real, hops = self.resolve(path)
             if real is not None and os.path.isfile(self.host(real)):

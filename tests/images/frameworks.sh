@@ -177,10 +177,6 @@ rm -rf "$r"/usr/share/{doc,doc-base,man,info,locale,lintian,bug,gtk-doc,help,men
   "$r"/usr/lib/x86_64-linux-gnu/{qt5,gdk-pixbuf-2.0,gstreamer-1.0,gio,libgphoto2,libgphoto2_port,gdalplugins,dri} \
   "$r"/usr/lib/x86_64-linux-gnu/libgphoto2*/ "$r/var/cache/"* "$r/var/lib/dpkg" \
   "$r"/usr/lib/python3/dist-packages/torch/bin/test_*
-t0=$SECONDS
-python3 "$here/elf_closure.py" "$r" --keep libgcc_s.so.1
-ldconfig -r "$r"
-log "debian: pruned to $(du -sm "$r" | cut -f1) MB ($((SECONDS - t0)) s)"
 cp "$tmp/debian-packages.txt" "$r/opt/tidepool/debian-packages.txt"
 
 # --- pip: TensorFlow and Paddle into their own site ---
@@ -189,7 +185,7 @@ wheel_opts=(--only-binary=:all: --python-version 3.11 --implementation cp --abi 
             --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64
             --platform manylinux_2_28_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
 log "pip: downloading what the cache lacks (tests/frameworks/requirements.txt)"
-nice -n 19 python3 -m pip download -q --root-user-action=ignore --no-deps --require-hashes "${wheel_opts[@]}" -d "$dl/wheels" \
+nice -n 19 python3 -m pip download -q --no-deps --require-hashes "${wheel_opts[@]}" -d "$dl/wheels" \
   -r "$programs/requirements.txt" >&2
 t0=$SECONDS
 nice -n 19 python3 -m pip install -q --root-user-action=ignore --no-deps --require-hashes --only-binary=:all: --no-index \
@@ -200,6 +196,22 @@ nice -n 19 python3 -m pip install -q --root-user-action=ignore --no-deps --requi
 rm -rf "$p/bin" "$p/tensorflow/include" "$p/paddle/include" "$p"/*/tests "$p/tensorflow/compiler/mlir"/*/tests
 find "$p" -name __pycache__ -prune -exec rm -rf {} +
 log "pip: $(du -sm "$p" | cut -f1) MB in /opt/tidepool/pip ($((SECONDS - t0)) s)"
+
+# --- prune the Debian root to what its programs and both sites' modules load ---
+# The pip site is moved into the root for the walk (TensorFlow links glibc's librt, which
+# nothing of Debian's needs), then out again: it is a layer of its own. glibc's own libraries
+# are kept whatever links them: Python's ctypes and the frameworks dlopen them by name.
+t0=$SECONDS
+mv "$p" "$r/opt/tidepool/pip"
+keep=()
+for l in libgcc_s.so.1 libc.so.6 libm.so.6 libdl.so.2 librt.so.1 libpthread.so.0 libutil.so.1 \
+         libresolv.so.2 libanl.so.1 libnsl.so.1 libmvec.so.1 libBrokenLocale.so.1 libthread_db.so.1; do
+  keep+=(--keep "$l")
+done
+python3 "$here/elf_closure.py" "$r" "${keep[@]}"
+mv "$r/opt/tidepool/pip" "$p"
+ldconfig -r "$r"
+log "debian: pruned to $(du -sm "$r" | cut -f1) MB ($((SECONDS - t0)) s)"
 
 # --- the programs ---
 g=$tmp/work/programs

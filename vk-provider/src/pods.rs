@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::EventType;
@@ -28,6 +28,7 @@ use serde_json::json;
 use tidepool_api::metrics::metrics;
 use tidepool_api::pod::{PodLite, SyncedStatus};
 use tidepool_api::sync::Locked;
+use tidepool_api::terminal::{Ending, terminal_status};
 use tidepool_api::{BridgeConfig, keys};
 use tidepool_federation::tasks::Tasks;
 use tidepool_federation::writes::CopyWrites;
@@ -579,7 +580,11 @@ impl PodSync<'_> {
                 format!("offload pod {}/{} {how} in member {member}", self.member_ns, self.pod.name_any())
             }
         };
-        fail_pod(self.ctx, self.pod, reason, &msg).await
+        // A disruption: the member's own DisruptionTarget reason where it gave one
+        // (preemption, eviction, taint, kubelet), else tidepool's for what happened.
+        let member_said = self.pod.status.marks.as_ref().and_then(|m| m.disruption.as_deref());
+        let end = Ending { reason, message: &msg, disruption: Some(member_said.unwrap_or(reason)) };
+        fail_pod(self.ctx, self.pod, &end).await
     }
 
     /// Step::FinishDeletion: the copy is gone; the training pod's deletion completes.
@@ -621,7 +626,7 @@ impl PodSync<'_> {
             .and_then(|()| policy::check_mode(&whole, pool.mode));
         if let Err(violation) = allowed {
             let msg = format!("not offloaded to member {}: {violation}", member.name);
-            fail_pod(self.ctx, self.pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+            fail_pod(self.ctx, self.pod, &refusal(keys::REASON_OFFLOAD_POLICY, &msg)).await?;
             return Ok(Action::await_change());
         }
         // A copy that cannot exist in the member fails the pod.
@@ -630,7 +635,7 @@ impl PodSync<'_> {
             Err(e) => {
                 let e = translate::TranslateError::NamespaceTooLong(e);
                 let msg = format!("not offloaded to member {}: {e}", member.name);
-                fail_pod(self.ctx, self.pod, e.reason(), &msg).await?;
+                fail_pod(self.ctx, self.pod, &refusal(e.reason(), &msg)).await?;
                 return Ok(Action::await_change());
             }
         };
@@ -739,7 +744,7 @@ impl PodSync<'_> {
             }
             Outcome::Refused(why) => {
                 let msg = format!("not offloaded to member {member}: {why}");
-                fail_pod(ctx, self.pod, keys::REASON_OFFLOAD_POLICY, &msg).await?;
+                fail_pod(ctx, self.pod, &refusal(keys::REASON_OFFLOAD_POLICY, &msg)).await?;
                 return Ok(Some(Action::await_change()));
             }
             Outcome::Conflict(msg) => ("ReflectionConflict", msg, step::CONFLICT),
@@ -960,16 +965,25 @@ async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Resul
 /// (then its next reconcile decides again): a pod another controller has just finished —
 /// the dispatcher reclaiming it, say, and deleting its copy — keeps that controller's
 /// reason, whichever watch reaches this controller first.
-async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> Result<(), Error> {
+/// An end of the pod's own making (its spec refused): no disruption.
+fn refusal<'a>(reason: &'a str, message: &'a str) -> Ending<'a> {
+    Ending { reason, message, disruption: None }
+}
+
+/// Ends the training pod as `end` says, in one status write (see
+/// [`tidepool_api::terminal`]): read whole first, since the lists it rewrites (conditions,
+/// container states) are replaced whole by a merge patch; written only over the version read.
+async fn fail_pod(ctx: &Context, pod: &PodLite, end: &Ending<'_>) -> Result<(), Error> {
+    let Some(whole) = ctx.whole(pod).await? else { return Ok(()) };
+    let now = Time(jiff::Timestamp::now());
+    let status = terminal_status(whole.status.as_ref(), end, &[], &now);
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
-    let patch = json!({
-        "metadata": { "resourceVersion": pod.metadata.resource_version },
-        "status": { "phase": "Failed", "reason": reason, "message": message },
-    });
+    let patch = json!({ "metadata": { "resourceVersion": whole.metadata.resource_version }, "status": status });
     let written = {
         let _slot = slot(&ctx.training_writes).await;
         api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await
     };
+    let reason = end.reason;
     match written {
         Ok(_) => {}
         Err(e) if tidepool_federation::api_code(&e, &[409]) => {
@@ -978,8 +992,8 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, reason: &str, message: &str) -> 
         }
         Err(e) => return Err(Error::training("update pod status", e)),
     }
-    warn!(reason, message, "training pod failed");
-    publish(ctx, pod, EventType::Warning, reason, message).await;
+    warn!(reason, message = end.message, "training pod failed");
+    publish(ctx, pod, EventType::Warning, reason, end.message).await;
     Ok(())
 }
 

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodAffinityTerm, PodCondition, PodSpec,
-    PodStatus, PreferredSchedulingTerm, Toleration, Volume, WeightedPodAffinityTerm,
+    EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodAffinityTerm, PodCondition,
+    PodSpec, PodStatus, PreferredSchedulingTerm, Toleration, Volume, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
@@ -317,7 +317,32 @@ fn offload_spec(
     // pod that has any, and they were not meant to run in a member.
     s.ephemeral_containers = None;
     add_annotations_volume(&mut s);
+    add_ack_exit_code(&mut s);
     s
+}
+
+/// The environment variable that tells a trainer which code to exit with after its ack.
+pub const ACK_EXIT_CODE_ENV: &str = "TIDEPOOL_ACK_EXIT_CODE";
+
+/// The exit code after an ack that the pod's controller takes for what it is, an interruption
+/// to restart from the checkpoint: 143, as a process SIGTERM ended, when the pod never
+/// restarts a container (`restartPolicy: Never`, which Kubeflow's `ExitCode` policy sets: it
+/// retries codes of 128 and more and fails the job on others, 0 included); 0 otherwise (under
+/// `OnFailure` a non-zero code would restart the container in the member).
+pub fn ack_exit_code(restart_policy: Option<&str>) -> &'static str {
+    if restart_policy == Some("Never") { "143" } else { "0" }
+}
+
+/// Sets [`ACK_EXIT_CODE_ENV`] in every container that does not set it itself (see
+/// `deploy/docs/tenants.md`, "The ack").
+fn add_ack_exit_code(s: &mut PodSpec) {
+    let code = ack_exit_code(s.restart_policy.as_deref());
+    for c in &mut s.containers {
+        let env = c.env.get_or_insert_with(Vec::new);
+        if !env.iter().any(|e| e.name == ACK_EXIT_CODE_ENV) {
+            env.push(EnvVar { name: ACK_EXIT_CODE_ENV.to_owned(), value: Some(code.to_owned()), value_from: None });
+        }
+    }
 }
 
 /// Scheduling belongs to the member: its own scheduler, inside the pool (its selector and
@@ -1149,6 +1174,40 @@ mod tests {
         let preferred =
             affinity.pod_anti_affinity.unwrap().preferred_during_scheduling_ignored_during_execution.unwrap();
         assert_eq!(preferred.iter().map(|t| t.weight).collect::<Vec<_>>(), [5]);
+    }
+
+    #[test]
+    fn every_container_is_told_the_exit_code_for_its_ack_by_its_restart_policy() {
+        let with_policy = |policy: Option<&str>, own: Option<&str>| {
+            let mut pod = training_pod();
+            let spec = pod.spec.as_mut().unwrap();
+            spec.restart_policy = policy.map(str::to_owned);
+            if let Some(v) = own {
+                spec.containers[0].env =
+                    Some(vec![EnvVar { name: ACK_EXIT_CODE_ENV.into(), value: Some(v.into()), value_from: None }]);
+            }
+            let copy = offload_pod(&pod, &target(&BTreeMap::new())).unwrap();
+            let spec = copy.spec.unwrap();
+            let code = |c: &k8s_openapi::api::core::v1::Container| {
+                c.env
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.name == ACK_EXIT_CODE_ENV)
+                    .map(|e| e.value.clone().unwrap())
+                    .collect::<Vec<_>>()
+            };
+            spec.containers.iter().map(code).collect::<Vec<_>>()
+        };
+        assert!(
+            with_policy(Some("Never"), None).iter().all(|c| c == &["143"]),
+            "as SIGTERM would: Kubeflow's ExitCode retries it"
+        );
+        assert!(
+            with_policy(Some("OnFailure"), None).iter().all(|c| c == &["0"]),
+            "a non-zero code restarts the container"
+        );
+        assert!(with_policy(None, None).iter().all(|c| c == &["0"]));
+        assert_eq!(with_policy(Some("Never"), Some("7"))[0], ["7"], "the tenant's own value stays");
     }
 
     #[test]

@@ -181,7 +181,7 @@ struct Shard {
     weights: Vec<f64>,
 }
 
-fn run_ps(cfg: &Config, stop: &Stop) -> Result<(), String> {
+fn run_ps(cfg: &Config, stop: &Stop) -> Result<Ended, String> {
     let key = format!("ps-{}", cfg.index);
     let range = sgd::shard(cfg.dim, cfg.ps_count, cfg.index);
     let resumed = load(cfg, "ps", &key)?;
@@ -212,7 +212,7 @@ fn run_ps(cfg: &Config, stop: &Stop) -> Result<(), String> {
             let (step, weights) = snapshot(&shard);
             let drained = if quiet { "the trainers stopped" } else { "the trainers still push" };
             say("ps", cfg.index, &format!("{why}: {drained}; saving at step {step}"));
-            return save_and_ack(cfg, "ps", &key, &Checkpoint { step, offset: 0, weights });
+            return save_and_ack(cfg, "ps", &key, &Checkpoint { step, offset: 0, weights }).map(|()| Ended::Stopped);
         }
         let (step, weights) = snapshot(&shard);
         if cfg.checkpoint_every > 0 && step >= saved + cfg.checkpoint_every {
@@ -390,7 +390,7 @@ fn train_step(cfg: &Config, links: &mut [Link], truth: &[f64], offset: u64) -> R
     Ok((step, loss))
 }
 
-fn run_trainer(cfg: &Config, stop: &Stop) -> Result<(), String> {
+fn run_trainer(cfg: &Config, stop: &Stop) -> Result<Ended, String> {
     if cfg.ps.is_empty() {
         return Err("a trainer needs TP_PS (the parameter servers' host:port, comma-separated)".to_owned());
     }
@@ -405,11 +405,13 @@ fn run_trainer(cfg: &Config, stop: &Stop) -> Result<(), String> {
     loop {
         if let Some(why) = stop.reason() {
             say("trainer", cfg.index, &format!("{why}: saving at step {step} offset {offset}"));
-            return save_and_ack(cfg, "trainer", &key, &Checkpoint { step, offset, weights: Vec::new() });
+            return save_and_ack(cfg, "trainer", &key, &Checkpoint { step, offset, weights: Vec::new() })
+                .map(|()| Ended::Stopped);
         }
         if cfg.steps > 0 && step >= cfg.steps {
             say("trainer", cfg.index, &format!("done: step={step} offset={offset}"));
-            return save_and_ack(cfg, "trainer", &key, &Checkpoint { step, offset, weights: Vec::new() });
+            return save_and_ack(cfg, "trainer", &key, &Checkpoint { step, offset, weights: Vec::new() })
+                .map(|()| Ended::Done);
         }
         let Some(l) = links.as_mut() else {
             links = connect(cfg, stop)?;
@@ -433,6 +435,22 @@ fn run_trainer(cfg: &Config, stop: &Stop) -> Result<(), String> {
     }
 }
 
+/// How a role's run ended: its steps done, or stopped by the notice or SIGTERM with its
+/// checkpoint saved and acked.
+enum Ended {
+    Done,
+    Stopped,
+}
+
+/// The exit code after an ack: what tidepool puts in `TIDEPOOL_ACK_EXIT_CODE` for the pod's
+/// restart policy (143, as a process SIGTERM ended, under `Never`: Kubeflow's `ExitCode`
+/// policy restarts such a replica instead of failing the job; 0 under `OnFailure`, which
+/// would restart a failed container in the member), 0 without it.
+fn ack_exit_code() -> ExitCode {
+    let code = std::env::var("TIDEPOOL_ACK_EXIT_CODE").ok().and_then(|v| v.trim().parse::<u8>().ok());
+    ExitCode::from(code.unwrap_or(0))
+}
+
 fn main() -> ExitCode {
     let role = std::env::args().nth(1).or_else(|| std::env::var("TP_ROLE").ok()).unwrap_or_default();
     let result = Config::from_env().and_then(|cfg| {
@@ -444,7 +462,8 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ended::Done) => ExitCode::SUCCESS,
+        Ok(Ended::Stopped) => ack_exit_code(),
         Err(e) => {
             eprintln!("tp-train {role}: {e}");
             ExitCode::FAILURE
