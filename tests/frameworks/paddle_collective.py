@@ -60,6 +60,7 @@ def main() -> None:
     import paddle
     import paddle.distributed as dist
 
+    notice.arm()  # importing paddle replaced the SIGTERM handler with one that only dies
     paddle.set_device("cpu")
     dim, batch, lr = tp.env_int("TP_DIM", 16), tp.env_int("TP_BATCH", 32), tp.env_float("TP_LR", 0.05)
     steps, log_every = tp.env_int("TP_STEPS", 0), max(1, tp.env_int("TP_LOG_EVERY", 10))
@@ -105,6 +106,8 @@ def main() -> None:
             checkpoint()
             if distributed:
                 dist.barrier()  # nobody leaves before the save
+            # Told too while the peers agreed (the SIGTERMs of a whole job arrive together)?
+            why = why or notice.reason()
             if why:
                 tp.ack(step, step * batch)
                 tp.exit_acked()

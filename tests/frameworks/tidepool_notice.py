@@ -66,6 +66,11 @@ class Notice:
         self.stop_file = os.environ.get("TP_STOP_FILE") or "/tmp/tidepool-stop"
         self.sigterm = False
         self.since: float | None = None
+        self.arm()
+
+    def arm(self) -> None:
+        """(Re)installs the SIGTERM handler: call again after importing a framework that installs
+        its own (Paddle does, and would die on SIGTERM without saving)."""
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, *_: Any) -> None:

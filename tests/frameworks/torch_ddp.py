@@ -79,6 +79,8 @@ def main() -> None:
             checkpoint()
             if distributed:
                 dist.barrier()  # nobody leaves before the save
+            # Told too while the peers agreed (the SIGTERMs of a whole job arrive together)?
+            why = why or notice.reason()
             if why:
                 tp.ack(step, step * batch)
                 tp.exit_acked()

@@ -513,6 +513,14 @@ async fn reconcile(pod: Arc<PodLite>, ctx: Arc<Context>) -> Result<Action, Error
             })
         }
         (Step::FinishDeletion, _) => Box::pin(sync.finish_deletion()).await,
+        (Step::DeleteStale, _) => {
+            if let Some(stale) = known.existing.as_deref() {
+                let _slot = slot(&watch.writes).await;
+                info!(member = %watch.member.name, "an earlier pod's copy holds the name: deleting it");
+                Box::pin(delete_offload(watch, stale, None)).await?;
+            }
+            Ok(Action::requeue(step::STALE))
+        }
         (Step::Conflict, _) => {
             let msg = format!(
                 "member {} already has pod {}/{} with another origin",
@@ -774,7 +782,7 @@ impl PodSync<'_> {
             // Already there: ours (the watch brings it, and the next sync), or a pod our
             // watch never sees (another origin): reported, never overwritten.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                if let Some(msg) = foreign_pod(&member.client, member_ns, &name, pod).await {
+                if let Some(msg) = foreign_pod(ctx, &member.client, (member_ns, &name), pod).await {
                     let msg = format!("member {}: {msg}", member.name);
                     publish(ctx, pod, EventType::Warning, "OffloadConflict", &msg).await;
                     return Ok(Action::requeue(step::CONFLICT));
@@ -924,7 +932,7 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, (origin, ns): (&s
             let existing =
                 api.get_opt(ns).await.map_err(|e| Error::member(&member.name, "read offload namespace", e))?;
             let foreign = existing.and_then(|n| {
-                translate::foreign_namespace(&n.metadata, &ctx.config.cluster_name, member.name.as_str())
+                translate::foreign_namespace(&n.metadata, &ctx.config.cluster_name, (member.name.as_str(), origin))
             });
             if let Some(owner) = foreign {
                 if ns == origin && member.namespaces.fall_back(origin) {
@@ -1002,11 +1010,16 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, end: &Ending<'_>) -> Result<(), 
 /// scans all of them on each publish: with an Event per offloaded pod, that is a cache the
 /// size of the cluster and a scan of it per pod.
 /// Why member pod `ns/name`, found where `pod`'s copy was to be created, is not its copy (it
-/// lacks `pod`'s origin UID), or `None` if it is (or is gone, or cannot be read now: the next
-/// reconcile looks again).
-async fn foreign_pod(client: &kube::Client, ns: &str, name: &str, pod: &PodLite) -> Option<String> {
-    let found = OffloadPod::from(Api::<Pod>::namespaced(client.clone(), ns).get_opt(name).await.ok()??);
-    if found.is_copy_of(pod) {
+/// lacks `pod`'s origin UID), or `None` if it is, or is the copy of an earlier pod of the same
+/// name of this training cluster (the next reconcile sees it in the watch and deletes it or
+/// waits for it to go), or is gone, or cannot be read now (the next reconcile looks again).
+async fn foreign_pod(ctx: &Context, client: &kube::Client, (ns, name): (&str, &str), pod: &PodLite) -> Option<String> {
+    let found = Api::<Pod>::namespaced(client.clone(), ns).get_opt(name).await.ok()??;
+    let label = |k: &str| found.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
+    let annotation = |k: &str| found.metadata.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+    let ours = label(keys::LABEL_ORIGIN_CLUSTER).as_deref() == Some(ctx.config.cluster_name.as_str())
+        && annotation(keys::ANNOTATION_ORIGIN_NAMESPACE) == pod.metadata.namespace;
+    if ours || OffloadPod::from(found).is_copy_of(pod) {
         return None;
     }
     Some(format!("already has pod {ns}/{name} with another origin"))

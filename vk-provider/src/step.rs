@@ -9,8 +9,10 @@
 //! | 0c | member's offload watch not listed yet | [`Step::Requeue`] soon |
 //! | 1 | pod being deleted, copy there | [`Step::DeleteCopy`] with the pod's grace (once), then look again |
 //! | 1' | pod being deleted, no copy | [`Step::FinishDeletion`] |
-//! | 2 | a member pod of the copy's name that is not its copy | [`Step::Conflict`] |
-//! | 2' | pod ended, no copy | [`Step::Forget`] |
+//! | 2 | the copy's name taken by a copy of ours of an earlier pod of that name (an operator made the pod again at once), being deleted | [`Step::Requeue`] until it is gone |
+//! | 2a | the same, not being deleted (its pod is gone: names are unique) | [`Step::DeleteStale`], then look again |
+//! | 2b | the copy's name taken by a copy of a pod of another namespace | [`Step::Conflict`] |
+//! | 2c | pod ended, no copy | [`Step::Forget`] |
 //! | 3 | no copy, pod ran in the member, copy freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
 //! | 3' | no copy, pod ran in the member | [`Step::Fail`] with the member's disruption reason |
 //! | 4–6 | no copy, pod never ran | [`Step::Offload`]: policy, translation, references, create |
@@ -38,6 +40,8 @@ pub const LISTING: Duration = Duration::from_secs(1);
 pub const DELETING: Duration = Duration::from_secs(5);
 /// When a pod whose copy's name is taken by a pod not of ours is looked at again.
 pub const CONFLICT: Duration = Duration::from_secs(60);
+/// When a pod whose copy's name an earlier pod's copy still holds is looked at again.
+pub const STALE: Duration = Duration::from_millis(500);
 
 /// What the sync knows of one training pod when it decides.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +72,9 @@ pub enum Step {
     DeleteCopy { grace: Option<u32>, then: Then },
     /// The copy is gone: finish deleting the training pod.
     FinishDeletion,
+    /// Delete the copy of an earlier pod of this name, which holds the name this pod's copy
+    /// needs, then look again.
+    DeleteStale,
     /// The copy's name is taken in the member by a pod that is not this pod's copy.
     Conflict,
     /// The pod ended with no copy left: forget what it was waiting for.
@@ -120,15 +127,20 @@ pub fn next_step(facts: &Facts<'_>) -> Step {
         };
     }
     match copy {
-        None => without_copy(pod, existing.is_some(), handed_over),
+        None => without_copy(pod, existing, handed_over),
         Some(copy) => with_copy(pod, copy, handed_over),
     }
 }
 
-/// Rows 2–6.
-fn without_copy(pod: &PodLite, name_taken: bool, handed_over: Option<Duration>) -> Step {
-    if name_taken {
-        return Step::Conflict;
+/// Rows 2–6. `taken` is a copy of ours with this pod's copy's name but another origin.
+fn without_copy(pod: &PodLite, taken: Option<&OffloadPod>, handed_over: Option<Duration>) -> Step {
+    if let Some(other) = taken {
+        let same_namespace = other.origin_name().map(|(ns, _)| ns) == pod.metadata.namespace.as_deref();
+        return match (same_namespace, other.deleting()) {
+            (true, true) => Step::Requeue(STALE),
+            (true, false) => Step::DeleteStale,
+            (false, _) => Step::Conflict,
+        };
     }
     if pod.is_terminal() {
         return Step::Forget;
@@ -193,9 +205,15 @@ mod tests {
     }
 
     fn member_pod(origin: &str, deleting: bool, status: serde_json::Value) -> OffloadPod {
+        of_namespace(origin, "ns", deleting, status)
+    }
+
+    /// A copy of ours of pod `origin_ns/p` whose origin UID is `origin`.
+    fn of_namespace(origin: &str, origin_ns: &str, deleting: bool, status: serde_json::Value) -> OffloadPod {
         let mut meta = json!({
-            "name": "p", "namespace": "tp-ns", "uid": "c1",
+            "name": "p", "namespace": "ns", "uid": "c1",
             "labels": {keys::LABEL_ORIGIN_UID: origin},
+            "annotations": {keys::ANNOTATION_ORIGIN_NAMESPACE: origin_ns, keys::ANNOTATION_ORIGIN_NAME: "p"},
         });
         if deleting {
             meta["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
@@ -259,8 +277,18 @@ mod tests {
 
     #[test]
     fn rows_2_to_6_without_a_copy() {
-        let foreign = member_pod("other", false, json!({"phase": "Running"}));
-        assert_eq!(decide(&pending(), Some(&foreign), None), Step::Conflict);
+        // An operator made the pod again under its name while the last one's copy was going.
+        let going = member_pod("earlier", true, json!({"phase": "Running"}));
+        assert_eq!(decide(&pending(), Some(&going), None), Step::Requeue(STALE), "no conflict: it is leaving");
+        let left = member_pod("earlier", false, json!({"phase": "Failed"}));
+        assert_eq!(
+            decide(&pending(), Some(&left), None),
+            Step::DeleteStale,
+            "the earlier pod is gone: so goes its copy"
+        );
+        // Two training namespaces mapped to one member namespace: never deleted, reported.
+        let other_ns = of_namespace("other", "tp-ns", false, json!({"phase": "Running"}));
+        assert_eq!(decide(&pending(), Some(&other_ns), None), Step::Conflict);
         assert_eq!(decide(&ran("Failed"), None, None), Step::Forget);
         assert_eq!(decide(&pending(), None, None), Step::Offload);
         assert_eq!(decide(&ran("Running"), None, HELD), Step::Requeue(Duration::from_secs(3)));

@@ -431,7 +431,7 @@ const DEFAULT_TERMINATION_GRACE: i64 = 30;
 /// created (labels managed-by tidepool and origin-cluster `cluster`): then nothing of ours
 /// goes in. Two training clusters sharing one offload namespace would see and mount each
 /// other's copies; a namespace tidepool did not create is somebody's.
-pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str, member: &str) -> Option<String> {
+pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str, (member, origin): (&str, &str)) -> Option<String> {
     let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str);
     if label(keys::LABEL_MANAGED_BY) != Some(keys::MANAGED_BY) {
         return Some("a namespace not created by tidepool".to_owned());
@@ -441,6 +441,11 @@ pub fn foreign_namespace(meta: &ObjectMeta, cluster: &str, member: &str) -> Opti
         (None, _) => Some("a tidepool namespace of no known training cluster".to_owned()),
         // The same member bridged twice: each MemberCluster has namespaces of its own.
         (Some(_), Some(other)) if other != member => Some(format!("the offload namespace of MemberCluster {other}")),
+        // Two training namespaces meeting in one name (`tp-team-a` and `team-a` fallen back).
+        (Some(_), _) if label(keys::LABEL_ORIGIN_NAMESPACE).is_some_and(|o| o != origin) => Some(format!(
+            "the offload namespace of training namespace {}",
+            label(keys::LABEL_ORIGIN_NAMESPACE).unwrap_or_default()
+        )),
         // Ours; or made before namespaces named their MemberCluster (each had its prefix).
         (Some(_), _) => None,
     }
@@ -1216,7 +1221,7 @@ mod tests {
             serde_json::from_value(json!({"name": "tp-team-a", "labels": labels})).unwrap()
         };
         let (managed, origin, member) = (keys::LABEL_MANAGED_BY, keys::LABEL_ORIGIN_CLUSTER, keys::LABEL_ORIGIN_MEMBER);
-        let foreign = |labels| foreign_namespace(&ns(labels), "training", "member-a");
+        let foreign = |labels| foreign_namespace(&ns(labels), "training", ("member-a", "team-a"));
         assert_eq!(foreign(json!({managed: "tidepool", origin: "training", member: "member-a"})), None);
         assert_eq!(foreign(json!({managed: "tidepool", origin: "training"})), None, "made before the member label");
         let other = foreign(json!({managed: "tidepool", origin: "other"}));
@@ -1225,7 +1230,14 @@ mod tests {
         assert!(twin.as_deref().is_some_and(|o| o.contains("MemberCluster member-a-twin")), "{twin:?}");
         let unmanaged = foreign(json!({"team": "payments"}));
         assert!(unmanaged.as_deref().is_some_and(|o| o.contains("not created by tidepool")), "{unmanaged:?}");
-        assert!(foreign_namespace(&ObjectMeta::default(), "training", "member-a").is_some());
+        assert!(foreign_namespace(&ObjectMeta::default(), "training", ("member-a", "team-a")).is_some());
+        let holds = keys::LABEL_ORIGIN_NAMESPACE;
+        assert_eq!(
+            foreign(json!({managed: "tidepool", origin: "training", member: "member-a", holds: "team-a"})),
+            None
+        );
+        let met = foreign(json!({managed: "tidepool", origin: "training", member: "member-a", holds: "tp-team-a"}));
+        assert!(met.as_deref().is_some_and(|o| o.contains("training namespace tp-team-a")), "{met:?}");
     }
 
     #[test]
