@@ -95,6 +95,16 @@ class Notice:
         return why
 
 
+    def wait(self, seconds: float) -> str | None:
+        """The notice if it comes within `seconds`. A process stopped by a peer's notice waits
+        a moment for its own: the SIGTERMs of a whole job arrive together, but not at once
+        (Paddle's launcher stops its rendezvous server before it signals its trainer)."""
+        end = time.time() + seconds
+        while not (why := self.reason()) and time.time() < end:
+            time.sleep(0.1)
+        return why
+
+
 class Store:
     """The S3-compatible checkpoint store, spoken to with plain HTTP/1.1 PUT and GET."""
 

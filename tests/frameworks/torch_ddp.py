@@ -79,8 +79,7 @@ def main() -> None:
             checkpoint()
             if distributed:
                 dist.barrier()  # nobody leaves before the save
-            # Told too while the peers agreed (the SIGTERMs of a whole job arrive together)?
-            why = why or notice.reason()
+            why = why or notice.wait(3)  # told too, a moment after a peer?
             if why:
                 tp.ack(step, step * batch)
                 tp.exit_acked()

@@ -1,0 +1,316 @@
+//! The field's real operators and frameworks across the bridge (issue "Real operators"): the
+//! jobs a tenant submits — TFJob, PyTorchJob, MPIJob, PaddleJob, TrainJob over JobSet — made
+//! into pods, Services and environment by their real controllers (tests/operators/start.sh),
+//! running real framework processes (`tidepool.invalid/frameworks:1`, tests/frameworks/) on
+//! the members' real nodes, with default MemberCluster settings. Each job is the upstream
+//! example's shape with only `schedulerName` changed; the operators run with their default
+//! flags but for `--namespace` (each test its own) and the PyTorch init container's image
+//! (theirs cannot be pulled here). Each test prints what it saw.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tidepool_api::MemberCluster;
+use tidepool_api::keys;
+
+use crate::harness::*;
+
+/// The framework image every real node imports (tests/images/frameworks.sh).
+pub const FRAMEWORKS_IMAGE: &str = "tidepool.invalid/frameworks:1";
+/// Bounded waits for a step of a scenario (a placement, a reclaim, a resume); frameworks take
+/// tens of seconds to import on two shared cores.
+pub const WAIT: Duration = Duration::from_secs(300);
+
+/// One of the field's operators, run by tests/operators/start.sh against the training cluster
+/// for one test; stopped (SIGKILL) when dropped.
+pub struct Operator {
+    child: std::process::Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Operator {
+    /// Starts `operator` (`training-operator`, `mpi-operator`, `jobset`, `trainer`) with
+    /// `flags` and waits until it answers on its health port.
+    pub async fn start(env: &Env, operator: &str, flags: &[&str]) -> Operator {
+        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS"] {
+            assert!(
+                std::env::var(needed).is_ok(),
+                "{needed} is not set: tests/run.sh builds the operators and exports it"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(format!("{operator}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/operators/start.sh");
+        let child = std::process::Command::new("bash")
+            .arg(script)
+            .args([operator, env.var("CP_STATE_DIR"), "training", "--"])
+            .args(flags)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let op = Operator { child, log, _dir: dir };
+        let offset: u16 = env.var("CP_PORT_OFFSET").parse().unwrap();
+        let port = offset
+            + match operator {
+                "training-operator" => 22250,
+                "mpi-operator" => 23250,
+                "jobset" => 27250,
+                _ => 30250,
+            };
+        let path = if operator == "mpi-operator" { "healthz" } else { "readyz" };
+        let url = format!("http://127.0.0.1:{port}/{path}");
+        let ready = async {
+            loop {
+                let answer =
+                    tokio::process::Command::new("curl").args(["-fsS", "--max-time", "2", &url]).output().await;
+                if answer.is_ok_and(|o| o.status.success()) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(120), ready).await.is_err() {
+            panic!("{operator} not ready within 120 s:\n{}", op.log_tail());
+        }
+        op
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- operator log ({}) ---\n{}", self.log.display(), self.log_tail());
+        }
+    }
+}
+
+/// A test's bridge: member-a and member-b, each lending its real node (MemberClusters with
+/// default settings but the real pool), and a tidepool answering to the test's scheduler
+/// name. Member `i` can be made to lend less with [`Bridge::lend`], as online demand would.
+pub struct Bridge {
+    pub env: Env,
+    pub training: Client,
+    pub members: Vec<Client>,
+    pub ns: String,
+    pub test: String,
+    _tidepool: Tidepool,
+}
+
+/// The MemberClusters of a test and the clusters they bridge.
+fn member_names(test: &str) -> [(String, &'static str); 2] {
+    [(format!("{test}-a"), "member-a"), (format!("{test}-b"), "member-b")]
+}
+
+/// The virtual node of member `i`'s real pool.
+pub fn real_node(test: &str, i: usize) -> String {
+    format!("tidepool-{}-real", member_names(test)[i].0)
+}
+
+impl Bridge {
+    pub async fn start(test: &str, ns: &str) -> Bridge {
+        let env = Env::load();
+        assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
+        let training = env.client("training").await;
+        prepare(&env, &training, test, ns).await;
+        let mut members = Vec::new();
+        for (name, cluster) in member_names(test) {
+            members.push(env.client(cluster).await);
+            let kubeconfig = std::fs::read(env.kubeconfig_path(cluster)).unwrap();
+            put_kubeconfig_secret(&training, ns, cluster, &kubeconfig).await;
+            let mut mc = member_cluster(&name, test, ns, cluster);
+            mc.spec.pools = vec![real_pool(&env)];
+            apply_member_cluster(&training, &mc).await;
+        }
+        let dispatcher = "deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 180, medium: 180, low: 180}";
+        let tidepool = Tidepool::start_config(&env, test, ns, dispatcher, &kubelet_config(&env));
+        let b = Bridge { env, training, members, ns: ns.to_owned(), test: test.to_owned(), _tidepool: tidepool };
+        for i in 0..2 {
+            b.lend(i, None).await;
+            let nodes = Api::<Node>::all(b.training.clone());
+            let node = real_node(test, i);
+            wait_for(Duration::from_secs(90), &format!("virtual node {node} Ready"), || {
+                let (nodes, node) = (nodes.clone(), node.clone());
+                async move {
+                    let n = nodes.get_opt(&node).await.ok().flatten()?;
+                    n.status?.conditions?.into_iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(())
+                }
+            })
+            .await;
+        }
+        b
+    }
+
+    /// Lets member `i`'s real pool lend `milli` CPU (the rest held back, as online demand
+    /// would take it), or everything (`None`).
+    pub async fn lend(&self, i: usize, milli: Option<u32>) {
+        let (name, cluster) = &member_names(&self.test)[i];
+        let reserve = match milli {
+            Some(m) => {
+                let real = self.env.var(&format!("{}_REAL_NODE", cluster.to_uppercase().replace('-', "_")));
+                let node = Api::<Node>::all(self.members[i].clone()).get(real).await.unwrap();
+                let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+                let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
+                json!({"cpu": format!("{}m", (cores * 1000).saturating_sub(m))})
+            }
+            None => json!(null),
+        };
+        let patch = Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}}));
+        Api::<MemberCluster>::all(self.training.clone()).patch(name, &PatchParams::default(), &patch).await.unwrap();
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.training.clone(), &self.ns)
+    }
+
+    /// The API of an operator's jobs in the test's namespace.
+    pub fn jobs(&self, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+        Api::namespaced_with(self.training.clone(), &self.ns, &ar)
+    }
+
+    /// Creates `job` (JSON with apiVersion and kind) through `api`.
+    pub async fn submit(&self, api: &Api<DynamicObject>, job: serde_json::Value) {
+        let obj: DynamicObject = serde_json::from_value(job).unwrap();
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", obj.name_any()));
+    }
+
+    /// The live (not ended, not being deleted) pods labelled `selector`, by name.
+    pub async fn live(&self, selector: &str) -> Vec<Pod> {
+        let list = self.pods().list(&ListParams::default().labels(selector)).await.map(|l| l.items).unwrap_or_default();
+        let mut live: Vec<Pod> = list
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && !matches!(phase(p), "Failed" | "Succeeded"))
+            .collect();
+        live.sort_by_key(ResourceExt::name_any);
+        live
+    }
+
+    /// Waits until `n` pods labelled `selector` run, all on virtual node `node`.
+    pub async fn await_running(&self, selector: &str, n: usize, node: &str) -> Vec<Pod> {
+        let what = format!("{n} pods {selector} running on {node}");
+        wait_for(WAIT, &what, || async move {
+            let pods = self.live(selector).await;
+            let running = pods.iter().filter(|p| phase(p) == "Running" && node_of(p) == node).count();
+            (pods.len() == n && running == n).then_some(pods)
+        })
+        .await
+    }
+
+    pub async fn log(&self, pod: &str, container: Option<&str>) -> String {
+        let mut args = vec!["-n", &self.ns, "logs", pod];
+        if let Some(c) = container {
+            args.extend(["-c", c]);
+        }
+        kubectl(&self.env, "training", &args, None).await.1
+    }
+
+    /// Waits until `pod`'s log holds at least `n` lines with a step and a loss; returns them.
+    pub async fn await_steps(&self, pod: &str, container: Option<&str>, n: usize) -> Vec<(u64, f64)> {
+        wait_for(WAIT, &format!("{n} step lines in {pod}'s log"), || async move {
+            let steps = steps(&self.log(pod, container).await);
+            (steps.len() >= n).then_some(steps)
+        })
+        .await
+    }
+
+    /// The job object `name`'s condition `type_` status ("True", "False") once it has one.
+    pub async fn condition(&self, api: &Api<DynamicObject>, name: &str, type_: &str) -> Option<String> {
+        let job = api.get_opt(name).await.ok()??;
+        let conditions = job.data.get("status")?.get("conditions")?.as_array()?;
+        let c = conditions.iter().find(|c| c.get("type").and_then(|t| t.as_str()) == Some(type_))?;
+        c.get("status")?.as_str().map(str::to_owned)
+    }
+
+    /// Waits until job `name` has condition `type_` True.
+    pub async fn await_condition(&self, api: &Api<DynamicObject>, name: &str, type_: &str, within: Duration) {
+        let started = Instant::now();
+        wait_for(within, &format!("{name} {type_}"), || async move {
+            (self.condition(api, name, type_).await.as_deref() == Some("True")).then_some(())
+        })
+        .await;
+        println!("{name}: {type_} after {:.0} s", started.elapsed().as_secs_f64());
+    }
+}
+
+pub fn phase(p: &Pod) -> &str {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+}
+
+pub fn node_of(p: &Pod) -> &str {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("")
+}
+
+pub fn reason(p: &Pod) -> &str {
+    p.status.as_ref().and_then(|s| s.reason.as_deref()).unwrap_or("")
+}
+
+/// The true condition `type_` of `p`, with its reason.
+pub fn condition_reason(p: &Pod, type_: &str) -> Option<String> {
+    let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_ && c.status == "True")?;
+    Some(c.reason.clone().unwrap_or_default())
+}
+
+/// `(step, loss)` of every line of `log` that has both (`step=N loss=X`).
+pub fn steps(log: &str) -> Vec<(u64, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k).map(str::to_owned));
+            Some((field("step=")?.parse().ok()?, field("loss=")?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The step a process's log says it resumed at (`… resumed at step N …`), if it resumed.
+pub fn resumed_at(log: &str) -> Option<u64> {
+    log.lines().find_map(|l| l.split_once("resumed at step ")?.1.split_whitespace().next()?.parse().ok())
+}
+
+/// The step of the ack in a terminated container of `p` (its termination message).
+pub fn acked_step(p: &Pod) -> Option<u64> {
+    let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|c| {
+        let message = c.state.as_ref()?.terminated.as_ref()?.message.clone()?;
+        message
+            .strip_prefix(keys::TERMINATION_ACK_PREFIX)?
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("step="))?
+            .parse()
+            .ok()
+    })
+}
+
+/// A container of the frameworks image running `program` (under /opt/tidepool) with `env`,
+/// checkpointing under `store` (the clusters' S3 store, a prefix of the run's own).
+pub fn framework_container(name: &str, program: &str, store: &str, env: serde_json::Value) -> serde_json::Value {
+    let mut vars = vec![json!({"name": "TP_STORE", "value": store}), json!({"name": "PYTHONUNBUFFERED", "value": "1"})];
+    vars.extend(env.as_array().cloned().unwrap_or_default());
+    json!({
+        "name": name, "image": FRAMEWORKS_IMAGE, "imagePullPolicy": "Never",
+        "command": ["python3", format!("/opt/tidepool/{program}")], "env": vars,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}
+    })
+}
+
+/// Labels of a pod, for messages.
+pub fn labels_of(p: &Pod) -> BTreeMap<String, String> {
+    p.labels().clone()
+}
