@@ -4,7 +4,8 @@
 #   - Host keys are made at start (none are baked into the image), /run/sshd exists.
 #   - The ranks mpirun starts here see the pod's /etc/tidepool/annotations themselves and write
 #     the ack to the pod's termination message; once a line `tidepool.io/checkpointed ...` is
-#     there, sshd is stopped and this exits TP_ACK_EXIT_CODE (0), so the pod ends after the ack.
+#     there, sshd is stopped and this exits TP_ACK_EXIT_CODE, else TIDEPOOL_ACK_EXIT_CODE (set
+#     by tidepool in its copies), else 0: the pod ends after the ack.
 #   - SIGTERM (the member preempting the pod) reaches only this process: it writes the stop
 #     file (TP_STOP_FILE, /tmp/tidepool-stop) the ranks treat as SIGTERM, waits for their ack
 #     at most TP_DRAIN_SECONDS (20), then stops sshd and exits 143 without one.
@@ -28,7 +29,7 @@ while kill -0 "$sshd" 2>/dev/null; do
   if acked; then
     echo "sshd.sh: the ranks acked: $(head -n 1 "$termlog")"
     kill "$sshd"; wait "$sshd" || true
-    exit "${TP_ACK_EXIT_CODE:-0}"
+    exit "${TP_ACK_EXIT_CODE:-${TIDEPOOL_ACK_EXIT_CODE:-0}}"
   fi
   if ((stopping >= 0 && SECONDS - stopping >= drain)); then
     echo "sshd.sh: no ack within $drain s of SIGTERM"

@@ -10,7 +10,7 @@ TF_CONFIG it trains in this one process (a quick local check).
 
 On the notice or SIGTERM the chief reads the variables back from the parameter servers, saves
 them with the step to TP_STORE (key tf-ps, then tf-ps.saved with the step and the time), acks
-and exits TP_ACK_EXIT_CODE. A ps or worker task told to stop keeps serving until the chief's
+and exits with the ack exit code (tidepool_notice.ack_exit_code). A ps or worker task told to stop keeps serving until the chief's
 save is newer than its notice (so the chief can still read the variables), at most
 TP_DRAIN_SECONDS (20; 5 after a SIGTERM), then acks with the saved step and exits. Started
 again the chief resumes from the saved step. Logs `chief: step=N loss=X`.
@@ -69,7 +69,7 @@ def serve(task: str, index: int, cluster, rpc: str, notice: tp.Notice, store: tp
         step, when = saved_step(store)
     tp.log(f"{task} {index}: the chief's last save is at step {step}")
     tp.ack(step, 0)
-    exit_now(tp.env_int("TP_ACK_EXIT_CODE", 0))
+    exit_now(tp.ack_exit_code())
 
 
 def main() -> None:
@@ -133,7 +133,7 @@ def main() -> None:
             tp.log(f"chief: {why}: saving at step {step}")
             checkpoint()
             tp.ack(step, step * batch)
-            exit_now(tp.env_int("TP_ACK_EXIT_CODE", 0))
+            exit_now(tp.ack_exit_code())
         if steps and step >= steps:
             checkpoint()
             tp.log(f"chief: done at step {step}")

@@ -6,8 +6,9 @@ tests/workload's tp-train keeps it:
   stop file TP_STOP_FILE (written by sshd.sh when an MPI worker pod gets SIGTERM) count the same;
 - on it the job saves a checkpoint to the S3 store TP_STORE (http://host:port/bucket[/prefix],
   plain PUT/GET, any Authorization header), writes `tidepool.io/checkpointed step=N offset=M`
-  to /dev/termination-log (TP_TERMINATION_LOG) and exits with TP_ACK_EXIT_CODE (0, as tp-train;
-  Kubeflow's ExitCode restart policy retries only codes >= 128);
+  to /dev/termination-log (TP_TERMINATION_LOG) and exits with TP_ACK_EXIT_CODE, else the
+  TIDEPOOL_ACK_EXIT_CODE tidepool sets in its copies (143 under restartPolicy Never: Kubeflow's
+  ExitCode restart policy retries only codes >= 128), else 0, as tp-train;
 - a process that stops because a *peer* got the notice acks nothing and exits with
   TP_PEER_EXIT_CODE (143): non-zero, so OnFailure and ExitCode policies and torchrun's agent
   restart it, and it resumes from the checkpoint with the others.
@@ -200,8 +201,15 @@ def ack(step: int, offset: int) -> None:
         log(f"ack not written to {path}: {e}")
 
 
+def ack_exit_code() -> int:
+    """TP_ACK_EXIT_CODE when set; else what tidepool tells its copies in TIDEPOOL_ACK_EXIT_CODE
+    (143 under restartPolicy Never, which Kubeflow's ExitCode policy retries; 0 otherwise);
+    else 0, as tp-train."""
+    return env_int("TP_ACK_EXIT_CODE", env_int("TIDEPOOL_ACK_EXIT_CODE", 0))
+
+
 def exit_acked() -> None:
-    sys.exit(env_int("TP_ACK_EXIT_CODE", 0))
+    sys.exit(ack_exit_code())
 
 
 def exit_for_peer(why: str) -> None:
