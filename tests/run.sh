@@ -4,7 +4,8 @@
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
 # real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
 # metrics-server from tests/metrics/build.sh, the PodGroup CRDs from tests/gang/crds.sh, images
-# from tests/images/build.sh, tidepool's own image from its release binary; the training
+# from tests/images/build.sh, tidepool's own image from its release binary, the frameworks
+# image the operators' jobs run from tests/images/frameworks.sh; the training
 # operators tests/operators/start.sh runs from tests/operators/build.sh). The clusters are
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
 #
@@ -67,6 +68,9 @@ cargo build --release --locked --bin tidepool
 echo "== building the images: pause, workload, tidepool (cached by their inputs)" >&2
 CP_IMAGES=$(bash tests/images/build.sh "$root/target/release/tidepool" | tail -n 1)
 export CP_IMAGES
+echo "== building the training-frameworks image: TensorFlow, PyTorch, MPI, Paddle (cached by its inputs)" >&2
+CP_FRAMEWORKS_IMAGES=$(bash tests/images/frameworks.sh | tail -n 1)
+export CP_FRAMEWORKS_IMAGES
 
 echo "== starting the local clusters in $state" >&2
 trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT

@@ -21,6 +21,12 @@
 # where k is 0 training, 1 member-a, 2 member-b, and g = CP_PORT_OFFSET / 10 (cluster sets
 # side by side keep apart).
 #
+# Images: pause and workload (CP_IMAGES, tests/images/build.sh) on every node, tidepool's on
+# training's; and, when CP_FRAMEWORKS_IMAGES names a directory of OCI archives
+# (tests/images/frameworks.sh: tidepool.invalid/frameworks:1, 2.5 GB unpacked), those on every
+# node too, imported in the background while the kubelets start (about a minute each) and
+# waited for before `up` returns; import.sh skips an image a node already has.
+#
 # Nodes are tainted tidepool.io/real-node=true:NoSchedule and labelled
 # tidepool.io/real-node=true, tidepool.io/test-pool=real: only pods that ask for a real node
 # land there (a pool with that selector and toleration, the chart with its toleration), so
@@ -312,8 +318,11 @@ real_node_ready() {
 
 # Starts the real node of every cluster; returns once each is Ready and DNS answers.
 real_nodes_up() {
-  local c d
+  local c d fw=() pid
   mkdir -p "$S/nodes"
+  if [[ -n ${CP_FRAMEWORKS_IMAGES:-} ]]; then
+    compgen -G "$CP_FRAMEWORKS_IMAGES/*.tar" >/dev/null || fail "CP_FRAMEWORKS_IMAGES=$CP_FRAMEWORKS_IMAGES has no *.tar"
+  fi
   for c in "${CLUSTERS[@]}"; do
     d=$S/nodes/$c
     mkdir -p "$d/containerd/root" "$d/containerd/state" "$d/kubelet" "$d/pod-logs" "$d/volume-plugins"
@@ -336,6 +345,13 @@ real_nodes_up() {
       CTR=$NODE_BIN/ctr "$here/../images/import.sh" "$d/containerd/state/containerd.sock" "$IMAGES/tidepool.tar" \
         >>"$S/logs/$c-images.log" 2>&1 || fail "$c: importing the tidepool image failed" "$c-images"
     fi
+    if [[ -n ${CP_FRAMEWORKS_IMAGES:-} ]]; then
+      # Recorded like every daemon (a failed `up` stops it by PID), logging to the images log.
+      start "$c-frameworks-import" bash -c 'log=$1; shift; exec "$@" >>"$log" 2>&1' - "$S/logs/$c-images.log" \
+        env CTR="$NODE_BIN/ctr" nice -n 10 "$here/../images/import.sh" "$d/containerd/state/containerd.sock" \
+        "$CP_FRAMEWORKS_IMAGES"/*.tar
+      fw+=("${PID[$c-frameworks-import]}")
+    fi
     apply_coredns_rbac "$c"
     start "$c-kubelet" env PATH="$NODE_BIN:$PATH" "$(bin_of "$c" kubelet)" --config="$d/kubelet.yaml" \
       --kubeconfig="$d/kubelet.kubeconfig" --root-dir="$d/kubelet" \
@@ -346,6 +362,13 @@ real_nodes_up() {
   await 90 "kubelet healthy" kubelet_healthy "@-kubelet @-containerd" "${CLUSTERS[@]}"
   await 90 "real node Ready" real_node_ready "@-kubelet @-containerd @-kcm @-apiserver etcd" "${CLUSTERS[@]}"
   await 60 "CoreDNS ready" coredns_ready "@-coredns" "${CLUSTERS[@]}"
+  if ((${#fw[@]})); then
+    log "waiting for the frameworks images to be imported (logs/<cluster>-images.log)"
+    for pid in "${fw[@]}"; do
+      wait "$pid" || fail "importing $CP_FRAMEWORKS_IMAGES failed" "${CLUSTERS[@]/%/-images}"
+    done
+    log "frameworks images imported on every real node"
+  fi
   [[ $(cat /proc/sys/net/ipv4/ip_forward) == 0 ]] || fail "ip_forward got turned on: refusing to run like this"
 }
 
