@@ -26,6 +26,7 @@ mod node_status;
 mod operations;
 mod operators;
 mod plugin;
+mod pytorchjob;
 mod real_nodes;
 mod reclaim;
 mod restart;

@@ -1,0 +1,124 @@
+//! PyTorchJobs as the Kubeflow training-operator runs them, with real PyTorch processes
+//! (Debian's torch, DDP over gloo: tests/frameworks/torch_ddp.py) on the members' real nodes.
+//!
+//! - master + 3 workers: the operator's pods, Services (`MASTER_ADDR=<job>-master-0`, a short
+//!   name through the mirrored headless Service) and init containers (the workers wait for
+//!   the master's name to resolve); the job trains to `Succeeded`; `kubectl exec` and
+//!   `kubectl logs` reach an operator-made pod.
+//! - the training-operator with `--gang-scheduler-name=tidepool`: its `scheduling.x-k8s.io`
+//!   PodGroup is the gang tidepool reads.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use serde_json::json;
+use tidepool_api::keys;
+
+use crate::harness::*;
+use crate::operators::*;
+
+const TEST: &str = "pytorchjob";
+const NS: &str = "e2e-pytorchjob";
+
+fn pytorchjob(name: &str, scheduler: &str, store: &str, workers: u32, steps: u32) -> serde_json::Value {
+    let replica = |count: u32| {
+        let env = json!([
+            {"name": "TP_STEPS", "value": steps.to_string()},
+            {"name": "TP_STEP_DELAY_MS", "value": "50"},
+            {"name": "TP_LOG_EVERY", "value": "10"},
+        ]);
+        json!({
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {
+                "schedulerName": scheduler,
+                "containers": [framework_container("pytorch", "torch_ddp.py", store, env)]
+            }}
+        })
+    };
+    json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}
+        }
+    })
+}
+
+/// Runs a PyTorchJob of a master and 3 workers to `Succeeded` on member-a, the operator
+/// started with `flags`; returns the job's pods as they ran.
+async fn run_to_success(b: &Bridge, flags: &[&str], what: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let mut all = vec![format!("--namespace={NS}")];
+    all.extend(flags.iter().map(|f| (*f).to_owned()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let _operator = Operator::start(&b.env, "training-operator", &all).await;
+    let name = format!("pt-{}", run_id());
+    let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
+    b.lend(1, Some(0)).await;
+    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+    b.submit(&jobs, pytorchjob(&name, &scheduler_name(TEST), &store, 3, 300)).await;
+    let selector = format!("training.kubeflow.org/job-name={name}");
+    let pods = b.await_running(&selector, 4, &real_node(TEST, 0)).await;
+    println!("{what}: {:?}", pods.iter().map(|p| (p.name_any(), labels_of(p))).collect::<Vec<_>>());
+    let master = format!("{name}-master-0");
+    let seen = b.await_steps(&master, None, 3).await;
+    println!("{what}: master {seen:?}");
+    assert!(seen.last().unwrap().1 < seen.first().unwrap().1, "the loss falls: {seen:?}");
+    b.await_condition(&jobs, &name, "Succeeded", Duration::from_secs(600)).await;
+    b.lend(1, None).await;
+    pods
+}
+
+#[tokio::test]
+async fn a_pytorchjob_of_a_master_and_three_workers_trains_over_gloo_to_success() {
+    let b = Bridge::start(TEST, NS).await;
+    let pods = run_to_success(&b, &[], "no gang flag").await;
+    // One gang by the operator's labels, its core the whole job: nothing of tidepool's was written.
+    assert!(pods.iter().all(|p| p.labels().get(keys::LABEL_ROLE).map(String::as_str) == Some(keys::ROLE_CORE)));
+    assert!(pods.iter().all(|p| !p.labels().contains_key(keys::LABEL_POD_GROUP)));
+    // The workers' init container (the operator's, on the local image) waited for the
+    // master's name: it resolved in the member through the mirrored Service.
+    let worker = pods.iter().find(|p| p.name_any().contains("-worker-")).unwrap();
+    let init = worker.spec.as_ref().unwrap().init_containers.clone().unwrap_or_default();
+    assert!(!init.is_empty(), "the operator's init container is there");
+}
+
+#[tokio::test]
+async fn with_the_operators_gang_flag_its_podgroup_is_the_gang() {
+    let b = Bridge::start(TEST, NS).await;
+    let pods = run_to_success(&b, &["--gang-scheduler-name=tidepool"], "gang flag").await;
+    let group = pods[0].labels().get(keys::LABEL_POD_GROUP).cloned().expect("the operator labels its pods");
+    assert!(pods.iter().all(|p| p.labels().get(keys::LABEL_POD_GROUP) == Some(&group)));
+    // The gang tidepool placed is the operator's PodGroup, sized by its minMember (all 4).
+    let events = kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(b.training.clone(), NS);
+    let placed = events.list(&kube::api::ListParams::default().fields("reason=Placed")).await.unwrap().items;
+    let said: Vec<String> = placed.into_iter().filter_map(|e| e.message).collect();
+    let want = format!("gang {NS}/podgroup/{group} (4 pods)");
+    assert!(said.iter().any(|m| m.contains(&want)), "no Placed event for {want}: {said:?}");
+}
+
+#[tokio::test]
+async fn kubectl_exec_and_logs_reach_an_operator_made_pod() {
+    let b = Bridge::start("pytorchjob-exec", "e2e-pytorchjob-exec").await;
+    let _operator = Operator::start(&b.env, "training-operator", &["--namespace=e2e-pytorchjob-exec"]).await;
+    let name = format!("pt-{}", run_id());
+    let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
+    b.lend(1, Some(0)).await;
+    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+    b.submit(&jobs, pytorchjob(&name, &scheduler_name("pytorchjob-exec"), &store, 1, 0)).await;
+    let selector = format!("training.kubeflow.org/job-name={name}");
+    b.await_running(&selector, 2, &real_node("pytorchjob-exec", 0)).await;
+    let master = format!("{name}-master-0");
+    let (code, out, err) = kubectl(
+        &b.env,
+        "training",
+        &["-n", &b.ns, "exec", &master, "--", "sh", "-c", "echo $MASTER_ADDR $WORLD_SIZE $RANK; exit 7"],
+        None,
+    )
+    .await;
+    println!("exec: {code} {out:?} {err:?}");
+    assert_eq!(code, 7, "the exit status comes back");
+    assert!(out.trim_end().ends_with("2 0"), "WORLD_SIZE and RANK of the master: {out:?}");
+    b.await_steps(&master, None, 1).await;
+}
