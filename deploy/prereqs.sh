@@ -84,7 +84,7 @@ go_minor=$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')
 cache_dir=${TIDEPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tidepool}
 while [[ ! -d $cache_dir ]]; do cache_dir=$(dirname "$cache_dir"); done
 free_gb=$(df -Pk "$cache_dir" | awk 'NR == 2 {print int($4 / 1048576)}')
-((${free_gb:-0} >= 15)) || die "about 15 GiB free are needed for the caches (found ${free_gb:-?} GiB)"
+((${free_gb:-0} >= 10)) || die "about 10 GiB free are needed for the clusters' state and the builds (found ${free_gb:-?} GiB)"
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
 if ! (cd "$probe" && GOTOOLCHAIN=local GOFLAGS=-mod=mod GONOSUMDB='*' timeout 60 \
