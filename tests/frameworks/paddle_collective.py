@@ -7,9 +7,9 @@ pod PADDLE_MASTER (worker 0: its own IP, the others <job>-worker-0, port 36543 u
 container names another `master` port), PADDLE_NNODES and PADDLE_JOB_ID, and expects
 `python -m paddle.distributed.launch` to rendezvous and start the trainer. Run as the container's
 command (`python3 /opt/tidepool/paddle_collective.py`), this does that: it starts the launcher on
-itself with Paddle's site on PYTHONPATH, forwards SIGTERM to it and, when a trainer wrote the ack,
-exits TP_ACK_EXIT_CODE (the launcher itself would exit 15 after a SIGTERM, which Kubeflow's
-ExitCode policy takes for a permanent failure). Under the launcher (PADDLE_TRAINER_ID set) it
+itself with Paddle's site on PYTHONPATH under tidepool_notice.supervise (SIGTERM passed on; when
+a trainer wrote the ack, the ack exit code, not the launcher's 15 after a SIGTERM, which
+Kubeflow's ExitCode policy takes for a permanent failure). Under the launcher (PADDLE_TRAINER_ID set) it
 trains: every step the ranks all-reduce a stop flag; on the notice or SIGTERM rank 0 saves to
 TP_STORE (key paddle-collective), the ranks told ack and exit, the others exit
 TP_PEER_EXIT_CODE. Without PADDLE_MASTER it trains alone. Logs `rank R: step=N loss=X`.
@@ -21,8 +21,6 @@ TP_CHECKPOINT_EVERY, TP_SEED; TP_PADDLE_LOG_DIR (/tmp/paddle-log) for the launch
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 
@@ -39,17 +37,7 @@ def launch() -> None:
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     cmd = [sys.executable, "-m", "paddle.distributed.launch",
            "--log_dir", os.environ.get("TP_PADDLE_LOG_DIR", "/tmp/paddle-log"), os.path.abspath(__file__)]
-    proc = subprocess.Popen(cmd, env=env)
-    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
-    code = proc.wait()
-    try:
-        with open(os.environ.get("TP_TERMINATION_LOG") or "/dev/termination-log") as f:
-            acked = f.read().startswith(tp.ACK_PREFIX)
-    except OSError:
-        acked = False
-    if acked:
-        tp.exit_acked()
-    sys.exit(code)
+    tp.supervise(cmd, env)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import io
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -217,6 +218,46 @@ def exit_for_peer(why: str) -> None:
     sys.exit(env_int("TP_PEER_EXIT_CODE", 143))
 
 
+def acked() -> bool:
+    """Whether this container's termination message holds an ack already."""
+    try:
+        with open(os.environ.get("TP_TERMINATION_LOG") or "/dev/termination-log") as f:
+            return f.read().startswith(ACK_PREFIX)
+    except OSError:
+        return False
+
+
+def supervise(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """Runs a launcher (torchrun, Paddle's launcher) as a child and exits as the pod should.
+    SIGTERM is passed on. Once a trainer under it wrote the ack to this container's
+    termination message, the launcher gets ACK_LINGER seconds to end, then SIGTERM: torchrun's
+    agent would otherwise wait up to 300 s at its exit barrier for the agents that go on, and
+    the kubelet reports the ack only when the container exits. The exit code is then the ack
+    exit code, not the launcher's (torchrun exits 1 and Paddle's launcher 15 after a SIGTERM,
+    which Kubeflow's ExitCode policy takes for permanent failures)."""
+    proc = subprocess.Popen(cmd, env=env)
+    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    since: float | None = None
+    while True:
+        try:
+            code = proc.wait(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if since is None and acked():
+            since = time.time()
+        elif since is not None and time.time() - since > ACK_LINGER:
+            log(f"the ack is written: stopping {cmd[0]}")
+            proc.send_signal(signal.SIGTERM)
+            since = float("inf")
+    if acked():
+        exit_acked()
+    sys.exit(code)
+
+
+ACK_LINGER = 5
+
+
 def wait_for_port(host: str, port: int, notice: Notice, limit: float = 600) -> bool:
     """Waits until host:port accepts a connection (a peer that is not up yet, a name that does
     not resolve yet); False if the notice came first or `limit` passed."""
@@ -228,3 +269,11 @@ def wait_for_port(host: str, port: int, notice: Notice, limit: float = 600) -> b
         except OSError:
             time.sleep(1)
     return False
+
+
+if __name__ == "__main__":
+    # `python3 tidepool_notice.py LAUNCHER ARGS...`: supervise() a launcher, e.g.
+    # `python3 /opt/tidepool/tidepool_notice.py torchrun --nnodes=1:3 ... /opt/tidepool/torch_ddp.py`.
+    if len(sys.argv) < 2:
+        sys.exit("usage: tidepool_notice.py LAUNCHER [ARGS...]")
+    supervise(sys.argv[1:])

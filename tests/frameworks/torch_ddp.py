@@ -2,9 +2,10 @@
 """PyTorch DDP over gloo on synthetic linear-regression data, under tidepool's notice contract.
 
 Started by Kubeflow's PyTorchJob (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK in the env) or by
-torchrun, elastic too (`torchrun --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d
---rdzv_endpoint=HOST:PORT --rdzv_id=JOB /opt/tidepool/torch_ddp.py`); alone, it trains in one
-process. Every step all ranks agree (an all-reduce of a flag) whether any of them got the notice
+torchrun, elastic too, under tidepool_notice.py (`python3 /opt/tidepool/tidepool_notice.py
+torchrun --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
+--rdzv_id=JOB /opt/tidepool/torch_ddp.py`: it ends the agent once its worker acked and exits
+with the ack exit code); alone, it trains in one process. Every step all ranks agree (an all-reduce of a flag) whether any of them got the notice
 or SIGTERM; then rank 0 saves the model and the step to TP_STORE (key torch-ddp), the ranks
 that were told ack and exit (TP_ACK_EXIT_CODE), the others exit TP_PEER_EXIT_CODE to be
 restarted. A new start resumes from the saved step. Logs `rank R: step=N loss=X`.

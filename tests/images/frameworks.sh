@@ -27,7 +27,8 @@
 #   - No maintainer scripts run, so what they would do is done here: the alternatives that
 #     matter (awk, which, libblas/liblapack, libpsm, mpirun/mpiexec), passwd/group with the
 #     sshd privilege-separation user, sshd_config (Debian's postinst copies it from
-#     /usr/share/openssh), ld.so.cache (ldconfig -r). No ssh host keys are baked in:
+#     /usr/share/openssh), ld.so.cache (ldconfig -r), torchrun's Python 3.11 fix (below). No
+#     ssh host keys are baked in:
 #     /opt/tidepool/sshd.sh makes them at start (ssh-keygen -A) and runs sshd.
 #   - libtorch1.13 depends on OpenCV and FFmpeg, which drag in Qt, GDAL, Mesa and LLVM
 #     (1.2 GB): a few packages are never unpacked (EXCLUDE) and elf_closure.py removes the
@@ -169,6 +170,16 @@ Host *
     UserKnownHostsFile /dev/null
     LogLevel ERROR
 EOF
+# Debian's torch 1.13 predates Python 3.11's enum change: iterating an IntFlag skips 0 and
+# combined members, so Std.from_str("0") (torchrun's default --redirects and --tee) is None
+# and torchrun fails as it starts its workers. Fixed by naming the members.
+f=$r/usr/lib/python3/dist-packages/torch/distributed/elastic/multiprocessing/api.py
+grep -q '^            for s in Std:$' "$f" || { log "$f changed: check the torchrun fix"; exit 1; }
+sed -i 's/^            for s in Std:$/            for s in (Std.NONE, Std.OUT, Std.ERR, Std.ALL):/' "$f"
+# OpenMPI's settings in its file, not the environment: ranks that sshd starts in an MPIJob
+# worker do not get the image's environment. CMA single copy needs CAP_SYS_PTRACE.
+printf '# tests/images/frameworks.sh: containers lack CAP_SYS_PTRACE for CMA\nbtl_vader_single_copy_mechanism = none\n' \
+  >>"$r/etc/openmpi/openmpi-mca-params.conf"
 mkdir -p "$r/run/sshd" "$r/root" "$r/tmp" "$r/var/tmp" "$r/etc/tidepool" "$r/opt/tidepool"
 chmod 1777 "$r/tmp" "$r/var/tmp"; chmod 700 "$r/root"
 # Documentation, translations, the desktop libraries' plugins (loaded only by GUIs) and torch's
@@ -237,8 +248,7 @@ umoci config --image "$layout:$ref" --created "$created" --history.created "$cre
   --config.cmd /bin/bash --config.workingdir /opt/tidepool \
   --config.env PATH=/opt/tidepool:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --config.env PYTHONUNBUFFERED=1 \
-  --config.env OMPI_ALLOW_RUN_AS_ROOT=1 --config.env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-  --config.env OMPI_MCA_btl_vader_single_copy_mechanism=none
+  --config.env OMPI_ALLOW_RUN_AS_ROOT=1 --config.env OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 umoci gc --layout "$layout"
 jq -c --arg n "$ref" '.manifests |= map(.annotations["io.containerd.image.name"] = $n)' \
   "$layout/index.json" >"$layout/index.json.new"
