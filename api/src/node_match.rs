@@ -3,7 +3,14 @@
 //! filter matches them. For `schedulerName: tidepool` the nodes are virtual nodes, whose
 //! labels ([`virtual_node_labels`]) name the member, the pool and the GPU model, so a tenant
 //! can keep a job on one member (`tidepool.io/member: member-a`), one pool or one model
-//! with the selectors they already write. Pure.
+//! with the selectors they already write.
+//!
+//! A selector speaks of two kinds of nodes at once: the virtual node a pod is bound to, and
+//! the member node its copy runs on (the copy keeps the terms on the member's labels, such as
+//! `disktype: ssd`). So a requirement is judged here only on a key a virtual node answers
+//! for: its own (`type`, `tidepool.io/…`, `kubernetes.io/hostname`, `kubernetes.io/role`) or
+//! one it carries (the GPU model of a one-model pool, os, arch); any other key is the member's
+//! scheduler's to judge, inside the pool. Pure.
 
 use std::collections::BTreeMap;
 
@@ -40,9 +47,10 @@ impl NodeConstraints {
         (c != NodeConstraints::default()).then_some(c)
     }
 
-    /// Whether node `name` with `labels` satisfies both the selector and the affinity.
+    /// Whether virtual node `name` with `labels` satisfies both the selector and the
+    /// affinity, as far as it answers for their keys (see the module docs).
     pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        self.selector.iter().filter(|(k, _)| judged(k, labels)).all(|(k, v)| labels.get(k) == Some(v))
             && (self.terms.is_empty() || self.terms.iter().any(|t| term_matches(t, name, labels)))
     }
 
@@ -71,7 +79,17 @@ fn describe_requirement(r: &NodeSelectorRequirement) -> String {
     }
 }
 
-/// A term with no requirement matches no node (as in kube-scheduler).
+/// Whether a virtual node answers for label `key`: one of its own, or one it carries.
+fn judged(key: &str, labels: &BTreeMap<String, String>) -> bool {
+    key == keys::LABEL_NODE_TYPE
+        || key.starts_with("tidepool.io/")
+        || key == "kubernetes.io/hostname"
+        || key == "kubernetes.io/role"
+        || labels.contains_key(key)
+}
+
+/// A term with no requirement matches no node (as in kube-scheduler); the requirements on keys
+/// the virtual node does not answer for are left to the member.
 fn term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, String>) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
@@ -79,7 +97,8 @@ fn term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, S
         return false;
     }
     let name_fields = BTreeMap::from([("metadata.name".to_owned(), name.to_owned())]);
-    exprs.iter().all(|r| requirement_matches(r, labels)) && fields.iter().all(|r| requirement_matches(r, &name_fields))
+    exprs.iter().filter(|r| judged(&r.key, labels)).all(|r| requirement_matches(r, labels))
+        && fields.iter().all(|r| requirement_matches(r, &name_fields))
 }
 
 fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
@@ -152,7 +171,19 @@ mod tests {
         let gpu = virtual_node_labels("member-b", "a100", "tidepool-member-b-a100", Some("NVIDIA-A100-SXM4-80GB"));
         let cases = [
             ("a selector naming the pool", json!({"nodeSelector": {"tidepool.io/pool": "real"}}), true, false),
-            ("a selector naming a label no node has", json!({"nodeSelector": {"zone": "x"}}), false, false),
+            (
+                "a selector on the member's own labels is the member's to judge",
+                json!({"nodeSelector": {"disktype": "ssd"}}),
+                true,
+                true,
+            ),
+            ("a selector naming a pool no node is", json!({"nodeSelector": {"tidepool.io/pool": "x"}}), false, false),
+            (
+                "the GPU model where the pool has one",
+                json!({"nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-H100"}}),
+                true,
+                false,
+            ),
             (
                 "In on the member",
                 affinity(
@@ -170,9 +201,10 @@ mod tests {
                 false,
             ),
             (
+                // A pool without one model says nothing of its nodes' models: the member judges.
                 "Exists on the GPU model",
                 affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "Exists"}]}])),
-                false,
+                true,
                 true,
             ),
             (
@@ -180,6 +212,12 @@ mod tests {
                 affinity(json!([{"matchExpressions": [{"key": GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}]}])),
                 true,
                 false,
+            ),
+            (
+                "an expression on the member's labels only",
+                affinity(json!([{"matchExpressions": [{"key": "disktype", "operator": "In", "values": ["ssd"]}]}])),
+                true,
+                true,
             ),
             (
                 "one of two terms",
@@ -196,6 +234,12 @@ mod tests {
                 affinity(
                     json!([{"matchExpressions": [{"key": "tidepool.io/pool", "operator": "Gt", "values": ["1"]}]}]),
                 ),
+                false,
+                false,
+            ),
+            (
+                "Exists on a key of the virtual nodes' that none has",
+                affinity(json!([{"matchExpressions": [{"key": "tidepool.io/rack", "operator": "Exists"}]}])),
                 false,
                 false,
             ),

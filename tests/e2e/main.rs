@@ -12,6 +12,7 @@ mod credentials;
 mod deletion;
 mod deploy;
 mod dispatcher;
+mod disruptions;
 mod drain;
 mod elastic;
 mod failover;

@@ -1,0 +1,258 @@
+//! Every member-side disruption reaches the training pod as Kubernetes would report it
+//! (issue "Real operators"): a Job with `backoffLimit: 0` whose `podFailurePolicy` ignores
+//! `DisruptionTarget` runs a real process on member-a's real node; the member takes the copy
+//! away — its Eviction API (`kubectl drain`), its scheduler preempting it for an online pod, a
+//! `NoExecute` taint on its node, its kubelet evicting it for using more than its volume's
+//! limit — and the training pod turns `Failed` with `DisruptionTarget` **in the same status
+//! write** (a watch of the training pod sees no version that is `Failed` without it, none that
+//! is terminal with `Ready=True` or a running container), so the Job does not count it and
+//! makes a new pod. Without the condition the Job would fail at once (`backoffLimit: 0`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::harness::*;
+
+const TEST: &str = "disruptions";
+const NS: &str = "e2e-disruptions";
+const MEMBER: &str = "e2e-disruptions-a";
+const NODE: &str = "tidepool-e2e-disruptions-a-real";
+const ONLINE_NS: &str = "e2e-disruptions-online";
+
+struct Setup {
+    env: Env,
+    training: Client,
+    member: Client,
+    _tidepool: Tidepool,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let (env, training, member, tidepool) = real_node_setup((TEST, NS), MEMBER, NODE, "").await;
+        Setup { env, training, member, _tidepool: tidepool }
+    }
+
+    /// A Job of one pod running `script` on the real pool, `backoffLimit: 0`, ignoring
+    /// disruptions; its first pod, once Running, and the name of its copy's member node.
+    async fn job(&self, name: &str, script: &str, extra: serde_json::Value) -> (Pod, String) {
+        let mut spec = json!({
+            "schedulerName": scheduler_name(TEST),
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main", "image": self.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}}
+            }]
+        });
+        if let Some(obj) = extra.as_object() {
+            for (k, v) in obj {
+                spec[k] = v.clone();
+            }
+        }
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "backoffLimit": 0,
+                "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                "template": {"metadata": {"labels": {"job": name}}, "spec": spec}
+            }
+        }))
+        .unwrap();
+        Api::<Job>::namespaced(self.training.clone(), NS).create(&PostParams::default(), &job).await.unwrap();
+        let pods = Api::<Pod>::namespaced(self.training.clone(), NS);
+        let pod = wait_for(Duration::from_secs(120), &format!("{name}'s pod Running"), || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels(&format!("job={name}"))).await.ok()?.items;
+                list.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            }
+        })
+        .await;
+        let copy = Api::<Pod>::namespaced(self.member.clone(), &offload_ns(NS)).get(&pod.name_any()).await.unwrap();
+        (pod, copy.spec.unwrap().node_name.unwrap())
+    }
+
+    fn copies(&self) -> Api<Pod> {
+        Api::namespaced(self.member.clone(), &offload_ns(NS))
+    }
+}
+
+/// Every version of training pod `name` a watch sees, from now on.
+fn watch_versions(training: &Client, name: &str) -> (Arc<Mutex<Vec<Pod>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let api = Api::<Pod>::namespaced(training.clone(), NS);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(api, config));
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
+                sink.lock().unwrap().push(p);
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn has_true(p: &Pod, type_: &str) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+fn running_container(p: &Pod) -> bool {
+    let statuses = p.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.into_iter().flatten().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some() || s.waiting.is_some()))
+}
+
+/// Waits for the training pod `pod` to fail with `reason`, then checks every version the
+/// watch saw, and that the Job made a new pod without failing. Returns the DisruptionTarget
+/// reason.
+async fn reflected(s: &Setup, job: &str, pod: &Pod, seen: &Mutex<Vec<Pod>>, reason: &str) -> String {
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+    let name = pod.name_any();
+    // The kubelet measures volumes about once a minute: up to three for its eviction.
+    let failed = wait_for(Duration::from_secs(200), &format!("{name} Failed/{reason}"), || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            let p = pods.get(&name).await.ok()?;
+            let st = p.status.as_ref()?;
+            (st.phase.as_deref() == Some("Failed") && st.reason.as_deref() == Some(reason)).then_some(p)
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for v in seen.lock().unwrap().iter() {
+        let phase = v.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+        if phase == "Failed" || phase == "Succeeded" {
+            let rv = v.metadata.resource_version.clone().unwrap_or_default();
+            assert_eq!(phase, "Failed", "version {rv} of {name}: a disrupted pod never succeeds");
+            assert!(
+                has_true(v, "DisruptionTarget"),
+                "version {rv} of {name} is Failed without DisruptionTarget: {:?}",
+                v.status
+            );
+            assert!(!has_true(v, "Ready"), "version {rv} of {name} is terminal and Ready");
+            assert!(!running_container(v), "version {rv} of {name} is terminal with a live container");
+        }
+    }
+    let target =
+        failed.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().find(|c| c.type_ == "DisruptionTarget");
+    let target = target.and_then(|c| c.reason.clone()).unwrap_or_default();
+    // The Job ignores it: not failed, and a new pod.
+    let jobs = Api::<Job>::namespaced(s.training.clone(), NS);
+    wait_for(Duration::from_secs(60), &format!("Job {job} makes a new pod"), || {
+        let (pods, jobs, old) = (pods.clone(), jobs.clone(), name.clone());
+        async move {
+            let j = jobs.get(job).await.ok()?;
+            let failed =
+                j.status.as_ref()?.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
+            assert!(!failed, "Job {job} failed: the disruption was counted");
+            let list = pods.list(&ListParams::default().labels(&format!("job={job}"))).await.ok()?.items;
+            list.iter().any(|p| p.name_any() != old).then_some(())
+        }
+    })
+    .await;
+    println!("{name}: Failed/{reason}, DisruptionTarget {target}; the Job made a new pod");
+    target
+}
+
+async fn finish(s: &Setup, job: &str) {
+    let dp = DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Background), ..Default::default() };
+    let _ = Api::<Job>::namespaced(s.training.clone(), NS).delete(job, &dp).await;
+    drain_pods(&s.training, NS).await;
+}
+
+#[tokio::test]
+async fn an_eviction_through_the_members_api_is_a_disruption_the_job_does_not_count() {
+    let s = Setup::start().await;
+    let job = format!("evict-{}", run_id());
+    let (pod, _) = s.job(&job, "exec sleep 3600", json!({})).await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    s.copies().evict(&pod.name_any(), &EvictParams::default()).await.unwrap();
+    let target = reflected(&s, &job, &pod, &seen, "EvictedByMember").await;
+    assert_eq!(target, "EvictionByEvictionAPI");
+    watch.abort();
+    finish(&s, &job).await;
+}
+
+#[tokio::test]
+async fn a_noexecute_taint_on_the_members_node_is_a_disruption_the_job_does_not_count() {
+    let s = Setup::start().await;
+    let job = format!("taint-{}", run_id());
+    let (pod, node) = s.job(&job, "exec sleep 3600", json!({})).await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    let nodes = Api::<Node>::all(s.member.clone());
+    let taint = json!({"key": "e2e.tidepool.io/drain", "value": "true", "effect": "NoExecute"});
+    let current = nodes.get(&node).await.unwrap().spec.unwrap().taints.unwrap_or_default();
+    let mut with = serde_json::to_value(&current).unwrap();
+    with.as_array_mut().unwrap().push(taint);
+    nodes.patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": with}}))).await.unwrap();
+    let target = reflected(&s, &job, &pod, &seen, "EvictedByMember").await;
+    // Untainted before anything else is checked: the node is shared by the other tests.
+    let back = serde_json::to_value(&current).unwrap();
+    nodes.patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": back}}))).await.unwrap();
+    assert_eq!(target, "DeletionByTaintManager");
+    watch.abort();
+    finish(&s, &job).await;
+}
+
+#[tokio::test]
+async fn the_members_kubelet_evicting_a_copy_over_its_volume_limit_is_a_disruption_the_job_does_not_count() {
+    let s = Setup::start().await;
+    let job = format!("kubelet-{}", run_id());
+    // Writes past its emptyDir's sizeLimit: the member's kubelet evicts the pod.
+    let extra = json!({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]});
+    let (pod, _) = s
+        .job(&job, "sleep 2; dd if=/dev/zero of=/scratch/fill bs=1M count=16 2>/dev/null; exec sleep 3600", extra)
+        .await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    let target = reflected(&s, &job, &pod, &seen, "EvictedByMember").await;
+    assert_eq!(target, "TerminationByKubelet");
+    watch.abort();
+    finish(&s, &job).await;
+}
+
+#[tokio::test]
+async fn a_preemption_by_the_members_scheduler_is_a_disruption_the_job_does_not_count() {
+    let s = Setup::start().await;
+    ensure_namespace(&s.member, ONLINE_NS).await;
+    clear_pods(&s.member, ONLINE_NS).await;
+    ensure_priority_class(&s.member, "e2e-online-above-offload", 1000).await;
+    let job = format!("preempt-{}", run_id());
+    let (pod, node) = s.job(&job, "exec sleep 3600", json!({})).await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    // An online pod that needs all but a sliver of the node's CPU, allowed on the real node.
+    let allocatable = Api::<Node>::all(s.member.clone()).get(&node).await.unwrap().status.unwrap().allocatable.unwrap();
+    let cores: u32 = allocatable["cpu"].0.parse().unwrap();
+    let online: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("online-{}", run_id())},
+        "spec": {
+            "priorityClassName": "e2e-online-above-offload",
+            "nodeName": null,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": s.env.var("REAL_NODE_TAINT"), "operator": "Exists"}],
+            "containers": [{"name": "main", "image": s.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                            "command": ["sleep", "3600"],
+                            "resources": {"requests": {"cpu": format!("{}m", cores * 1000 - 50)}}}]
+        }
+    }))
+    .unwrap();
+    let online_api = Api::<Pod>::namespaced(s.member.clone(), ONLINE_NS);
+    online_api.create(&PostParams::default(), &online).await.unwrap();
+    let target = reflected(&s, &job, &pod, &seen, "PreemptedByMember").await;
+    online_api.delete(&online.name_any(), &DeleteParams::default()).await.unwrap();
+    assert_eq!(target, "PreemptionByScheduler");
+    watch.abort();
+    finish(&s, &job).await;
+}
