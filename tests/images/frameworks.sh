@@ -178,7 +178,8 @@ grep -q '^            for s in Std:$' "$f" || { log "$f changed: check the torch
 sed -i 's/^            for s in Std:$/            for s in (Std.NONE, Std.OUT, Std.ERR, Std.ALL):/' "$f"
 # OpenMPI's settings in its file, not the environment: ranks that sshd starts in an MPIJob
 # worker do not get the image's environment. CMA single copy needs CAP_SYS_PTRACE.
-printf '# tests/images/frameworks.sh: containers lack CAP_SYS_PTRACE for CMA\nbtl_vader_single_copy_mechanism = none\n' \
+# (Debian's file ends without a newline: start with one.)
+printf '\n# tests/images/frameworks.sh: containers lack CAP_SYS_PTRACE for CMA\nbtl_vader_single_copy_mechanism = none\n' \
   >>"$r/etc/openmpi/openmpi-mca-params.conf"
 mkdir -p "$r/run/sshd" "$r/root" "$r/tmp" "$r/var/tmp" "$r/etc/tidepool" "$r/opt/tidepool"
 chmod 1777 "$r/tmp" "$r/var/tmp"; chmod 700 "$r/root"
