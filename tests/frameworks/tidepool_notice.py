@@ -230,26 +230,36 @@ def acked() -> bool:
 def supervise(cmd: list[str], env: dict[str, str] | None = None) -> None:
     """Runs a launcher (torchrun, Paddle's launcher) as a child and exits as the pod should.
     SIGTERM is passed on. Once a trainer under it wrote the ack to this container's
-    termination message, the launcher gets ACK_LINGER seconds to end, then SIGTERM: torchrun's
-    agent would otherwise wait up to 300 s at its exit barrier for the agents that go on, and
-    the kubelet reports the ack only when the container exits. The exit code is then the ack
+    termination message, the launcher gets ACK_LINGER seconds to end, then SIGTERM, then after
+    as long again SIGKILL: torchrun's agent would otherwise wait up to 300 s at its exit barrier
+    for the agents that go on (deaf to SIGTERM there), and the kubelet reports the ack only when
+    the container exits. The exit code is then the ack
     exit code, not the launcher's (torchrun exits 1 and Paddle's launcher 15 after a SIGTERM,
     which Kubeflow's ExitCode policy takes for permanent failures)."""
     proc = subprocess.Popen(cmd, env=env)
     signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
-    since: float | None = None
+    acked_at: float | None = None
+    sent = 0  # signals sent after the ack: SIGTERM, then SIGKILL
     while True:
         try:
             code = proc.wait(timeout=1)
             break
         except subprocess.TimeoutExpired:
             pass
-        if since is None and acked():
-            since = time.time()
-        elif since is not None and time.time() - since > ACK_LINGER:
+        if acked_at is None:
+            acked_at = time.time() if acked() else None
+            continue
+        waited = time.time() - acked_at
+        if sent == 0 and waited > ACK_LINGER:
             log(f"the ack is written: stopping {cmd[0]}")
             proc.send_signal(signal.SIGTERM)
-            since = float("inf")
+            sent = 1
+        elif sent == 1 and waited > 2 * ACK_LINGER:
+            # torchrun's agent blocks in its exit barrier, where SIGTERM is not handled; its
+            # workers are gone.
+            log(f"{cmd[0]} did not stop: killing it")
+            proc.kill()
+            sent = 2
     if acked():
         exit_acked()
     sys.exit(code)
