@@ -48,6 +48,9 @@ use tidepool_api::keys;
 
 const TEST: &str = "bench";
 const NS: &str = "bench";
+/// The direct path\'s pods in the member: a namespace of the member\'s own, apart from the
+/// one tidepool makes for NS (same-named, the default), which it would never share.
+const DIRECT_NS: &str = "bench-direct";
 
 /// First time each pod was seen (created) and seen Running, by name.
 #[derive(Default)]
@@ -179,8 +182,8 @@ async fn main() {
     let training = env.client("training").await;
     let member = env.client("member-a").await;
     prepare(&env, &training, TEST, NS).await;
-    ensure_namespace(&member, NS).await;
-    let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
+    ensure_namespace(&member, DIRECT_NS).await;
+    let direct_api = Api::<Pod>::namespaced(member.clone(), DIRECT_NS);
     delete_pods(&direct_api).await;
     // The offload namespace is tidepool's to create (it puts nothing in one it did not make):
     // one left by an earlier run is emptied, one made by anyone else goes.
@@ -424,7 +427,9 @@ impl Bench<'_> {
     async fn run(&self, path: Path, scenario: &str, n: usize, every: Option<Duration>) -> Run {
         let (api, seen) = match path {
             Path::Tidepool => (Api::<Pod>::namespaced(self.training.clone(), NS), observe(self.training.clone(), NS)),
-            Path::Direct => (Api::<Pod>::namespaced(self.member.clone(), NS), observe(self.member.clone(), NS)),
+            Path::Direct => {
+                (Api::<Pod>::namespaced(self.member.clone(), DIRECT_NS), observe(self.member.clone(), DIRECT_NS))
+            }
         };
         let offload_seen = observe(self.member.clone(), self.offload_ns);
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -673,7 +678,7 @@ struct GangRun {
 
 async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str) {
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
-    let direct_api = Api::<Pod>::namespaced(member.clone(), NS);
+    let direct_api = Api::<Pod>::namespaced(member.clone(), DIRECT_NS);
     let rounds = env_usize("BENCH_GANG_ROUNDS", env_usize("BENCH_ROUNDS", 3)).max(1);
     println!("\n## Gangs through the dispatcher vs the same pods created directly\n");
     println!(
@@ -788,7 +793,7 @@ async fn gang_through_tidepool(
 
 /// The same pods created directly in the member: seconds to all created and to all Running.
 async fn gang_direct(member: &Client, direct_api: &Api<Pod>, names: &[String]) -> (f64, f64) {
-    let direct_seen = observe(member.clone(), NS);
+    let direct_seen = observe(member.clone(), DIRECT_NS);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let start = Instant::now();
     futures::stream::iter(names.iter().cloned())

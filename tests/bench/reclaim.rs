@@ -34,6 +34,9 @@ use tidepool_api::keys;
 
 const TEST: &str = "bench-reclaim";
 const NS: &str = "bench-reclaim";
+/// The direct path\'s pods in the member: a namespace of the member\'s own, apart from the
+/// one tidepool makes for NS (same-named, the default), which it would never share.
+const DIRECT_NS: &str = "bench-reclaim-direct";
 const ONLINE: &str = "bench-online";
 
 fn offline_pod(name: &str, scheduler: Option<&str>, priority_class: Option<&str>, gang: Option<&str>) -> Pod {
@@ -219,7 +222,7 @@ async fn main() {
     let member = env.client("member-b").await;
     prepare(&env, &training, TEST, NS).await;
     ensure_namespace(&member, ONLINE).await;
-    ensure_namespace(&member, NS).await;
+    ensure_namespace(&member, DIRECT_NS).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-b", &kubeconfig).await;
     apply_member(&training, "bench-reclaim-b", TEST, NS, "member-b").await;
@@ -304,7 +307,7 @@ async fn main() {
         let order = if round % 2 == 1 { ["tidepool", "native"] } else { ["native", "tidepool"] };
         for path in order {
             let (deployments2, hpas2) = online_setup(&member, 1, 1).await;
-            let direct = Api::<Pod>::namespaced(member.clone(), NS);
+            let direct = Api::<Pod>::namespaced(member.clone(), DIRECT_NS);
             let names: Vec<String> = (0..7).map(|i| format!("{path}-{round}-{i}")).collect();
             if path == "tidepool" {
                 for n in &names {

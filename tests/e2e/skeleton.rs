@@ -140,9 +140,12 @@ async fn a_member_becomes_a_ready_virtual_node_and_a_pod_goes_there_and_back() {
     let addresses = status.addresses.unwrap();
     assert_eq!((addresses[0].type_.as_str(), addresses[0].address.as_str()), ("InternalIP", "127.0.0.2"));
     // An online pod of the member on a GPU node, so the surplus is more than allocatable.
-    ensure_namespace(&member, NS).await;
-    clear_pods(&member, NS).await;
-    let online_pods = Api::<Pod>::namespaced(member.clone(), NS);
+    // In a namespace of its own: the member namespace named like the training one is
+    // tidepool's to make (same-named offload namespaces are the default).
+    let online_ns = format!("{NS}-online");
+    ensure_namespace(&member, &online_ns).await;
+    clear_pods(&member, &online_ns).await;
+    let online_pods = Api::<Pod>::namespaced(member.clone(), &online_ns);
     let online = format!("online-{}", run_id());
     let online_pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": online},
