@@ -83,6 +83,9 @@ async fn member_node(client: &Client, i: usize) {
 async fn apply_shard_member(training: &Client, i: usize, paused: bool) {
     let mut mc = member_cluster(&member(i), TEST, NS, cluster(i));
     mc.spec.namespace_prefix = Some(prefix(i));
+    // Three MemberClusters per API server, each in namespaces of its own prefix (same-named
+    // ones would go to the first of them, the others falling back to their prefixes).
+    mc.spec.namespace_mode = Some(tidepool_api::crd::NamespaceMode::Prefixed);
     mc.spec.paused = paused;
     mc.spec.pools = vec![PoolSpec {
         name: "p".into(),
