@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -178,6 +179,24 @@ impl Bridge {
         Api::namespaced(self.training.clone(), &self.ns)
     }
 
+    /// Every version of the pods labelled `selector` a watch sees from now on (an operator
+    /// deletes a failed pod as soon as it has read it: the list would miss it).
+    pub fn watch(&self, selector: &str) -> Seen {
+        use futures::StreamExt;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let config = kube::runtime::watcher::Config::default().labels(selector);
+        let (api, sink) = (self.pods(), seen.clone());
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(kube::runtime::watcher(api, config));
+            while let Some(event) = stream.next().await {
+                if let Ok(kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p)) = event {
+                    sink.lock().unwrap().push(p);
+                }
+            }
+        });
+        Seen { pods: seen, task }
+    }
+
     /// The API of an operator's jobs in the test's namespace.
     pub fn jobs(&self, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
@@ -247,6 +266,41 @@ impl Bridge {
         })
         .await;
         println!("{name}: {type_} after {:.0} s", started.elapsed().as_secs_f64());
+    }
+}
+
+/// What [`Bridge::watch`] saw; the watch stops when this is dropped.
+pub struct Seen {
+    pods: Arc<Mutex<Vec<Pod>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Seen {
+    /// The last version seen of each pod of `uids` that ended `Failed` with `reason`.
+    pub fn ended(&self, uids: &[String], reason_: &str) -> Vec<Pod> {
+        let pods = self.pods.lock().unwrap();
+        let mut last: BTreeMap<String, Pod> = BTreeMap::new();
+        for p in pods.iter().filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u))) {
+            if phase(p) == "Failed" && reason(p) == reason_ {
+                last.insert(p.metadata.uid.clone().unwrap_or_default(), p.clone());
+            }
+        }
+        last.into_values().collect()
+    }
+
+    /// Waits until every pod of `uids` was seen `Failed` with `reason`.
+    pub async fn await_ended(&self, uids: &[String], reason_: &str, what: &str) -> Vec<Pod> {
+        wait_for(WAIT, what, || async move {
+            let ended = self.ended(uids, reason_);
+            (ended.len() == uids.len()).then_some(ended)
+        })
+        .await
+    }
+}
+
+impl Drop for Seen {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

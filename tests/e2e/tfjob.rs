@@ -81,18 +81,10 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
 
     // member-a takes its real node back; member-b has room.
     let uids: Vec<String> = first.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+    let seen = b.watch(&selector);
     b.lend(1, None).await;
     b.lend(0, Some(0)).await;
-    let reclaimed = wait_for(WAIT, "every pod of the TFJob reclaimed from member-a", || async {
-        let list = b.pods().list(&kube::api::ListParams::default().labels(&selector)).await.ok()?.items;
-        let gone: Vec<_> = list
-            .into_iter()
-            .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
-            .filter(|p| phase(p) == "Failed" && reason(p) == keys::REASON_RECLAIMED)
-            .collect();
-        (gone.len() == uids.len()).then_some(gone)
-    })
-    .await;
+    let reclaimed = seen.await_ended(&uids, keys::REASON_RECLAIMED, "every pod of the TFJob reclaimed from member-a").await;
     let mut saved = 0;
     for p in &reclaimed {
         let ack = acked_step(p);

@@ -584,13 +584,16 @@ impl PodSync<'_> {
                 self.ctx.config.member_loss_timeout_seconds,
                 health.unreachable.as_deref().unwrap_or("no answer"),
             ),
-            Cause::Disrupted(how) => {
+            Cause::Disrupted { how, .. } => {
                 format!("offload pod {}/{} {how} in member {member}", self.member_ns, self.pod.name_any())
             }
         };
         // A disruption: the member's own DisruptionTarget reason where it gave one
         // (preemption, eviction, taint, kubelet), else tidepool's for what happened.
-        let member_said = self.pod.status.marks.as_ref().and_then(|m| m.disruption.as_deref());
+        let member_said = match cause {
+            Cause::Disrupted { target, .. } => target.as_deref(),
+            Cause::MemberLost => None,
+        };
         let end = Ending { reason, message: &msg, disruption: Some(member_said.unwrap_or(reason)) };
         fail_pod(self.ctx, self.pod, &end).await
     }

@@ -99,8 +99,9 @@ pub enum Then {
 pub enum Cause {
     /// The member has not answered past the loss timeout.
     MemberLost,
-    /// The copy went (or is going) in the member without our deleting it; the phrase says how.
-    Disrupted(&'static str),
+    /// The copy went (or is going) in the member without our deleting it; the phrase says how,
+    /// `target` is the reason of the member's `DisruptionTarget` condition, when it gave one.
+    Disrupted { how: &'static str, target: Option<String> },
 }
 
 /// The next step for the pod in `facts`.
@@ -151,8 +152,9 @@ fn without_copy(pod: &PodLite, taken: Option<&OffloadPod>, handed_over: Option<D
     if let Some(left) = handed_over {
         return Step::Requeue(left);
     }
-    let (reason, how) = translate::member_disruption(pod.status.disruption());
-    Step::Fail { reason, cause: Cause::Disrupted(how) }
+    let target = pod.status.disruption();
+    let (reason, how) = translate::member_disruption(target);
+    Step::Fail { reason, cause: Cause::Disrupted { how, target: target.map(str::to_owned) } }
 }
 
 /// Rows 7–10.
@@ -167,8 +169,9 @@ fn with_copy(pod: &PodLite, copy: &OffloadPod, handed_over: Option<Duration>) ->
         (false, true, Some(left)) => Step::Requeue(left),
         (false, true, None) => {
             let status = copy.status();
-            let (reason, how) = translate::member_disruption(translate::disruption_reason(status.as_ref()));
-            Step::Fail { reason, cause: Cause::Disrupted(how) }
+            let target = translate::disruption_reason(status.as_ref());
+            let (reason, how) = translate::member_disruption(target);
+            Step::Fail { reason, cause: Cause::Disrupted { how, target: target.map(str::to_owned) } }
         }
         (false, false, None) => Step::Follow,
     }
@@ -257,7 +260,7 @@ mod tests {
         let unusable = Health { unusable: Some(("InvalidSpec".into(), "bad".into())), ..Default::default() };
         assert_eq!(
             next_step(&facts(&running, &unusable)),
-            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted("disappeared") }
+            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted { how: "disappeared", target: None } }
         );
         let fine = healthy();
         let unlisted = Facts { listed: false, ..facts(&running, &fine) };
@@ -294,7 +297,7 @@ mod tests {
         assert_eq!(decide(&ran("Running"), None, HELD), Step::Requeue(Duration::from_secs(3)));
         assert_eq!(
             decide(&ran("Running"), None, None),
-            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted("disappeared") }
+            Step::Fail { reason: "OffloadPodLost", cause: Cause::Disrupted { how: "disappeared", target: None } }
         );
     }
 
@@ -307,7 +310,13 @@ mod tests {
         );
         assert_eq!(
             decide(&preempted, None, None),
-            Step::Fail { reason: "PreemptedByMember", cause: Cause::Disrupted("was preempted by an online pod") }
+            Step::Fail {
+                reason: "PreemptedByMember",
+                cause: Cause::Disrupted {
+                    how: "was preempted by an online pod",
+                    target: Some("PreemptionByScheduler".into())
+                }
+            }
         );
     }
 
@@ -321,7 +330,10 @@ mod tests {
             {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}));
         assert_eq!(
             decide(&ran("Running"), Some(&evicted), None),
-            Step::Fail { reason: "EvictedByMember", cause: Cause::Disrupted("was evicted") }
+            Step::Fail {
+                reason: "EvictedByMember",
+                cause: Cause::Disrupted { how: "was evicted", target: Some("EvictionByEvictionAPI".into()) }
+            }
         );
         assert_eq!(decide(&ran("Running"), Some(&evicted), HELD), Step::Requeue(Duration::from_secs(3)));
         assert_eq!(decide(&ran("Running"), Some(&copy()), None), Step::Follow);
