@@ -140,7 +140,7 @@ r="$tmp/work/workload-root"; mkdir -p "$r/bin" "$r/etc" "$r/root" "$r/tmp"
 chmod 1777 "$r/tmp"; chmod 700 "$r/root"
 cp "$busybox" "$r/bin/busybox"
 applets=$("$busybox" --list)   # not piped into grep -q: with pipefail, SIGPIPE fails the check
-for a in sh ls cat echo sleep date nc grep sed awk head tail tr seq kill ps id mkdir rm \
+for a in sh ls cat echo sleep date nc nslookup grep sed awk head tail tr seq kill ps id mkdir rm \
          env true false dd md5sum sha256sum ping printf test [ expr timeout hostname uname \
          cp mv ln chmod wc sort uniq cut xargs find touch stat du df basename dirname pwd \
          which vi less more tee yes usleep ip ifconfig netstat httpd; do
@@ -151,11 +151,6 @@ printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:
 printf 'root:x:0:\nnobody:x:65534:\n' > "$r/etc/group"
 mkdir -p "$r/usr/local/bin"
 cp "$trainer" "$r/usr/local/bin/tp-train"
-# busybox's nslookup asks a name as written, without the pod's search domains, so a Service's
-# short name (what an operator's init container waits for) never resolves: tp-train's
-# resolver is the C library's, as in any program of a pod.
-printf '#!/bin/sh\nexec /usr/local/bin/tp-train resolve "$1"\n' > "$r/bin/nslookup"
-chmod 755 "$r/bin/nslookup"
 with_libs "$trainer" "$r" workload
 chmod -R a+rX "$r/usr" "$r/lib" "$r/lib64"
 image workload tidepool.invalid/workload:1 "$r" --config.cmd /bin/sh --config.env "$path_env"

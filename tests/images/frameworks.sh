@@ -223,7 +223,6 @@ done
 python3 "$here/elf_closure.py" "$r" "${keep[@]}"
 mv "$r/opt/tidepool/pip" "$p"
 ldconfig -r "$r"
-rm -f "$r/var/cache/ldconfig/aux-cache"   # inodes and ctimes: it would change every digest
 log "debian: pruned to $(du -sm "$r" | cut -f1) MB ($((SECONDS - t0)) s)"
 
 # --- the programs ---

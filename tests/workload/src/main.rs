@@ -435,23 +435,6 @@ fn run_trainer(cfg: &Config, stop: &Stop) -> Result<Ended, String> {
     }
 }
 
-/// `tp-train resolve NAME`: the image's `nslookup` (busybox's static one asks the name as
-/// written, without the pod's DNS search domains, so a Service's short name never resolves;
-/// the C library's resolver, which this uses, applies them as every program in a pod does).
-/// Says the addresses as nslookup does; fails when the name does not resolve.
-fn resolve(name: String) -> Result<(), String> {
-    use std::net::ToSocketAddrs;
-    if name.is_empty() {
-        return Err("usage: tp-train resolve NAME".to_owned());
-    }
-    let addrs = (name.as_str(), 0).to_socket_addrs().map_err(|e| format!("can't resolve {name}: {e}"))?;
-    println!("Name:\t{name}");
-    for a in addrs {
-        println!("Address: {}", a.ip());
-    }
-    Ok(())
-}
-
 /// How a role's run ended: its steps done, or stopped by the notice or SIGTERM with its
 /// checkpoint saved and acked.
 enum Ended {
@@ -470,21 +453,12 @@ fn ack_exit_code() -> ExitCode {
 
 fn main() -> ExitCode {
     let role = std::env::args().nth(1).or_else(|| std::env::var("TP_ROLE").ok()).unwrap_or_default();
-    if role == "resolve" {
-        return match resolve(std::env::args().nth(2).unwrap_or_default()) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
     let result = Config::from_env().and_then(|cfg| {
         let stop = Stop::watch(&cfg.annotations)?;
         match role.as_str() {
             "ps" => run_ps(&cfg, &stop),
             "trainer" => run_trainer(&cfg, &stop),
-            other => Err(format!("usage: tp-train ps|trainer|resolve (got {other:?}); settings in TP_* variables")),
+            other => Err(format!("usage: tp-train ps|trainer (got {other:?}); settings in TP_* variables")),
         }
     });
     match result {
