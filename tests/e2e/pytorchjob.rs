@@ -122,3 +122,86 @@ async fn kubectl_exec_and_logs_reach_an_operator_made_pod() {
     assert!(out.trim_end().ends_with("2 0"), "WORLD_SIZE and RANK of the master: {out:?}");
     b.await_steps(&master, None, 1).await;
 }
+
+/// The worlds (`(world) ` of `... (world W)` lines) a torch_ddp log reports, in order.
+fn worlds(log: &str) -> Vec<u32> {
+    log.lines().filter_map(|l| l.split_once("(world ")?.1.split(')').next()?.trim().parse().ok()).collect()
+}
+
+/// An elastic PyTorchJob (`elasticPolicy` 2 to 4 workers, torchrun's c10d rendezvous on
+/// worker 0): its gang is its floor (2), so workers 2 and 3 are elastic (band `low`). Online
+/// demand on member-a takes them with the notice; torchrun re-forms the job on the 2 left,
+/// which resume from rank 0's save and go on training; when the demand falls the operator's new
+/// workers join the same member and the job grows back to 4.
+#[tokio::test]
+async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains_on_and_grows_back() {
+    let test = "pytorchjob-elastic";
+    let ns = "e2e-pytorchjob-elastic";
+    let b = Bridge::start(test, ns).await;
+    let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
+    let name = format!("pte-{}", run_id());
+    let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
+    b.lend(1, Some(0)).await;
+    let env = json!([
+        {"name": "TP_STEP_DELAY_MS", "value": "100"}, {"name": "TP_LOG_EVERY", "value": "10"},
+        {"name": "TP_CHECKPOINT_EVERY", "value": "50"}
+    ]);
+    let mut container = framework_container("pytorch", "torch_ddp.py", &store, env);
+    container["command"] = json!(["python3", "/opt/tidepool/tidepool_notice.py", "torchrun", "/opt/tidepool/torch_ddp.py"]);
+    let job = json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20},
+            "pytorchReplicaSpecs": {"Worker": {"replicas": 4, "restartPolicy": "OnFailure",
+                "template": {"spec": {"schedulerName": scheduler_name(test), "containers": [container]}}}}
+        }
+    });
+    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+    b.submit(&jobs, job).await;
+    let selector = format!("training.kubeflow.org/job-name={name}");
+    let on_a = real_node(test, 0);
+    let pods = b.await_running(&selector, 4, &on_a).await;
+    let role = |p: &k8s_openapi::api::core::v1::Pod| p.labels().get(keys::LABEL_ROLE).cloned().unwrap_or_default();
+    let elastic: Vec<String> = pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).map(|p| p.name_any()).collect();
+    println!("{:?}", pods.iter().map(|p| (p.name_any(), role(p))).collect::<Vec<_>>());
+    assert_eq!(elastic, [format!("{name}-worker-2"), format!("{name}-worker-3")], "the floor (2) is the core, by index");
+    let w0 = format!("{name}-worker-0");
+    wait_for(WAIT, "the job at 4", || async { worlds(&b.log(&w0, None).await).contains(&4).then_some(()) }).await;
+    let before = b.await_steps(&w0, None, 2).await;
+
+    // Online demand: member-a lends room for two workers only.
+    let uids: Vec<String> =
+        pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).filter_map(|p| p.metadata.uid.clone()).collect();
+    let seen = b.watch(&selector);
+    b.lend(0, Some(2 * 50 + 20)).await;
+    let reclaimed = seen.await_ended(&uids, keys::REASON_RECLAIMED, "the elastic workers reclaimed").await;
+    for p in &reclaimed {
+        println!("{}: reclaimed, ack at step {:?}", p.name_any(), acked_step(p));
+        assert!(acked_step(p).is_some(), "{} acked from inside", p.name_any());
+    }
+    wait_for(WAIT, "the job re-formed at 2, training", || async {
+        let log = b.log(&w0, None).await;
+        let at_two = log.rfind("(world 2)")?;
+        (steps(&log[at_two..]).len() >= 2).then_some(())
+    })
+    .await;
+    let core: Vec<_> = b.live(&selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
+    println!("running on the floor: {core:?}");
+    assert!(core.contains(&w0) && core.contains(&format!("{name}-worker-1")), "the core kept running");
+
+    // The demand falls: the operator's new workers join member-a and the job grows back.
+    b.lend(0, None).await;
+    b.await_running(&selector, 4, &on_a).await;
+    wait_for(WAIT, "the job back at 4", || async {
+        let log = b.log(&w0, None).await;
+        let back = log.rfind("(world 4)")?;
+        (back > log.rfind("(world 2)")? && !steps(&log[back..]).is_empty()).then_some(())
+    })
+    .await;
+    let after = b.await_steps(&w0, None, 1).await;
+    println!("worker 0: {before:?} ... {:?}", after.last());
+    assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
+    b.lend(1, None).await;
+}

@@ -60,7 +60,7 @@ EXCLUDE=(perl perl-base perl-modules-5.36 libperl5.36 libfile-find-rule-perl lib
          init-system-helpers sysvinit-utils adduser passwd libsemanage-common libsemanage2 ucf
          runit-helper)
 # What goes to /opt/tidepool (tests/frameworks/).
-PROGRAMS=(tidepool_notice.py tf_ps.py torch_ddp.py mpi_allreduce.py paddle_collective.py sshd.sh)
+PROGRAMS=(tidepool_notice.py tf_ps.py torch_ddp.py mpi_allreduce.py paddle_collective.py sshd.sh nslookup)
 BUSYBOX_APPLETS=(nslookup ping nc wget vi less netstat ifconfig ip)
 
 for tool in umoci jq apt-get dpkg-deb python3 ldconfig; do
@@ -223,6 +223,7 @@ done
 python3 "$here/elf_closure.py" "$r" "${keep[@]}"
 mv "$r/opt/tidepool/pip" "$p"
 ldconfig -r "$r"
+rm -f "$r/var/cache/ldconfig/aux-cache"   # inodes and ctimes: it would change every digest
 log "debian: pruned to $(du -sm "$r" | cut -f1) MB ($((SECONDS - t0)) s)"
 
 # --- the programs ---

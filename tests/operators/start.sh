@@ -357,7 +357,10 @@ EOF
 
   # PyTorchJob's init container waits for the master's DNS name with nslookup, in alpine:3.10
   # by default, which cannot be pulled here: the workload image (busybox) does the same.
-  EXTRA=(--pytorch-init-container-image="${WORKLOAD_IMAGE:-tidepool.invalid/workload:1}" "${EXTRA[@]}")
+  # The workers' init container waits for the master's Service with `nslookup <short name>`:
+  # the frameworks image's nslookup resolves with the pod's search domains (busybox's, in
+  # the workload image, asks the name as written and never finds it).
+  EXTRA=(--pytorch-init-container-image="tidepool.invalid/frameworks:1" "${EXTRA[@]}")
   log "training-operator on $CLUSTER: webhook :$webhook, metrics 127.0.0.1:$metrics, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
   export TMPDIR=$DIR/tmp MY_POD_NAMESPACE=$ns
   exec "$BIN/training-operator" \
