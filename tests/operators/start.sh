@@ -151,8 +151,12 @@ apply_crds() {
   for f in "$1"/*.yaml; do
     names+=("crd/$(awk '/^metadata:/{m=1; next} m && /^  name:/{print $2; exit}' "$f")")
   done
-  "${KC[@]}" wait --for condition=Established --timeout=60s "${names[@]}" >/dev/null ||
-    die "the CRDs in $1 did not become Established"
+  # A CRD just applied may have no status yet, which `kubectl wait` takes for an error: retried.
+  local tries=0
+  until "${KC[@]}" wait --for condition=Established --timeout=60s "${names[@]}" >/dev/null 2>&1; do
+    ((++tries < 30)) || die "the CRDs in $1 did not become Established"
+    sleep 1
+  done
 }
 
 # The PodGroup CRD a gang flag's value needs (any name but volcano means scheduler-plugins'
@@ -181,7 +185,10 @@ webhook_ip() {
   ip=$("${KC[@]}" get node "$node" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}') ||
     die "cannot read node $node"
   [[ -n $ip ]] || die "node $node has no InternalIP"
-  ip -4 -o addr show | grep -q " $ip/" || die "$ip (node $node) is not an address of this host"
+  # Read whole before matching: `ip … | grep -q` fails under pipefail when grep stops early.
+  local addrs
+  addrs=$(ip -4 -o addr show)
+  [[ $addrs == *" $ip/"* ]] || die "$ip (node $node) is not an address of this host"
   echo "$ip"
 }
 
