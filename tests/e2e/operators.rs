@@ -189,7 +189,8 @@ impl Bridge {
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(kube::runtime::watcher(api, config));
             while let Some(event) = stream.next().await {
-                if let Ok(kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p)) = event {
+                if let Ok(kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p)) = event
+                {
                     sink.lock().unwrap().push(p);
                 }
             }

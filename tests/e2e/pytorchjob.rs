@@ -147,7 +147,8 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
         {"name": "TP_CHECKPOINT_EVERY", "value": "50"}
     ]);
     let mut container = framework_container("pytorch", "torch_ddp.py", &store, env);
-    container["command"] = json!(["python3", "/opt/tidepool/tidepool_notice.py", "torchrun", "/opt/tidepool/torch_ddp.py"]);
+    container["command"] =
+        json!(["python3", "/opt/tidepool/tidepool_notice.py", "torchrun", "/opt/tidepool/torch_ddp.py"]);
     let job = json!({
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": name},
@@ -166,7 +167,11 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     let role = |p: &k8s_openapi::api::core::v1::Pod| p.labels().get(keys::LABEL_ROLE).cloned().unwrap_or_default();
     let elastic: Vec<String> = pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).map(|p| p.name_any()).collect();
     println!("{:?}", pods.iter().map(|p| (p.name_any(), role(p))).collect::<Vec<_>>());
-    assert_eq!(elastic, [format!("{name}-worker-2"), format!("{name}-worker-3")], "the floor (2) is the core, by index");
+    assert_eq!(
+        elastic,
+        [format!("{name}-worker-2"), format!("{name}-worker-3")],
+        "the floor (2) is the core, by index"
+    );
     let w0 = format!("{name}-worker-0");
     wait_for(WAIT, "the job at 4", || async { worlds(&b.log(&w0, None).await).contains(&4).then_some(()) }).await;
     let before = b.await_steps(&w0, None, 2).await;
@@ -187,7 +192,8 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
         (steps(&log[at_two..]).len() >= 2).then_some(())
     })
     .await;
-    let core: Vec<_> = b.live(&selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
+    let core: Vec<_> =
+        b.live(&selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
     println!("running on the floor: {core:?}");
     assert!(core.contains(&w0) && core.contains(&format!("{name}-worker-1")), "the core kept running");
 

@@ -84,7 +84,8 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     let seen = b.watch(&selector);
     b.lend(1, None).await;
     b.lend(0, Some(0)).await;
-    let reclaimed = seen.await_ended(&uids, keys::REASON_RECLAIMED, "every pod of the TFJob reclaimed from member-a").await;
+    let reclaimed =
+        seen.await_ended(&uids, keys::REASON_RECLAIMED, "every pod of the TFJob reclaimed from member-a").await;
     let mut saved = 0;
     for p in &reclaimed {
         let ack = acked_step(p);

@@ -17,7 +17,8 @@
 //! | 3' | no copy, pod ran in the member | [`Step::Fail`] with the member's disruption reason |
 //! | 4–6 | no copy, pod never ran | [`Step::Offload`]: policy, translation, references, create |
 //! | 7a | copy there, not being deleted, freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
-//! | 7 | pod ended, copy there | [`Step::DeleteCopy`] at once (if not already being deleted) |
+//! | 7 | pod ended, copy ended too | [`Step::Wait`]: kept, with its logs, until the pod's deletion (row 1) |
+//! | 7' | pod ended, copy still running | [`Step::DeleteCopy`] at once (if not already being deleted) |
 //! | 8a | copy being deleted by the member, freed for a reclaim | [`Step::Requeue`] until the hand-over ends |
 //! | 8a' | copy being deleted by the member | [`Step::Fail`] with the member's disruption reason |
 //! | 8–10 | copy there and running | [`Step::Follow`]: notice down, references current, status up |
@@ -157,6 +158,11 @@ fn without_copy(pod: &PodLite, taken: Option<&OffloadPod>, handed_over: Option<D
     Step::Fail { reason, cause: Cause::Disrupted { how, target: target.map(str::to_owned) } }
 }
 
+/// Whether the member reports the copy `Succeeded` or `Failed`.
+fn copy_ended(copy: &OffloadPod) -> bool {
+    copy.status().and_then(|s| s.phase).is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
 /// Rows 7–10.
 fn with_copy(pod: &PodLite, copy: &OffloadPod, handed_over: Option<Duration>) -> Step {
     let deleting = copy.deleting();
@@ -164,6 +170,11 @@ fn with_copy(pod: &PodLite, copy: &OffloadPod, handed_over: Option<Duration>) ->
         // The dispatcher is deleting the copy, reclaiming the pod: neither a second delete
         // nor the notice is worth a member write.
         (_, false, Some(left)) => Step::Requeue(left),
+        // A copy that ended in the member holds nothing there and keeps its containers' logs
+        // for `kubectl logs`, as a native node keeps an ended pod's: it goes with its pod. A
+        // copy still running for a pod that ended here (a gang rolled back, a lost member, a
+        // pod failed by hand) goes at once.
+        (true, false, None) if copy_ended(copy) => Step::Wait,
         (true, false, None) => Step::DeleteCopy { grace: Some(0), then: Then::Wait },
         (true, true, _) => Step::Wait,
         (false, true, Some(left)) => Step::Requeue(left),
@@ -324,6 +335,12 @@ mod tests {
     fn rows_7_to_10_with_a_copy() {
         assert_eq!(decide(&ran("Running"), Some(&copy()), HELD), Step::Requeue(Duration::from_secs(3)));
         assert_eq!(decide(&ran("Failed"), Some(&copy()), None), Step::DeleteCopy { grace: Some(0), then: Then::Wait });
+        let ended = member_pod("u1", false, json!({"phase": "Failed"}));
+        assert_eq!(decide(&ran("Failed"), Some(&ended), None), Step::Wait, "kept for its logs until the pod goes");
+        assert_eq!(
+            decide(&ran("Succeeded"), Some(&member_pod("u1", false, json!({"phase": "Succeeded"}))), None),
+            Step::Wait
+        );
         let going = |status| member_pod("u1", true, status);
         assert_eq!(decide(&ran("Failed"), Some(&going(json!({"phase": "Running"}))), None), Step::Wait);
         let evicted = going(json!({"phase": "Running", "conditions": [
