@@ -8,6 +8,7 @@
 # image the operators' jobs run from tests/images/frameworks.sh; the training
 # operators tests/operators/start.sh runs from tests/operators/build.sh). The clusters are
 # started once, shared by all e2e tests, and stopped when this script exits, whatever happens.
+# The builds are tests/env.sh's, which the benchmark scripts source too.
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
 # TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters-<offset>),
@@ -25,52 +26,14 @@ echo "== prerequisites: the packages deploy/prerequisites lists (installed when 
 bash deploy/prereqs.sh
 echo "== every command the scripts run is on deploy/prerequisites" >&2
 cargo test --locked --test prerequisites
-echo "== building the local control plane (cached after the first run)" >&2
-CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
-export CP_BIN
-
+# The builds the e2e tests run against (cached outside the repo by their pinned inputs).
+# shellcheck source=tests/env.sh
+source tests/env.sh
 skip=()
-if [[ ${TIDEPOOL_SKEW:-0} == 1 ]]; then
-  echo "== building the previous Kubernetes minor for member-b (cached after the first run)" >&2
-  CP_SKEW_BIN=$(bash tests/controlplane/build-skew.sh | tail -n 1)
-  export CP_SKEW_BIN
-else
-  unset CP_SKEW_BIN
+if [[ ${TIDEPOOL_SKEW:-0} != 1 ]]; then
   echo "== TIDEPOOL_SKEW is not 1: every cluster runs one Kubernetes version; version_skew:: is skipped" >&2
   skip=(--skip version_skew::)
 fi
-
-echo "== building helm, to render deploy/helm/tidepool (cached after the first run)" >&2
-TIDEPOOL_HELM=$(bash tests/tools/build-helm.sh | tail -n 1)
-export TIDEPOOL_HELM
-
-echo "== building the real nodes' containerd, CNI plugins and CoreDNS (cached after the first run)" >&2
-CP_NODE_BIN=$(bash tests/nodes/build.sh | tail -n 1)
-export CP_NODE_BIN
-
-echo "== building metrics-server, run in each local cluster (cached after the first run)" >&2
-CP_METRICS_BIN=$(bash tests/metrics/build.sh | tail -n 1)
-export CP_METRICS_BIN
-
-echo "== fetching the member gang schedulers' PodGroup CRDs (cached after the first run)" >&2
-TIDEPOOL_GANG_CRDS=$(bash tests/gang/crds.sh | tail -n 1)
-export TIDEPOOL_GANG_CRDS
-
-echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
-TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)
-export TIDEPOOL_OPERATORS_BIN
-
-echo "== building tidepool and its tests" >&2
-cargo build --workspace --all-targets --locked
-echo "== building tidepool's release binary, for its image" >&2
-cargo build --release --locked --bin tidepool
-
-echo "== building the images: pause, workload, tidepool (cached by their inputs)" >&2
-CP_IMAGES=$(bash tests/images/build.sh "$root/target/release/tidepool" | tail -n 1)
-export CP_IMAGES
-echo "== building the training-frameworks image: TensorFlow, PyTorch, MPI, Paddle (cached by its inputs)" >&2
-CP_FRAMEWORKS_IMAGES=$(bash tests/images/frameworks.sh | tail -n 1)
-export CP_FRAMEWORKS_IMAGES
 
 echo "== starting the local clusters in $state" >&2
 trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT

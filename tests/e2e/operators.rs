@@ -39,6 +39,12 @@ impl Operator {
     /// Starts `operator` (`training-operator`, `mpi-operator`, `jobset`, `trainer`) with
     /// `flags` and waits until it answers on its health port.
     pub async fn start(env: &Env, operator: &str, flags: &[&str]) -> Operator {
+        Operator::start_on(env, operator, "training", flags).await
+    }
+
+    /// [`Operator::start`] against `cluster` (`training`, `member-a`, `member-b`): its CRDs and
+    /// webhooks go there, and its ports are that cluster's.
+    pub async fn start_on(env: &Env, operator: &str, cluster: &str, flags: &[&str]) -> Operator {
         for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS"] {
             assert!(
                 std::env::var(needed).is_ok(),
@@ -51,7 +57,7 @@ impl Operator {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/operators/start.sh");
         let child = std::process::Command::new("bash")
             .arg(script)
-            .args([operator, env.var("CP_STATE_DIR"), "training", "--"])
+            .args([operator, env.var("CP_STATE_DIR"), cluster, "--"])
             .args(flags)
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -59,7 +65,10 @@ impl Operator {
             .unwrap();
         let op = Operator { child, log, _dir: dir };
         let offset: u16 = env.var("CP_PORT_OFFSET").parse().unwrap();
+        // tests/operators/start.sh: one port apart per cluster.
+        let k = ["training", "member-a", "member-b"].iter().position(|c| *c == cluster).unwrap() as u16;
         let port = offset
+            + k
             + match operator {
                 "training-operator" => 22250,
                 "mpi-operator" => 23250,
@@ -368,4 +377,61 @@ pub fn framework_container(name: &str, program: &str, store: &str, env: serde_js
 /// Labels of a pod, for messages.
 pub fn labels_of(p: &Pod) -> BTreeMap<String, String> {
     p.labels().clone()
+}
+
+/// A TFJob of a chief, `ps` parameter servers and `workers` workers (tests/frameworks/tf_ps.py,
+/// `steps` steps of 100 ms), restart policy `ExitCode`, as Kubeflow's example writes one.
+pub fn tfjob(name: &str, scheduler: &str, store: &str, (ps, workers): (u32, u32), steps: u32) -> serde_json::Value {
+    let replica = |count: u32| {
+        let env = json!([
+            {"name": "TP_STEPS", "value": steps.to_string()},
+            {"name": "TP_STEP_DELAY_MS", "value": "100"},
+            {"name": "TP_LOG_EVERY", "value": "10"},
+        ]);
+        json!({
+            "replicas": count,
+            "restartPolicy": "ExitCode",
+            "template": {"spec": {
+                "schedulerName": scheduler,
+                "terminationGracePeriodSeconds": 20,
+                "containers": [framework_container("tensorflow", "tf_ps.py", store, env)]
+            }}
+        })
+    };
+    json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "tfReplicaSpecs": {"Chief": replica(1), "PS": replica(ps), "Worker": replica(workers)}
+        }
+    })
+}
+
+/// A PyTorchJob of a master and `workers` workers, DDP over gloo
+/// (tests/frameworks/torch_ddp.py, `steps` steps of 50 ms), restart policy `OnFailure`.
+pub fn pytorchjob(name: &str, scheduler: &str, store: &str, workers: u32, steps: u32) -> serde_json::Value {
+    let replica = |count: u32| {
+        let env = json!([
+            {"name": "TP_STEPS", "value": steps.to_string()},
+            {"name": "TP_STEP_DELAY_MS", "value": "50"},
+            {"name": "TP_LOG_EVERY", "value": "10"},
+        ]);
+        json!({
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {
+                "schedulerName": scheduler,
+                "containers": [framework_container("pytorch", "torch_ddp.py", store, env)]
+            }}
+        })
+    };
+    json!({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}
+        }
+    })
 }

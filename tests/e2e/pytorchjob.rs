@@ -20,32 +20,6 @@ use crate::operators::*;
 const TEST: &str = "pytorchjob";
 const NS: &str = "e2e-pytorchjob";
 
-fn pytorchjob(name: &str, scheduler: &str, store: &str, workers: u32, steps: u32) -> serde_json::Value {
-    let replica = |count: u32| {
-        let env = json!([
-            {"name": "TP_STEPS", "value": steps.to_string()},
-            {"name": "TP_STEP_DELAY_MS", "value": "50"},
-            {"name": "TP_LOG_EVERY", "value": "10"},
-        ]);
-        json!({
-            "replicas": count,
-            "restartPolicy": "OnFailure",
-            "template": {"spec": {
-                "schedulerName": scheduler,
-                "containers": [framework_container("pytorch", "torch_ddp.py", store, env)]
-            }}
-        })
-    };
-    json!({
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running"},
-            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}
-        }
-    })
-}
-
 /// Runs a PyTorchJob of a master and 3 workers to `Succeeded` on member-a, the operator
 /// started with `flags`; returns the job's pods as they ran.
 async fn run_to_success(b: &Bridge, flags: &[&str], what: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
@@ -154,6 +128,8 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
         "metadata": {"name": name},
         "spec": {
             "runPolicy": {"cleanPodPolicy": "Running"},
+            // One process per pod: the operator's default ("auto") is a process per CPU.
+            "nprocPerNode": "1",
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20},
             "pytorchReplicaSpecs": {"Worker": {"replicas": 4, "restartPolicy": "OnFailure",
                 "template": {"spec": {"schedulerName": scheduler_name(test), "containers": [container]}}}}

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
-use serde_json::json;
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -19,33 +18,6 @@ use crate::operators::*;
 
 const TEST: &str = "tfjob";
 const NS: &str = "e2e-tfjob";
-
-fn tfjob(name: &str, scheduler: &str, store: &str, steps: u32) -> serde_json::Value {
-    let replica = |count: u32| {
-        let env = json!([
-            {"name": "TP_STEPS", "value": steps.to_string()},
-            {"name": "TP_STEP_DELAY_MS", "value": "100"},
-            {"name": "TP_LOG_EVERY", "value": "10"},
-        ]);
-        json!({
-            "replicas": count,
-            "restartPolicy": "ExitCode",
-            "template": {"spec": {
-                "schedulerName": scheduler,
-                "terminationGracePeriodSeconds": 20,
-                "containers": [framework_container("tensorflow", "tf_ps.py", store, env)]
-            }}
-        })
-    };
-    json!({
-        "apiVersion": "kubeflow.org/v1", "kind": "TFJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running"},
-            "tfReplicaSpecs": {"Chief": replica(1), "PS": replica(2), "Worker": replica(2)}
-        }
-    })
-}
 
 #[tokio::test]
 async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_member_to_success() {
@@ -57,7 +29,7 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     // member-b lends nothing yet: the job starts on member-a.
     b.lend(1, Some(0)).await;
     let jobs = b.jobs("kubeflow.org", "v1", "TFJob", "tfjobs");
-    b.submit(&jobs, tfjob(&name, &scheduler_name(TEST), &store, 600)).await;
+    b.submit(&jobs, tfjob(&name, &scheduler_name(TEST), &store, (2, 2), 600)).await;
     let selector = format!("training.kubeflow.org/job-name={name}");
     let (on_a, on_b) = (real_node(TEST, 0), real_node(TEST, 1));
     let first = b.await_running(&selector, 5, &on_a).await;

@@ -12,6 +12,7 @@ mod access;
 pub mod collect;
 mod context;
 pub mod copies;
+pub mod downward;
 pub mod gang_group;
 mod handover;
 pub mod kubelet;

@@ -210,6 +210,7 @@ pub fn offload_pod(pod: &Pod, target: &Target<'_>) -> Result<Pod, TranslateError
     // A copy's PodGroup is tidepool's to name (see crate::gang_group), never the tenant's.
     crate::gang_group::drop_tenant_membership(&mut labels, &mut annotations);
     let mut spec = offload_spec(spec, target, (&namespace, meta.annotations.as_ref()));
+    crate::downward::resolve_env(&mut spec, pod);
     if let Some(colocation) = target.mode.colocation() {
         colocate(colocation, &mut labels, &mut annotations, &mut spec);
     }
