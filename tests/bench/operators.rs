@@ -37,8 +37,8 @@ use std::time::Instant;
 
 use harness::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::Client;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use operators::*;
 use serde_json::json;
 use stats::*;
