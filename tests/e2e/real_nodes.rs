@@ -2,7 +2,9 @@
 //! CoreDNS; `tests/controlplane/realnode.sh`) runs the offload copies of training pods, and
 //! what the process does comes back to the training cluster: its logs and exec through
 //! tidepool's kubelet API, its exit code, crash loop and OOM kill in the pod status, and the
-//! reclaim notice in its own `/etc/tidepool/annotations` file, and `kubectl port-forward` to it.
+//! reclaim notice in its own `/etc/tidepool/annotations` file, and `kubectl port-forward` to it;
+//! and the copy's sandbox as the kernel reports it (seccomp, capabilities) against the same
+//! spec run straight in the member.
 //!
 //! The pool selects the real node by label and tolerates its taint
 //! (`tidepool.io/real-node=true:NoSchedule`), so nothing else in the suite lands there.
@@ -527,5 +529,93 @@ async fn a_trainer_that_exits_on_its_notice_has_its_copy_deleted_at_once_and_is_
     })
     .await;
     assert!(jiff::Timestamp::now() < deadline, "the copy went only at the deadline {deadline}");
+    drain_pods(&s.training, NS).await;
+}
+
+/// The kernel's view of a process: its seccomp mode (`0` none, `2` filter) and whether its
+/// effective capabilities hold `NET_RAW` (bit 13), from a log of `/proc/self/status` lines and
+/// `NVIDIA=<value>`.
+fn sandbox_of(log: &str) -> (String, bool, String) {
+    let field = |key: &str| log.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_default().trim().to_owned();
+    let caps = u64::from_str_radix(&field("CapEff:"), 16).unwrap_or_else(|_| panic!("no CapEff in {log:?}"));
+    (field("Seccomp:"), caps & (1 << 13) != 0, field("NVIDIA="))
+}
+
+/// What `script` prints run straight in member-a's real node (namespace `ns`), no tidepool.
+async fn direct_report(s: &Setup, ns: &str, name: &str, script: &str) -> String {
+    ensure_namespace(&s.member, ns).await;
+    clear_pods(&s.member, ns).await;
+    let direct: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": s.env.var("MEMBER_A_REAL_NODE")},
+            "tolerations": [{"key": s.env.var("REAL_NODE_TAINT"), "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": s.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                            "command": ["/bin/sh", "-c", script]}]
+        }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(s.member.clone(), ns).create(&PostParams::default(), &direct).await.unwrap();
+    wait_for(Duration::from_secs(90), "the direct pod's report", || async move {
+        let (_, out, _) = kubectl(&s.env, "member-a", &["-n", ns, "logs", name], None).await;
+        out.contains("NVIDIA=").then_some(out)
+    })
+    .await
+}
+
+/// Creates a pod on the real pool's virtual node that sets `NVIDIA_VISIBLE_DEVICES=all`
+/// itself; returns the message it is refused with.
+async fn refused_device_pod(s: &Setup, name: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE, "restartPolicy": "Never",
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": s.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                            "command": ["sleep", "3600"], "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]
+        }
+    }))
+    .unwrap();
+    s.pods().create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(Duration::from_secs(60), "the pod asking for every GPU refused", || async move {
+        let status = s.pods().get(name).await.ok()?.status?;
+        (status.reason.as_deref() == Some(keys::REASON_OFFLOAD_POLICY)).then_some(status.message.unwrap_or_default())
+    })
+    .await
+}
+
+/// Security, second round: a pod that names no seccomp profile and no capabilities runs in a
+/// member as the member's kubelet runs it (no seccomp filter, `NET_RAW` to forge packets on
+/// the member's pod network) unless tidepool hardens the copy. The same spec straight in
+/// member-a is the baseline; through tidepool the process reports a seccomp filter, no
+/// `NET_RAW` and no GPU; a pod setting `NVIDIA_VISIBLE_DEVICES` itself is refused.
+#[tokio::test]
+async fn a_copy_runs_with_a_seccomp_filter_without_net_raw_and_sees_no_device() {
+    let s = Setup::start("").await;
+    let id = run_id();
+    let script =
+        "grep -E '^(Seccomp|CapEff):' /proc/self/status; echo \"NVIDIA=$NVIDIA_VISIBLE_DEVICES\"; exec sleep 3600";
+    let ns = "e2e-real-sandbox";
+    let direct = direct_report(&s, ns, &format!("direct-{id}"), script).await;
+    println!("direct: {direct:?}");
+    assert_eq!(sandbox_of(&direct), ("0".to_owned(), true, String::new()), "the member's kubelet alone");
+
+    let name = format!("sandbox-{id}");
+    s.run(&name, script, "Never", None).await;
+    let log = wait_for(Duration::from_secs(90), "the copy's report", || async {
+        let (_, out, _) = kubectl(&s.env, "training", &["-n", NS, "logs", &name], None).await;
+        out.contains("NVIDIA=").then_some(out)
+    })
+    .await;
+    println!("through tidepool: {log:?}");
+    assert_eq!(sandbox_of(&log), ("2".to_owned(), false, "void".to_owned()), "seccomp filter, no NET_RAW, no device");
+
+    let greedy = format!("greedy-{id}");
+    let message = refused_device_pod(&s, &greedy).await;
+    println!("refused: {message}");
+    assert!(message.contains("spec.containers[0].env[0].name"), "names the field: {message}");
+    assert!(s.copies().get_opt(&greedy).await.unwrap().is_none(), "nothing reached the member");
+    clear_pods(&s.member, ns).await;
     drain_pods(&s.training, NS).await;
 }

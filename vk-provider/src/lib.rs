@@ -15,6 +15,7 @@ pub mod copies;
 pub mod downward;
 pub mod gang_group;
 mod handover;
+pub mod harden;
 pub mod kubelet;
 mod member_events;
 mod mirror;

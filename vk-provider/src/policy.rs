@@ -15,7 +15,8 @@
 //!   projected, image): the others are storage drivers that run on the member's hosts with the
 //!   member's credentials, and a type added to Kubernetes later is refused until reviewed,
 //! - projected sources tidepool does not carry (cluster trust bundles, pod certificates),
-//! - dynamic resource claims, `system-*` PriorityClasses, and tolerations of every taint.
+//! - dynamic resource claims, `system-*` PriorityClasses, and tolerations of every taint,
+//! - environment variables that pick devices (`NVIDIA_*`; see [`crate::harden`]).
 //!
 //! Every kind of container is checked alike: init containers (sidecars are init containers),
 //! app containers, and ephemeral debug containers. The member namespace's PodSecurity
@@ -77,6 +78,7 @@ pub fn check(pod: &Pod, allow: &PolicyAllow) -> Result<(), PolicyViolation> {
     let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
     check_pod_fields(spec, allow)?;
     check_volumes(spec, allow)?;
+    crate::harden::check_device_env(spec)?;
     let init = spec.init_containers.iter().flatten().map(|c| (c.security_context.as_ref(), c.ports.as_deref()));
     let app = spec.containers.iter().map(|c| (c.security_context.as_ref(), c.ports.as_deref()));
     let ephemeral =

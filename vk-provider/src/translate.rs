@@ -314,6 +314,7 @@ fn offload_spec(
     s.termination_grace_period_seconds =
         Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
     drop_training_credentials(&mut s);
+    crate::harden::harden(&mut s);
     // Debug containers someone added to the training pod belong to it: the API refuses a new
     // pod that has any, and they were not meant to run in a member.
     s.ephemeral_containers = None;

@@ -1,0 +1,200 @@
+//! What a copy runs with when its pod says nothing: the hardening the PodSecurity
+//! `restricted` level would ask a tenant to write, applied by tidepool so that a pod written
+//! for the training cluster does not run looser in somebody's production cluster. Pure.
+//!
+//! - **seccomp**: a pod that names no profile (neither for the pod nor for every container)
+//!   gets `RuntimeDefault` for the pod. A kubelet runs such a pod `Unconfined` (unless its
+//!   operator turned `seccompDefault` on, which a member's may not have): every syscall open
+//!   to a tenant's process on a member node. A profile the pod names is kept (the policy
+//!   refuses `Unconfined` unless `policy.privileged`).
+//! - **`NET_RAW`** is dropped from every container that does not add it itself (which the
+//!   policy allows only when `policy.capabilities` lists it): container runtimes grant it by
+//!   default, and it lets a process forge packets on the member's pod network (ARP and DNS
+//!   spoofing of online pods on the same bridge).
+//! - **GPUs only through the device plugin**: a container with no GPU limit gets
+//!   `NVIDIA_VISIBLE_DEVICES=void`, so an NVIDIA container toolkit that reads the variable
+//!   exposes no device to it. A value the tenant sets is refused by [`check_device_env`]
+//!   before anything is created; one an `envFrom` source brings is overridden, since `env`
+//!   wins over `envFrom` for the same name.
+
+use k8s_openapi::api::core::v1::{Capabilities, Container, EnvVar, PodSpec, SeccompProfile};
+
+use crate::policy::PolicyViolation;
+
+/// Resource names of GPUs (and other accelerators) their device plugins hand out.
+pub const ACCELERATOR_RESOURCES: [&str; 3] = ["nvidia.com/gpu", "amd.com/gpu", "habana.ai/gaudi"];
+
+/// Environment variables through which container toolkits pick the devices a container sees:
+/// the device plugin sets them, a tenant must not. A trailing `*` is a prefix.
+const DEVICE_ENV: [&str; 3] = ["NVIDIA_*", "AMD_VISIBLE_DEVICES", "HABANA_VISIBLE_DEVICES"];
+
+/// The capability dropped from every container that does not add it.
+const NET_RAW: &str = "NET_RAW";
+
+fn is_device_env(name: &str) -> bool {
+    DEVICE_ENV.iter().any(|d| match d.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *d,
+    })
+}
+
+/// Refuses a container environment variable (or `envFrom` prefix) that names devices.
+pub fn check_device_env(spec: &PodSpec) -> Result<(), PolicyViolation> {
+    let kinds =
+        [("initContainers", spec.init_containers.as_deref().unwrap_or_default()), ("containers", &spec.containers)];
+    for (kind, containers) in kinds {
+        for (i, c) in containers.iter().enumerate() {
+            for (j, var) in c.env.iter().flatten().enumerate() {
+                if is_device_env(&var.name) {
+                    return Err(violation(
+                        format!("spec.{kind}[{i}].env[{j}].name"),
+                        format!("{} picks devices: GPUs come only through a resource limit (nvidia.com/gpu)", var.name),
+                    ));
+                }
+            }
+            for (j, from) in c.env_from.iter().flatten().enumerate() {
+                if from
+                    .prefix
+                    .as_deref()
+                    .is_some_and(|p| !p.is_empty() && (is_device_env(p) || "NVIDIA_".starts_with(p)))
+                {
+                    return Err(violation(
+                        format!("spec.{kind}[{i}].envFrom[{j}].prefix"),
+                        "the prefix can name device variables: GPUs come only through a resource limit",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn violation(field: String, reason: impl Into<String>) -> PolicyViolation {
+    PolicyViolation { field, reason: reason.into() }
+}
+
+/// Hardens the copy's spec `s` (see the module's header).
+pub fn harden(s: &mut PodSpec) {
+    let every_container_names_one = s
+        .containers
+        .iter()
+        .chain(s.init_containers.iter().flatten())
+        .all(|c| c.security_context.as_ref().is_some_and(|sc| sc.seccomp_profile.is_some()));
+    let pod = s.security_context.get_or_insert_with(Default::default);
+    if pod.seccomp_profile.is_none() && !every_container_names_one {
+        pod.seccomp_profile = Some(SeccompProfile { type_: "RuntimeDefault".to_owned(), localhost_profile: None });
+    }
+    for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
+        drop_net_raw(c);
+        hide_devices(c);
+    }
+}
+
+fn drop_net_raw(c: &mut Container) {
+    let sc = c.security_context.get_or_insert_with(Default::default);
+    if sc.privileged == Some(true) {
+        return;
+    }
+    let caps = sc.capabilities.get_or_insert_with(Capabilities::default);
+    let named = |list: &Option<Vec<String>>, cap: &str| {
+        list.iter().flatten().any(|c| c.strip_prefix("CAP_").unwrap_or(c).eq_ignore_ascii_case(cap))
+    };
+    if named(&caps.add, NET_RAW) || named(&caps.drop, NET_RAW) || named(&caps.drop, "ALL") {
+        return;
+    }
+    caps.drop.get_or_insert_with(Vec::new).push(NET_RAW.to_owned());
+}
+
+fn hide_devices(c: &mut Container) {
+    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let has_accelerator = ACCELERATOR_RESOURCES.iter().any(|r| limits.is_some_and(|l| l.contains_key(*r)));
+    if has_accelerator {
+        return;
+    }
+    let env = c.env.get_or_insert_with(Vec::new);
+    env.retain(|e| e.name != "NVIDIA_VISIBLE_DEVICES");
+    env.push(EnvVar { name: "NVIDIA_VISIBLE_DEVICES".to_owned(), value: Some("void".to_owned()), value_from: None });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn hardened(v: serde_json::Value) -> serde_json::Value {
+        let mut s = spec(v);
+        harden(&mut s);
+        serde_json::to_value(s).unwrap()
+    }
+
+    #[test]
+    fn a_pod_naming_no_seccomp_profile_gets_runtime_default() {
+        let s = hardened(json!({"containers": [{"name": "a"}]}));
+        assert_eq!(s["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        let named = hardened(
+            json!({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}},
+            "containers": [{"name": "a"}]}),
+        );
+        assert_eq!(named["securityContext"]["seccompProfile"]["type"], "Localhost", "the pod's own profile stays");
+        let per_container = hardened(json!({"containers": [
+            {"name": "a", "securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}}]}));
+        assert!(per_container["securityContext"]["seccompProfile"].is_null(), "every container named one");
+        let some = hardened(json!({"containers": [
+            {"name": "a", "securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}},
+            {"name": "b"}]}));
+        assert_eq!(some["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "for b; a's own wins for a");
+        assert_eq!(some["containers"][0]["securityContext"]["seccompProfile"]["type"], "Localhost");
+    }
+
+    #[test]
+    fn net_raw_is_dropped_unless_the_container_adds_it() {
+        let s = hardened(json!({"initContainers": [{"name": "i"}], "containers": [
+            {"name": "a"},
+            {"name": "b", "securityContext": {"capabilities": {"add": ["NET_RAW"]}}},
+            {"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"]}}},
+            {"name": "d", "securityContext": {"capabilities": {"drop": ["CHOWN"]}}},
+            {"name": "e", "securityContext": {"privileged": true}}]}));
+        let drops = |c: &serde_json::Value| c["securityContext"]["capabilities"]["drop"].clone();
+        assert_eq!(drops(&s["initContainers"][0]), json!(["NET_RAW"]));
+        assert_eq!(drops(&s["containers"][0]), json!(["NET_RAW"]));
+        assert!(drops(&s["containers"][1]).is_null(), "added, so the policy allowed it");
+        assert_eq!(drops(&s["containers"][2]), json!(["ALL"]));
+        assert_eq!(drops(&s["containers"][3]), json!(["CHOWN", "NET_RAW"]));
+        assert!(drops(&s["containers"][4]).is_null(), "privileged (allowed by the policy) holds everything anyway");
+    }
+
+    #[test]
+    fn containers_without_a_gpu_limit_see_no_device() {
+        let s = hardened(json!({"containers": [
+            {"name": "cpu", "envFrom": [{"configMapRef": {"name": "m"}}]},
+            {"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}));
+        assert_eq!(s["containers"][0]["env"], json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]));
+        assert!(s["containers"][1]["env"].is_null(), "the device plugin sets it for a GPU container");
+    }
+
+    #[test]
+    fn device_variables_a_tenant_sets_are_refused() {
+        for name in
+            ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HABANA_VISIBLE_DEVICES", "AMD_VISIBLE_DEVICES"]
+        {
+            let s = spec(
+                json!({"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}, {"name": name, "value": "all"}]}]}),
+            );
+            let err = check_device_env(&s).unwrap_err();
+            assert_eq!(err.field, "spec.containers[0].env[1].name", "{name}");
+        }
+        for prefix in ["NVIDIA_", "NV", "HABANA_VISIBLE_DEVICES"] {
+            let s = spec(
+                json!({"initContainers": [{"name": "i", "envFrom": [{"prefix": prefix, "configMapRef": {"name": "m"}}]}], "containers": []}),
+            );
+            assert_eq!(check_device_env(&s).unwrap_err().field, "spec.initContainers[0].envFrom[0].prefix", "{prefix}");
+        }
+        let fine = spec(json!({"containers": [{"name": "a", "env": [{"name": "CUDA_HOME", "value": "/x"}],
+            "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "m"}}]}]}));
+        assert_eq!(check_device_env(&fine), Ok(()));
+    }
+}
