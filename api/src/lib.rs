@@ -20,6 +20,7 @@ pub mod resources;
 pub mod schema;
 pub mod sync;
 pub mod terminal;
+pub mod text;
 
 pub use bridge::BridgeConfig;
 pub use crd::{MemberCluster, MemberClusterSpec, MemberClusterStatus};
