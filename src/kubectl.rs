@@ -25,6 +25,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use tidepool_api::resources::{format_bytes, format_milli, is_bytes, parse_milli};
+use tidepool_api::text::shown;
 use tidepool_api::{MemberCluster, keys};
 
 use crate::status::bar;
@@ -609,19 +610,21 @@ pub fn why(pod: &Pod, events: &[Event], now: jiff::Timestamp) -> PodExplanation 
 }
 
 fn print_why(items: &[PodExplanation], _wide: bool) -> Result<String, std::fmt::Error> {
+    // Conditions and Events carry what members and tenants wrote: shown, never obeyed.
+    let t = |text: &str| shown(text, 2048);
     let mut out = String::new();
     for e in items {
-        writeln!(out, "Pod:        {}/{}", e.namespace, e.pod)?;
-        writeln!(out, "Phase:      {}", e.phase)?;
-        writeln!(out, "Summary:    {}", e.summary)?;
-        writeln!(out, "Gang:       {}", e.gang)?;
+        writeln!(out, "Pod:        {}/{}", t(&e.namespace), t(&e.pod))?;
+        writeln!(out, "Phase:      {}", t(&e.phase))?;
+        writeln!(out, "Summary:    {}", t(&e.summary))?;
+        writeln!(out, "Gang:       {}", t(&e.gang))?;
         if let Some(m) = &e.min_member {
             writeln!(out, "MinMember:  {m}")?;
         }
-        writeln!(out, "Node:       {}", e.node.as_deref().unwrap_or("-"))?;
-        writeln!(out, "Band:       {}", e.band.as_deref().unwrap_or("-"))?;
+        writeln!(out, "Node:       {}", t(e.node.as_deref().unwrap_or("-")))?;
+        writeln!(out, "Band:       {}", t(e.band.as_deref().unwrap_or("-")))?;
         if let Some(p) = &e.placement {
-            writeln!(out, "Placement:  {p}")?;
+            writeln!(out, "Placement:  {}", t(p))?;
         }
         for (title, lines) in [("Conditions", &e.conditions), ("Events", &e.events)] {
             writeln!(out, "{title}:")?;
@@ -629,7 +632,7 @@ fn print_why(items: &[PodExplanation], _wide: bool) -> Result<String, std::fmt::
                 writeln!(out, "  <none>")?;
             }
             for l in lines {
-                writeln!(out, "  {l}")?;
+                writeln!(out, "  {}", t(l))?;
             }
         }
     }
@@ -778,6 +781,19 @@ mod tests {
         assert_eq!(e.min_member.as_deref(), Some("2"));
         let text = print_why(std::slice::from_ref(&e), false).unwrap();
         assert!(text.contains("Summary:    placed on tidepool-a"), "{text}");
+    }
+
+    #[test]
+    fn why_shows_control_characters_in_conditions_and_events_without_obeying_them() {
+        let placed = gang_pod("w-1", Some("tidepool-a"), Some("high"));
+        let forged: Event = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "e"}, "involvedObject": {}, "reason": "Pulled",
+            "message": "ok\x1b[2J\n  Normal  Reclaimed  forged", "lastTimestamp": "2026-12-01T11:59:00Z"
+        }))
+        .unwrap();
+        let text = print_why(&[why(&placed, &[forged], now())], false).unwrap();
+        assert!(!text.contains('\x1b') && text.contains("ok\\u{1b}[2J\\n  Normal  Reclaimed  forged"), "{text}");
+        assert!(!text.lines().any(|l| l.trim_start().starts_with("Normal")), "no forged line: {text}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! below the offload priorities raise `OnlinePriorityConflict` (and clear it when gone), and
 //! a capacity window shrinks the virtual node exactly from its lead time on, and pausing the
 //! member taints its virtual node and places nothing new there (its running pods stay) until
-//! it is unpaused.
+//! it is unpaused. What a hostile member writes into a copy's status comes up bounded, never
+//! as tidepool's own conditions.
 
 use std::time::Duration;
 
@@ -315,4 +316,64 @@ async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() 
     assert!(has_taint(&n, keys::TAINT_VIRTUAL), "the virtual taint stays {}", tidepool.log_tail());
     drain_pods(&training, NS).await;
     members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
+}
+
+/// A hostile member (its admin, or whoever holds its API server) writes into a copy's status
+/// a reclaim notice tidepool never gave and a condition whose message would forge lines in
+/// `kubectl describe`. The training pod shows the member's own condition, escaped and
+/// bounded, never tidepool's: the pod is not under notice and keeps running.
+#[tokio::test]
+async fn a_hostile_members_status_comes_up_bounded_and_without_tidepools_conditions() {
+    const TEST: &str = "hostile-status";
+    const NS: &str = "e2e-hostile-status";
+    const MEMBER: &str = "hostile-b";
+    const FORGED: &str = "example.com/Forged";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let name = format!("victim-{}", run_id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(Duration::from_secs(60), "the pod Running", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move { (pods.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+    })
+    .await;
+
+    let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
+    let message = format!("ok\u{1b}[2J\n  Normal  Reclaimed  forged {}", "x".repeat(5000));
+    let forged = serde_json::json!({"status": {"conditions": [
+        {"type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "Forged", "message": "forged"},
+        {"type": FORGED, "status": "True", "reason": "Forged", "message": message},
+    ]}});
+    copies.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&forged)).await.unwrap();
+    let condition =
+        |p: &Pod, type_: &str| p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).cloned();
+    let shown = wait_for(Duration::from_secs(30), "the member's condition on the training pod", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move { condition(&pods.get(&name).await.ok()?, FORGED) }
+    })
+    .await;
+    let text = shown.message.unwrap_or_default();
+    assert!(!text.contains('\u{1b}') && !text.contains('\n'), "control characters obeyed: {text:?}");
+    assert!(text.starts_with("ok\\u{1b}[2J\\n") && text.len() <= 1024, "{} bytes: {text:.80}", text.len());
+    // The copy still says it is under notice; the training pod never did.
+    let copy = copies.get(&name).await.unwrap();
+    assert!(condition(&copy, keys::CONDITION_RECLAIM_REQUESTED).is_some(), "the forgery is in the member");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let p = pods.get(&name).await.unwrap();
+    assert_eq!(condition(&p, keys::CONDITION_RECLAIM_REQUESTED), None, "{}", tidepool.log_tail());
+    assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    drain_pods(&training, NS).await;
+    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }

@@ -9,6 +9,7 @@
 //! pod goes to which node (dispatcher). Start at [`VirtualKubelet::start`].
 
 mod access;
+pub mod bounded;
 pub mod collect;
 mod context;
 pub mod copies;

@@ -103,7 +103,8 @@ fn observe(watch: &OffloadWatch, relay: &mut Relay, event: &CoreEvent) -> Option
         message: event.message.clone().unwrap_or_default(),
         count,
         component,
-    };
+    }
+    .bounded();
     let before = relay.dropped;
     let write = relay.observe(&pod, &relayed);
     if relay.dropped > before && relay.dropped.is_power_of_two() {
@@ -166,7 +167,7 @@ async fn create_event(
         },
         type_: Some(event.type_.clone()),
         reason: Some(event.reason.clone()),
-        message: Some(event.message.chars().take(1024).collect()),
+        message: Some(event.message.clone()),
         // `kubectl describe` shows it as from the member's component, through tidepool.
         source: Some(EventSource { component: Some(from.clone()), host: None }),
         count: Some(count),

@@ -50,6 +50,20 @@ pub struct MemberEvent {
     pub component: String,
 }
 
+impl MemberEvent {
+    /// The event with its texts as tidepool relays them: control characters shown, not
+    /// obeyed (a member cannot forge lines in `kubectl describe`), each text bounded.
+    pub fn bounded(self) -> Self {
+        use tidepool_api::text::shown;
+        Self {
+            reason: shown(&self.reason, 128),
+            message: shown(&self.message, 1024),
+            component: shown(&self.component, 64),
+            ..self
+        }
+    }
+}
+
 /// The training pod an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodRef {
@@ -202,6 +216,17 @@ mod tests {
             count,
             component: "kubelet".into(),
         }
+    }
+
+    #[test]
+    fn a_members_event_text_is_shown_not_obeyed_and_bounded() {
+        let forged = event("m1", "Killing\x1b[2K\r", &format!("ok\n  Normal  Started  {}", "x".repeat(5000)), 1);
+        let relayed = MemberEvent { component: "kubelet\x07".repeat(40), ..forged }.bounded();
+        assert_eq!(relayed.reason, "Killing\\u{1b}[2K\\r");
+        assert!(relayed.message.starts_with("ok\\n  Normal") && relayed.message.len() <= 1024, "{}", relayed.message);
+        assert!(relayed.component.len() <= 64 && !relayed.component.contains('\x07'));
+        let plain = event("m2", "BackOff", "Back-off pulling image \"x\"", 1);
+        assert_eq!(plain.clone().bounded(), plain);
     }
 
     fn count(w: Option<Write>) -> Option<(bool, i32)> {

@@ -568,9 +568,11 @@ pub fn member_disruption(target: Option<&str>) -> (&'static str, &'static str) {
 }
 
 /// The training pod's status for an offload pod's status. `host_ip` is the virtual node's
-/// address: tenants see their pod on the virtual node, not on a member node.
+/// address: tenants see their pod on the virtual node, not on a member node. What the member
+/// says is bounded first ([`crate::bounded::from_member`]).
 pub fn training_status(offload: &PodStatus, host_ip: &str) -> PodStatus {
     let mut s = offload.clone();
+    crate::bounded::from_member(&mut s);
     let placed = s.phase.as_deref().is_some_and(|p| p != "Pending") || s.start_time.is_some();
     if placed {
         s.host_ip = Some(host_ip.to_owned());
@@ -1264,12 +1266,15 @@ mod tests {
         let member: PodStatus = serde_json::from_value(json!({
             "phase": "Running", "hostIP": "10.0.0.5", "podIP": "10.244.0.7", "podIPs": [{"ip": "10.244.0.7"}],
             "startTime": "2026-11-29T10:00:00Z", "nominatedNodeName": "member-a-gpu-0",
-            "conditions": [{"type": "Ready", "status": "True"}],
+            "conditions": [{"type": "Ready", "status": "True"},
+                           {"type": "tidepool.io/ReclaimRequested", "status": "True", "reason": "ForgedByTheMember"}],
             "containerStatuses": [{"name": "main", "ready": true, "restartCount": 2, "image": "trainer:1", "imageID": "",
                                    "state": {"running": {"startedAt": "2026-11-29T10:00:01Z"}}}]
         }))
         .unwrap();
         let up = training_status(&member, "127.0.0.2");
+        let types: Vec<_> = up.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["Ready"], "only tidepool writes its own conditions");
         assert_eq!(up.host_ip.as_deref(), Some("127.0.0.2"));
         assert_eq!(up.pod_ip.as_deref(), Some("10.244.0.7"));
         assert_eq!(up.container_statuses.as_ref().unwrap()[0].restart_count, 2);
