@@ -85,8 +85,9 @@ pub struct MemberClusterSpec {
     /// Longest `terminationGracePeriodSeconds` an offload copy of each band gets. A copy keeps
     /// its training pod's grace (so a trainer the member's scheduler preempts, SIGTERM being
     /// its only notice then, has the time its tenant asked for to checkpoint), up to this
-    /// bound: how long the member lets an offload pod hold capacity after its own preemption.
-    /// Unset bands: no bound.
+    /// bound: how long the member lets an offload pod hold capacity after its own preemption
+    /// or a drain. Unset bands get the defaults (high 600 s, medium 300 s, low 120 s) unless
+    /// `unbounded` says otherwise.
     #[serde(default, skip_serializing_if = "TerminationGraceLimits::is_empty")]
     pub max_termination_grace_seconds: TerminationGraceLimits,
 
@@ -162,20 +163,33 @@ pub struct TerminationGraceLimits {
     pub medium: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub low: Option<u32>,
+    /// The member's explicit opt-out: bands not set here have no bound (a copy may then hold
+    /// the member's capacity against its preemption or drain for as long as its tenant asks).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unbounded: bool,
 }
+
+/// The bound of a band the member admin did not set (seconds): long enough for a trainer
+/// to write a checkpoint, short enough that a copy cannot hold a member's capacity against
+/// its own preemption or drain for long. Elastic work is reclaimed first and waits least.
+pub const DEFAULT_GRACE_BOUNDS: [(crate::keys::Band, u32); 3] =
+    [(crate::keys::Band::High, 600), (crate::keys::Band::Medium, 300), (crate::keys::Band::Low, 120)];
 
 impl TerminationGraceLimits {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
 
-    /// The bound for `band`, if the member admin set one.
+    /// The bound for `band`: the member admin's, else the default for the band
+    /// ([`DEFAULT_GRACE_BOUNDS`]), none only where the admin opted out (`unbounded`).
     pub fn get(&self, band: crate::keys::Band) -> Option<u32> {
-        match band {
+        let set = match band {
             crate::keys::Band::High => self.high,
             crate::keys::Band::Medium => self.medium,
             crate::keys::Band::Low => self.low,
-        }
+        };
+        let default = || DEFAULT_GRACE_BOUNDS.iter().find(|(b, _)| *b == band).map(|(_, s)| *s);
+        set.or_else(|| if self.unbounded { None } else { default() })
     }
 }
 
@@ -675,6 +689,19 @@ mod tests {
             kubeconfig_secret_ref: SecretKeyRef { name: "member-a-kubeconfig".into(), ..Default::default() },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn grace_is_bounded_per_band_by_default_and_unbounded_only_when_the_member_says_so() {
+        use crate::keys::Band;
+        let none = TerminationGraceLimits::default();
+        assert_eq!([Band::High, Band::Medium, Band::Low].map(|b| none.get(b)), [Some(600), Some(300), Some(120)]);
+        let set = TerminationGraceLimits { medium: Some(45), ..none };
+        assert_eq!((set.get(Band::Medium), set.get(Band::Low)), (Some(45), Some(120)));
+        let opted_out = TerminationGraceLimits { unbounded: true, ..set };
+        assert_eq!((opted_out.get(Band::Medium), opted_out.get(Band::Low)), (Some(45), None));
+        let yaml: TerminationGraceLimits = serde_json::from_value(serde_json::json!({"unbounded": true})).unwrap();
+        assert_eq!(yaml.get(Band::High), None);
     }
 
     #[test]

@@ -321,9 +321,10 @@ async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() 
 /// A hostile member (its admin, or whoever holds its API server) writes into a copy's status
 /// a reclaim notice tidepool never gave and a condition whose message would forge lines in
 /// `kubectl describe`. The training pod shows the member's own condition, escaped and
-/// bounded, never tidepool's: the pod is not under notice and keeps running.
+/// bounded, never tidepool's: the pod is not under notice and keeps running. The pod's tenant
+/// asked for a year of grace: its copy (hand-bound, so `medium`) gets the band's default bound.
 #[tokio::test]
-async fn a_hostile_members_status_comes_up_bounded_and_without_tidepools_conditions() {
+async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_is_bounded() {
     const TEST: &str = "hostile-status";
     const NS: &str = "e2e-hostile-status";
     const MEMBER: &str = "hostile-b";
@@ -338,6 +339,7 @@ async fn a_hostile_members_status_comes_up_bounded_and_without_tidepools_conditi
         "metadata": {"name": name},
         "spec": {
             "nodeName": node,
+            "terminationGracePeriodSeconds": 365 * 24 * 3600,
             "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists"}],
             "containers": [{"name": "main", "image": "example.invalid/trainer:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
         }
@@ -351,6 +353,8 @@ async fn a_hostile_members_status_comes_up_bounded_and_without_tidepools_conditi
     .await;
 
     let copies = Api::<Pod>::namespaced(member_b.clone(), &offload_ns(NS));
+    let grace = copies.get(&name).await.unwrap().spec.unwrap().termination_grace_period_seconds;
+    assert_eq!(grace, Some(300), "a year asked for; medium's default bound given");
     let message = format!("ok\u{1b}[2J\n  Normal  Reclaimed  forged {}", "x".repeat(5000));
     let forged = serde_json::json!({"status": {"conditions": [
         {"type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": "Forged", "message": "forged"},

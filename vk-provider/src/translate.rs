@@ -979,11 +979,25 @@ mod tests {
         let mut pod = training_pod();
         pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(90);
         let selector = BTreeMap::new();
-        let limits = tidepool_api::crd::TerminationGraceLimits { low: Some(20), high: Some(60), medium: None };
-        for (band, want) in [(keys::Band::Low, 20), (keys::Band::High, 60), (keys::Band::Medium, 90)] {
+        let limits = tidepool_api::crd::TerminationGraceLimits { low: Some(20), high: Some(60), ..Default::default() };
+        let unbounded = tidepool_api::crd::TerminationGraceLimits { unbounded: true, ..limits };
+        for (band, limits, want) in [
+            (keys::Band::Low, limits, 20),
+            (keys::Band::High, limits, 60),
+            (keys::Band::Medium, limits, 90),
+            (keys::Band::Medium, unbounded, 90),
+        ] {
             let t = Target { band, max_termination_grace: limits, ..target(&selector) };
             let copy = offload_pod(&pod, &t).unwrap();
             assert_eq!(copy.spec.unwrap().termination_grace_period_seconds, Some(want), "{band:?}");
+        }
+        // A year asked for: the band's default bound, unless the member opted out.
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(365 * 24 * 3600);
+        let opted_out = tidepool_api::crd::TerminationGraceLimits { unbounded: true, ..Default::default() };
+        for (limits, want) in [(Default::default(), 120), (opted_out, 365 * 24 * 3600)] {
+            let t = Target { band: keys::Band::Low, max_termination_grace: limits, ..target(&selector) };
+            let copy = offload_pod(&pod, &t).unwrap();
+            assert_eq!(copy.spec.unwrap().termination_grace_period_seconds, Some(want));
         }
     }
 
