@@ -464,6 +464,71 @@ fn refused_by_policy<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &
     }
 }
 
+/// The member identity's pods, Services and PriorityClasses are held to what tidepool writes
+/// (the member chart's policies; RBAC allows every write below). Tried as a holder of its
+/// token, with server-side dry runs (admission runs, nothing is stored).
+async fn member_writes_are_held_to_tidepools(lp_member: &Client, offload_ns: &str) {
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let pods = Api::<Pod>::namespaced(lp_member.clone(), offload_ns);
+    let node =
+        Api::<Node>::all(lp_member.clone()).list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone();
+    let pod = |name: &str, spec: serde_json::Value| -> Pod {
+        let mut p = json!({"metadata": {"name": name}, "spec": {
+            "priorityClassName": "tidepool-offload-low", "preemptionPolicy": "Never",
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1"}]}});
+        p["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(p).unwrap()
+    };
+    wait_for(Duration::from_secs(30), "the member pod policy in effect", || {
+        let (pods, dry, p) = (pods.clone(), dry.clone(), pod("e2e-on-node", json!({"nodeName": node})));
+        async move { matches!(pods.create(&dry, &p).await, Err(kube::Error::Api(s)) if s.code == 403).then_some(()) }
+    })
+    .await;
+    pods.create(&dry, &pod("e2e-copy-like", json!({}))).await.expect("member: a pod as tidepool writes its copies");
+    for (what, spec) in [
+        ("member: a pod naming a node (a control-plane one)", json!({"nodeName": node})),
+        ("member: a pod tolerating every taint", json!({"tolerations": [{"operator": "Exists"}]})),
+        (
+            "member: a pod in a class above online pods",
+            json!({"priorityClassName": "system-node-critical", "preemptionPolicy": null}),
+        ),
+        ("member: a pod of an offload class that preempts", json!({"preemptionPolicy": "PreemptLowerPriority"})),
+    ] {
+        refused_by_policy(pods.create(&dry, &pod("e2e-escape", spec)).await, what);
+    }
+    let services = Api::<Service>::namespaced(lp_member.clone(), offload_ns);
+    let service = |spec: serde_json::Value| -> Service {
+        let mut s = json!({"metadata": {"name": "e2e-svc"}, "spec": {"ports": [{"port": 80}], "selector": {"x": "y"}}});
+        s["spec"].as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(s).unwrap()
+    };
+    services.create(&dry, &service(json!({}))).await.expect("member: a ClusterIP Service as tidepool mirrors");
+    for (what, spec) in [
+        ("member: a NodePort Service", json!({"type": "NodePort"})),
+        ("member: a LoadBalancer Service", json!({"type": "LoadBalancer"})),
+        ("member: a Service with externalIPs", json!({"externalIPs": ["10.0.0.1"]})),
+    ] {
+        refused_by_policy(services.create(&dry, &service(spec)).await, what);
+    }
+    let classes = Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(lp_member.clone());
+    for (what, class) in [
+        (
+            "member: a PriorityClass of its own",
+            json!({"metadata": {"name": "e2e-mine"}, "value": -5000, "preemptionPolicy": "Never"}),
+        ),
+        (
+            "member: an offload PriorityClass above online pods",
+            json!({"metadata": {"name": "tidepool-offload-high"}, "value": 1000000, "preemptionPolicy": "Never"}),
+        ),
+        (
+            "member: an offload PriorityClass as the global default",
+            json!({"metadata": {"name": "tidepool-offload-low"}, "value": -3000, "globalDefault": true, "preemptionPolicy": "Never"}),
+        ),
+    ] {
+        refused_by_policy(classes.create(&dry, &serde_json::from_value(class).unwrap()).await, what);
+    }
+}
+
 #[tokio::test]
 async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() {
     let env = Env::load();
@@ -672,6 +737,7 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         own.create(&PostParams::default(), &offload_binding("e2e-someone", &someone)).await,
         "member: bind the offload role to another subject in its own offload namespace",
     );
+    member_writes_are_held_to_tidepools(&lp_member, &offload_ns).await;
     let namespaces = Api::<Namespace>::all(lp_member);
     let id = run_id();
     for (what, labels) in [
