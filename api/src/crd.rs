@@ -365,7 +365,8 @@ impl PoolMode {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolToleration {
-    /// Taint key; empty with operator `Exists` tolerates every key.
+    /// Taint key: required (a key-less `Exists` would tolerate every taint, the member's
+    /// control plane's too, and the member chart's policy refuses such copies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// `Equal` (default) or `Exists`.
@@ -621,6 +622,12 @@ impl PoolToleration {
         let key = self.key.as_deref().unwrap_or("");
         match self.operator.as_deref() {
             None | Some("Equal") if key.is_empty() => return Some("operator Equal needs a key"),
+            // The member chart's policy refuses such copies: say so here, once.
+            Some("Exists") if key.is_empty() => {
+                return Some(
+                    "a toleration without a key tolerates every taint (the member's control plane too): name the key",
+                );
+            }
             None | Some("Equal") | Some("Exists") => {}
             Some(_) => return Some("operator must be Equal or Exists"),
         }
@@ -847,6 +854,7 @@ mod tests {
         assert_eq!(t(Some("k"), Some("Exists"), Some("v"), None).problem(), Some("operator Exists takes no value"));
         assert!(t(Some("k"), None, None, Some("NoRun")).problem().is_some());
         assert_eq!(equal.problem(), None);
+        assert!(t(None, Some("Exists"), None, None).problem().is_some(), "tolerate-all is not lent");
     }
 
     #[test]
