@@ -529,6 +529,44 @@ async fn member_writes_are_held_to_tidepools(lp_member: &Client, offload_ns: &st
     }
 }
 
+/// The training identity's writes to pods and nodes are held to tidepool's own (the training
+/// chart's policy; RBAC allows each write below): tried as a holder of its token, with
+/// server-side dry runs, on a bystander pod of another scheduler and a real node; the pod
+/// `ours` on the virtual node and the virtual node itself stay writable.
+async fn training_writes_are_held_to_tidepools(env: &Env, training: &Client, lp_training: &Client, ours: &str) {
+    let pods = Api::<Pod>::namespaced(lp_training.clone(), NS);
+    let bystander = format!("e2e-bystander-{}", run_id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": bystander},
+        "spec": {"nodeSelector": {"e2e.tidepool.io/nowhere": "true"},
+                 "containers": [{"name": "main", "image": "example.invalid/online:1"}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(training.clone(), NS).create(&PostParams::default(), &pod).await.unwrap();
+    let dry = PatchParams { dry_run: true, ..Default::default() };
+    let label = Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": "yes"}}}));
+    wait_for(Duration::from_secs(30), "the training writes policy in effect", || {
+        let (pods, bystander, dry, label) = (pods.clone(), bystander.clone(), dry.clone(), label.clone());
+        async move {
+            matches!(pods.patch(&bystander, &dry, &label).await, Err(kube::Error::Api(s)) if s.code == 403)
+                .then_some(())
+        }
+    })
+    .await;
+    refused_by_policy(pods.patch(&bystander, &dry, &label).await, "training: relabel another scheduler's pod");
+    let failed = Patch::Merge(json!({"status": {"phase": "Failed", "reason": "Forged"}}));
+    refused_by_policy(pods.patch_status(&bystander, &dry, &failed).await, "training: fail another scheduler's pod");
+    let delete = kube::api::DeleteParams { dry_run: true, ..Default::default() };
+    refused_by_policy(pods.delete(&bystander, &delete).await, "training: delete another scheduler's pod");
+    pods.patch(ours, &dry, &label).await.expect("training: a pod on its virtual node");
+    let nodes = Api::<Node>::all(lp_training.clone());
+    let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
+    refused_by_policy(nodes.patch(env.var("TRAINING_REAL_NODE"), &dry, &cordon).await, "training: cordon a real node");
+    refused_by_policy(nodes.delete(env.var("TRAINING_REAL_NODE"), &delete).await, "training: delete a real node");
+    nodes.patch(NODE, &dry, &label).await.expect("training: its virtual node");
+    Api::<Pod>::namespaced(training.clone(), NS).delete(&bystander, &Default::default()).await.unwrap();
+}
+
 #[tokio::test]
 async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() {
     let env = Env::load();
@@ -555,7 +593,9 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     //    other tests (the chart test's) are not exempt from it.
     let only_ns =
         format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
-    let rendered = render_release(RELEASE, "training", NS, &["--set", "replicas=0", "--set-json", &only_ns]);
+    let scheduler = format!("config.dispatcher.schedulerName={}", scheduler_name(TEST));
+    let rendered =
+        render_release(RELEASE, "training", NS, &["--set", "replicas=0", "--set", &scheduler, "--set-json", &only_ns]);
     kubectl_with(&env, "training", &["apply", "-f", "-"], &rendered).await.unwrap();
     let training_token = token(&training, NS, SA).await;
     let dir = tempfile::tempdir().unwrap();
@@ -753,6 +793,7 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
         refused_by_policy(namespaces.create(&PostParams::default(), &ns).await, what);
     }
     let lp_training = client_from(&std::fs::read_to_string(&training_kubeconfig).unwrap()).await;
+    training_writes_are_held_to_tidepools(&env, &training, &lp_training, &name).await;
     forbidden(
         Api::<ClusterRole>::all(lp_training.clone()).list(&ListParams::default()).await,
         "training: list ClusterRoles",
