@@ -25,6 +25,14 @@ pub enum KubeconfigError {
     InsecureTls { cluster: String },
     #[error("kubeconfig cluster {cluster:?} has credentials in its server URL; give them as a user instead")]
     CredentialsInUrl { cluster: String },
+    #[error(
+        "kubeconfig cluster {cluster:?} has a server URL that is not https://; tidepool's token would travel in clear"
+    )]
+    PlainServer { cluster: String },
+    #[error(
+        "kubeconfig cluster {cluster:?} sets proxy-url; tidepool dials member API servers directly (a proxy named in a Secret would send tidepool's connections wherever its writer chooses)"
+    )]
+    Proxy { cluster: String },
     #[error("kubeconfig has no usable context: {0}")]
     Context(String),
 }
@@ -38,7 +46,9 @@ impl KubeconfigError {
             | Self::AuthProvider { .. }
             | Self::FileReference { .. }
             | Self::InsecureTls { .. }
-            | Self::CredentialsInUrl { .. } => keys::REASON_KUBECONFIG_REJECTED,
+            | Self::CredentialsInUrl { .. }
+            | Self::PlainServer { .. }
+            | Self::Proxy { .. } => keys::REASON_KUBECONFIG_REJECTED,
         }
     }
 }
@@ -59,7 +69,8 @@ pub async fn client_config(bytes: &[u8]) -> Result<kube::Config, KubeconfigError
 /// Refuses plugin-based and file-based credentials, connections that would not check the
 /// member's certificate (anyone on the path could then act as the member's API server and
 /// be handed tidepool's token), and credentials in a server URL (which ends up in status
-/// messages). A proxy URL may carry credentials; messages never show them ([`scrub_urls`]).
+/// messages); a server that is not `https://` (the token in clear) and a `proxy-url` (a
+/// Secret's writer would choose where tidepool's connections go).
 pub fn vet(kubeconfig: &Kubeconfig) -> Result<(), KubeconfigError> {
     for named in &kubeconfig.auth_infos {
         let user = named.name.clone();
@@ -92,6 +103,12 @@ pub fn vet(kubeconfig: &Kubeconfig) -> Result<(), KubeconfigError> {
         }
         if cluster.server.as_deref().is_some_and(|s| scrub_urls(s) != s) {
             return Err(KubeconfigError::CredentialsInUrl { cluster: named.name.clone() });
+        }
+        if cluster.server.as_deref().is_some_and(|s| !s.to_ascii_lowercase().starts_with("https://")) {
+            return Err(KubeconfigError::PlainServer { cluster: named.name.clone() });
+        }
+        if cluster.proxy_url.is_some() {
+            return Err(KubeconfigError::Proxy { cluster: named.name.clone() });
         }
     }
     Ok(())
@@ -200,6 +217,20 @@ users:
         assert_eq!(err.reason(), "KubeconfigRejected");
         assert!(err.to_string().contains("(certificate-authority)"), "{err}");
         let _ = std::fs::remove_file(&file);
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_server_and_a_proxy_are_refused() {
+        for (cluster, words) in [
+            (r#"{server: "http://127.0.0.1:6444"}"#, "not https://"),
+            (r#"{server: "https://127.0.0.1:6444", proxy-url: "http://10.0.0.1:3128"}"#, "proxy-url"),
+        ] {
+            let text = with_user("{token: abc}").replace(r#"{server: "https://127.0.0.1:6444"}"#, cluster);
+            let err = client_config(text.as_bytes()).await.unwrap_err();
+            assert_eq!(err.reason(), "KubeconfigRejected", "{cluster}");
+            assert!(err.to_string().contains(words), "{cluster}: {err}");
+        }
+        assert!(client_config(with_user("{token: abc}").as_bytes()).await.is_ok());
     }
 
     #[tokio::test]

@@ -860,7 +860,7 @@ async fn pod_creator(env: &Env, admin: &Client, name: &str) -> Client {
     let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
         "metadata": {"name": "e2e-pod-creator"},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "patch", "delete"]},
-                  {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]
+                  {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]}]
     }))
     .unwrap();
     Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), VAP_NS)
@@ -900,6 +900,7 @@ async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
         kubectl_with(&env, "training", &["apply", "-f", "-"], &policy.join("---\n")).await.unwrap();
     }
     let tenant = pod_creator(&env, &training, "tenant").await;
+    let tenant_client = tenant.clone();
     // The release's own ServiceAccount (`<release>-tidepool`) is tidepool: exempt.
     let tidepool = pod_creator(&env, &training, &format!("{VAP_RELEASE}-tidepool")).await;
     let (as_tenant, as_admin, as_tidepool) = (
@@ -991,6 +992,24 @@ async fn a_tenant_cannot_put_a_pod_on_a_virtual_node_by_hand() {
         Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("tidepool-x") => {}
         other => panic!("tenant binding a pod to a virtual node: expected the policy's 403, got {other:?}"),
     }
+    // The same through the legacy `bindings` resource (POST .../namespaces/<ns>/bindings).
+    let legacy = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "Binding".into(),
+        plural: "bindings".into(),
+    };
+    let bindings = Api::<kube::api::DynamicObject>::namespaced_with(tenant_client, VAP_NS, &legacy);
+    let object: kube::api::DynamicObject = serde_json::from_value(binding.clone()).unwrap();
+    match bindings.create(&PostParams::default(), &object).await {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("tidepool-x") => {}
+        other => {
+            panic!("tenant binding through the legacy bindings resource: expected the policy's 403, got {other:?}")
+        }
+    }
+    let pod = as_admin.get(&plain).await.unwrap();
+    assert_eq!(pod.spec.and_then(|s| s.node_name), None, "the pod was bound");
 
     // 4. An admin (system:masters) and tidepool's own ServiceAccount may.
     let by_admin = format!("by-admin-{id}");
