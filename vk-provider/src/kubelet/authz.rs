@@ -229,23 +229,28 @@ pub(super) async fn authorize(
     Err((StatusCode::FORBIDDEN, forbidden_message(identity, &asked.verb, last)))
 }
 
-/// The node a request is about: the virtual node it names, the pod's virtual node, or, for
-/// a request naming neither or one that is none of them (or not found: the handler says so
-/// once authorized), the first of tidepool's virtual nodes. With none, no name: only rules
-/// for every node grant it.
+/// The node a request is about ([`node_for`]), the pod's node read from the training cluster.
 async fn node_asked(ctx: &Context, pod: Option<(&str, &str)>, named: Option<&str>) -> String {
     let nodes: BTreeSet<String> =
         ctx.members.borrow().values().flat_map(|m| m.pools.iter().map(|p| p.node.to_string())).collect();
-    if let Some(node) = named.filter(|n| nodes.contains(*n)) {
-        return node.to_owned();
-    }
-    if let Some((namespace, name)) = pod
+    let mut pods_node = None;
+    if named.is_none()
+        && let Some((namespace, name)) = pod
         && let Ok(Some(pod)) = Api::<Pod>::namespaced(ctx.training.clone(), namespace).get_opt(name).await
-        && let Some(node) = pod.spec.and_then(|s| s.node_name).filter(|n| nodes.contains(n))
     {
-        return node;
+        pods_node = pod.spec.and_then(|s| s.node_name);
     }
-    nodes.into_iter().next().unwrap_or_default()
+    node_for(&nodes, named, pods_node)
+}
+
+/// The node a request is about: the virtual node it names, or the virtual node of the pod it
+/// names. Otherwise (a request about every node this endpoint serves, like `/pods`, a node or
+/// pod that is none of tidepool's, a pod not found) no name, so only a grant on every node
+/// allows it: one endpoint serves all of tidepool's virtual nodes, so a grant on one of them
+/// must not open the others, and a caller without such a grant learns nothing of which pods
+/// exist (found or not, the answer is the same 403).
+pub(super) fn node_for(nodes: &BTreeSet<String>, named: Option<&str>, pods_node: Option<String>) -> String {
+    named.map(str::to_owned).or(pods_node).filter(|n| nodes.contains(n)).unwrap_or_default()
 }
 
 /// Asks the training cluster: allowed, and the authorizer's reason.
@@ -326,6 +331,17 @@ mod tests {
             let expected = Asked { verb: verb.to_string(), subresources, pod: *pod, node: None };
             assert_eq!(asked(method, path), expected, "{case}");
         }
+    }
+
+    #[test]
+    fn a_request_about_no_one_node_needs_a_grant_on_every_node() {
+        let nodes: BTreeSet<String> = ["tidepool-a".to_owned(), "tidepool-b".to_owned()].into();
+        assert_eq!(node_for(&nodes, Some("tidepool-b"), None), "tidepool-b");
+        assert_eq!(node_for(&nodes, None, Some("tidepool-b".into())), "tidepool-b", "the pod's node");
+        // Not the first virtual node (a grant on tidepool-a would open tidepool-b's pods).
+        assert_eq!(node_for(&nodes, None, None), "", "/pods, /stats/summary");
+        assert_eq!(node_for(&nodes, Some("worker-1"), None), "", "a node not tidepool's");
+        assert_eq!(node_for(&nodes, None, Some("worker-1".into())), "", "a pod not on a virtual node");
     }
 
     #[test]
