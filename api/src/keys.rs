@@ -89,6 +89,11 @@ pub const CONDITION_CREDENTIALS_VALID: &str = "CredentialsValid";
 pub const CONDITION_REACHABLE: &str = "Reachable";
 /// True while online pods in the member run at or below the offload PriorityClasses.
 pub const CONDITION_ONLINE_PRIORITY_CONFLICT: &str = "OnlinePriorityConflict";
+/// `MemberCluster` condition: the member's pod CIDRs overlap the training cluster's or another
+/// member's (reasons [`REASON_POD_NETWORK_OVERLAPS`], [`REASON_POD_NETWORKS_DISJOINT`]).
+pub const CONDITION_POD_NETWORK_OVERLAP: &str = "PodNetworkOverlap";
+pub const REASON_POD_NETWORK_OVERLAPS: &str = "PodCIDRsOverlap";
+pub const REASON_POD_NETWORKS_DISJOINT: &str = "PodCIDRsDisjoint";
 /// True while a deleted `MemberCluster` is drained; the reason names the step.
 pub const CONDITION_DRAINING: &str = "Draining";
 

@@ -47,7 +47,7 @@ fn node(i: usize, cpu: i64) -> NodeView {
     for (k, v) in [("cpu", cpu), ("memory", 256 << 30), ("pods", 110), ("ephemeral-storage", 100 << 30)] {
         allocatable.set(k, v * 1000);
     }
-    NodeView { name, labels, ready: true, unschedulable: false, allocatable, taints: Vec::new() }
+    NodeView { name, labels, ready: true, unschedulable: false, allocatable, taints: Vec::new(), pod_cidrs: Vec::new() }
 }
 
 fn pod(node: usize, cpu_milli: i64) -> PodView {

@@ -29,6 +29,8 @@ pub struct NodeView {
     /// `NoSchedule` and `NoExecute` taints: a pool counts the node only if its copies
     /// tolerate them all ([`NodeView::tolerated_by`]).
     pub taints: Vec<HardTaint>,
+    /// The node's pod CIDRs ([`crate::pod_network`]).
+    pub pod_cidrs: Vec<crate::pod_network::Cidr>,
 }
 
 /// A taint that keeps every pod off a node unless the pod tolerates it.
@@ -392,6 +394,7 @@ impl NodeView {
                 .filter(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
                 .map(|t| HardTaint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() })
                 .collect(),
+            pod_cidrs: crate::pod_network::node_cidrs(node),
         }
     }
 

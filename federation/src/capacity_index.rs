@@ -283,7 +283,15 @@ mod tests {
                     } else {
                         Vec::new()
                     };
-                    NodeView { name: format!("n{i}"), labels, ready, unschedulable: cordoned, allocatable, taints }
+                    NodeView {
+                        name: format!("n{i}"),
+                        labels,
+                        ready,
+                        unschedulable: cordoned,
+                        allocatable,
+                        taints,
+                        pod_cidrs: Vec::new(),
+                    }
                 })
             })
     }

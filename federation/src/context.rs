@@ -5,15 +5,21 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::Client;
+use kube::api::ListParams;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client};
 use tidepool_api::{BridgeConfig, MemberCluster, MemberName};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::member::Session;
+use crate::pod_network::PodNetwork;
+
+/// How long the training cluster's pod network, once read, is taken as current.
+const TRAINING_NETWORK_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 use crate::{Error, Members, Ownership};
 
 pub(crate) struct Context {
@@ -26,6 +32,8 @@ pub(crate) struct Context {
     /// Reconciles a member now: its session's health changed.
     pub trigger: mpsc::Sender<ObjectRef<MemberCluster>>,
     pub ownership: Ownership,
+    /// The training cluster's pod network and when it was read ([`Context::training_pod_network`]).
+    pub training_network: tokio::sync::Mutex<Option<(std::time::Instant, PodNetwork)>>,
 }
 
 impl Context {
@@ -33,6 +41,38 @@ impl Context {
     /// map may be half-updated, and carrying on would hide that.
     pub fn sessions(&self) -> Result<MutexGuard<'_, BTreeMap<MemberName, Session>>, Error> {
         self.sessions.lock().map_err(|_| Error::Poisoned { what: "member sessions" })
+    }
+
+    /// The pod CIDRs of the training cluster's nodes, read at most every
+    /// [`TRAINING_NETWORK_TTL`] (nodes get their CIDRs when they join, so a few minutes late is
+    /// soon enough for a warning). A failed read keeps the last one.
+    pub async fn training_pod_network(&self) -> PodNetwork {
+        let mut cached = self.training_network.lock().await;
+        if let Some((read, network)) = cached.as_ref()
+            && read.elapsed() < TRAINING_NETWORK_TTL
+        {
+            return network.clone();
+        }
+        let nodes = Api::<Node>::all(self.training.clone());
+        let mut cidrs = Vec::new();
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = match nodes.list(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the training cluster's pod CIDRs");
+                    return cached.as_ref().map(|(_, n)| n.clone()).unwrap_or_default();
+                }
+            };
+            cidrs.extend(page.items.iter().flat_map(crate::pod_network::node_cidrs));
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
+            }
+        }
+        let network = PodNetwork::new(cidrs);
+        *cached = Some((std::time::Instant::now(), network.clone()));
+        network
     }
 
     /// Whether this replica bridges member `name` now (always, without sharding).

@@ -33,6 +33,7 @@ use crate::context::{Cond, Context, condition, hand_over, hold, publish, stop};
 use crate::health::Health;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::member::{MemberHandle, Session, SessionOptions};
+use crate::pod_network::{PodNetwork, overlap_message};
 use crate::priority::PriorityConflict;
 use crate::{Error, MemberStats};
 
@@ -212,6 +213,43 @@ fn live_verdict(health: &Health, pools: usize, loss_timeout_seconds: u64) -> Ver
     ready_verdict(pools)
 }
 
+/// What a running session found out about its member, for its conditions.
+struct Findings {
+    conflict: Option<PriorityConflict>,
+    /// Why its pod network overlaps another's ([`crate::pod_network::overlap_message`]).
+    overlap: Option<String>,
+}
+
+/// The findings of member `name`'s session, if it runs here. Its pod network is compared with
+/// the training cluster's and with the members this replica bridges.
+async fn findings(ctx: &Context, name: &MemberName) -> Result<Option<Findings>, Error> {
+    let (conflict, ours, others) = {
+        let sessions = ctx.sessions()?;
+        let Some(session) = sessions.get(name) else { return Ok(None) };
+        let others: Vec<(String, PodNetwork)> = sessions
+            .iter()
+            .filter(|(other, _)| *other != name)
+            .map(|(other, s)| (format!("member {other}"), s.handle.pod_network.borrow().clone()))
+            .collect();
+        (session.handle.priority_conflict.borrow().clone(), session.handle.pod_network.borrow().clone(), others)
+    };
+    let training = if ours.is_empty() { PodNetwork::default() } else { ctx.training_pod_network().await };
+    let named = std::iter::once(("the training cluster", &training)).chain(others.iter().map(|(w, n)| (w.as_str(), n)));
+    Ok(Some(Findings { conflict, overlap: overlap_message(&ours, named) }))
+}
+
+/// The `PodNetworkOverlap` condition of a running session. Pure.
+fn overlap_condition(overlap: Option<&String>) -> Cond {
+    match overlap {
+        Some(why) => Cond::new(true, keys::REASON_POD_NETWORK_OVERLAPS, why.clone()),
+        None => Cond::new(
+            false,
+            keys::REASON_POD_NETWORKS_DISJOINT,
+            "the member's pod CIDRs overlap neither the training cluster's nor another member's",
+        ),
+    }
+}
+
 /// The `OnlinePriorityConflict` condition of a running session. Pure.
 fn conflict_condition(conflict: Option<&PriorityConflict>) -> Cond {
     match conflict {
@@ -295,9 +333,9 @@ async fn reconcile(mc: Arc<MemberCluster>, ctx: Arc<Context>) -> Result<Action, 
     if !ctx.owns(&name) {
         return Ok(Action::await_change());
     }
-    let conflict = ctx.sessions()?.get(&name).map(|s| s.handle.priority_conflict.borrow().clone());
+    let findings = findings(&ctx, &name).await?;
     let requeue = verdict.requeue();
-    write_conditions(&mc, &ctx, verdict, conflict).await?;
+    write_conditions(&mc, &ctx, verdict, findings).await?;
     metrics().observe_sync("membercluster", started.elapsed());
     Ok(Action::requeue(requeue))
 }
@@ -524,11 +562,13 @@ async fn follow_health(
 ) {
     let mut health = handle.health.clone();
     let mut conflict = handle.priority_conflict.clone();
+    let mut network = handle.pod_network.clone();
     loop {
         tokio::select! {
             () = handle.cancelled.cancelled() => return,
             res = health.changed() => if res.is_err() { return },
             res = conflict.changed() => if res.is_err() { return },
+            res = network.changed() => if res.is_err() { return },
         }
         if trigger.send(member.clone()).await.is_err() {
             return;
@@ -596,14 +636,13 @@ async fn sweep(store: Store<MemberCluster>, ctx: Arc<Context>) {
     }
 }
 
-/// Writes the conditions of `v`, and `OnlinePriorityConflict` when a session runs
-/// (`conflict` is `None` without one, `Some(None)` when its online pods are all above the
-/// offload priorities).
+/// Writes the conditions of `v`, and `OnlinePriorityConflict` and `PodNetworkOverlap` when a
+/// session runs (`findings` is `None` without one).
 async fn write_conditions(
     mc: &MemberCluster,
     ctx: &Context,
     v: Verdict,
-    conflict: Option<Option<PriorityConflict>>,
+    findings: Option<Findings>,
 ) -> Result<(), Error> {
     if !v.ready.ok {
         warn!(reason = v.ready.reason, message = %kubeconfig::scrub_urls(&v.ready.message), "member not ready");
@@ -620,13 +659,15 @@ async fn write_conditions(
             conditions.push(condition(old, type_, value, generation));
         }
     }
-    if let Some(conflict) = conflict {
+    if let Some(findings) = findings {
         let type_ = keys::CONDITION_ONLINE_PRIORITY_CONFLICT;
-        let next = condition(old, type_, conflict_condition(conflict.as_ref()), generation);
+        let next = condition(old, type_, conflict_condition(findings.conflict.as_ref()), generation);
         if let Some(event) = conflict_event(old.iter().find(|c| c.type_ == type_), &next) {
             announce(mc, ctx, &event).await;
         }
         conditions.push(next);
+        let type_ = keys::CONDITION_POD_NETWORK_OVERLAP;
+        conditions.push(condition(old, type_, overlap_condition(findings.overlap.as_ref()), generation));
     }
     if old == conditions.as_slice() {
         return Ok(());

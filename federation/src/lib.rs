@@ -23,6 +23,7 @@ pub mod fence;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod pod_network;
 pub mod pool_model;
 pub mod priority;
 pub mod published;
@@ -108,6 +109,7 @@ impl Federation {
             members: tx,
             trigger,
             ownership,
+            training_network: tokio::sync::Mutex::default(),
         });
         tasks.spawn("federation", controller::run(ctx, triggers));
         Self { members: rx }

@@ -32,6 +32,7 @@ use crate::capacity::{
 };
 use crate::capacity_index::PodIndex;
 use crate::health::Health;
+use crate::pod_network::PodNetwork;
 use crate::pool_model::{PoolModel, Touched};
 use crate::priority::{PriorityConflict, offload_ceiling};
 use crate::wire::{MemberNode, MemberPod};
@@ -158,6 +159,8 @@ pub struct MemberHandle {
     pub stats: Arc<crate::MemberStats>,
     /// Online pods at or below the offload priorities, if any; set with the first capacity.
     pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
+    /// The pod CIDRs of the member's nodes; set with the first capacity.
+    pub pod_network: watch::Receiver<PodNetwork>,
     /// The capacity publisher's wake-ups, for [`MemberHandle::want_capacity`].
     wakeups: Wakeups,
     /// Set before the session ends because another replica owns the member now: its virtual
@@ -368,7 +371,7 @@ impl Caches {
         &self,
         pools: &mut [PoolModel],
         policy: &CapacityPolicy,
-        conflict: &watch::Sender<Option<PriorityConflict>>,
+        signals: &Signals,
     ) -> Result<Option<Vec<PoolCapacity>>, crate::Error> {
         let hpa_views = join_hpas(&*locked(&self.hpas, "HPA view")?, &*locked(&self.templates, "workload view")?);
         let mut nodes = locked(&self.nodes, "node view")?;
@@ -376,11 +379,20 @@ impl Caches {
         if !(nodes.synced && pods.synced) {
             return Ok(None);
         }
-        let touched = nodes.derived.take().joined(pods.derived.take_touched());
+        let nodes_touched = nodes.derived.take();
+        if !nodes_touched.is_empty() {
+            let network = PodNetwork::new(nodes.views().values().flat_map(|v| v.pod_cidrs.iter().copied()));
+            signals.pod_network.send_if_modified(|cur| {
+                let changed = *cur != network;
+                *cur = network;
+                changed
+            });
+        }
+        let touched = nodes_touched.joined(pods.derived.take_touched());
         let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, &pods.derived);
         let demand = OnlineDemand { policy, hpas: &hpa_views, to_come: &to_come, now: jiff::Timestamp::now() };
         let found = pods.derived.priority_conflict();
-        conflict.send_if_modified(|cur| {
+        signals.conflict.send_if_modified(|cur| {
             let changed = *cur != found;
             *cur = found;
             changed
@@ -391,6 +403,14 @@ impl Caches {
         };
         Ok(Some(pools.iter_mut().map(capacity).collect()))
     }
+}
+
+/// What the capacity computation finds out about the member besides capacity, for its
+/// `MemberCluster` conditions.
+struct Signals {
+    conflict: watch::Sender<Option<PriorityConflict>>,
+    /// The pod network of the member's nodes ([`crate::pod_network`]).
+    pod_network: watch::Sender<PodNetwork>,
 }
 
 /// What becomes of a pool's newly computed capacity.
@@ -574,13 +594,15 @@ impl Session {
             .iter()
             .map(|p| PoolModel::new(p.node_selector.clone(), p.tolerations.clone(), p.mode, p.topology.clone()))
             .collect();
-        let (conflict_tx, conflict_rx) = watch::channel(None);
+        let (conflict, conflict_rx) = watch::channel(None);
+        let (pod_network, network_rx) = watch::channel(PodNetwork::default());
+        let signals = Signals { conflict, pod_network };
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
         let (member, stop, wakeups) = (name.clone(), cancelled.clone(), caches.wakeups.clone());
         tokio::spawn(
             async move {
-                let compute = || caches.compute(&mut models, &policy, &conflict_tx);
+                let compute = || caches.compute(&mut models, &policy, &signals);
                 if let Err(e) = run_publisher(&member, compute, &outs, &caches.wakeups, clock, &stop).await {
                     error!(error = %e, "capacity publisher stopped: the pools keep their last capacity");
                 }
@@ -604,6 +626,7 @@ impl Session {
             health,
             stats: options.stats,
             priority_conflict: conflict_rx,
+            pod_network: network_rx,
             wakeups,
             handed_over: std::sync::atomic::AtomicBool::new(false),
         };

@@ -37,6 +37,11 @@ impl Touched {
         self.names.clear();
     }
 
+    /// Whether nothing was noted.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.names.is_empty()
+    }
+
     /// What was noted, leaving nothing noted.
     pub fn take(&mut self) -> Touched {
         std::mem::take(self)

@@ -123,6 +123,10 @@ struct NodeWire {
 struct NodeSpecWire {
     unschedulable: Option<bool>,
     taints: Option<Vec<Taint>>,
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    #[serde(rename = "podCIDRs")]
+    pod_cidrs: Option<Vec<String>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -142,7 +146,13 @@ struct ConditionWire {
 
 impl From<NodeWire> for MemberNode {
     fn from(n: NodeWire) -> Self {
-        let spec = n.spec.map(|s| NodeSpec { unschedulable: s.unschedulable, taints: s.taints, ..Default::default() });
+        let spec = n.spec.map(|s| NodeSpec {
+            unschedulable: s.unschedulable,
+            taints: s.taints,
+            pod_cidr: s.pod_cidr,
+            pod_cidrs: s.pod_cidrs,
+            ..Default::default()
+        });
         let status = n.status.map(|s| NodeStatus {
             allocatable: s.allocatable,
             conditions: s.conditions.map(|cs| {

@@ -381,3 +381,56 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
     drain_pods(&training, NS).await;
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
+
+/// A member whose pod CIDRs overlap the training cluster's is reported on its
+/// `MemberCluster` (`PodNetworkOverlap`, naming both CIDRs), and the report clears when the
+/// overlapping node goes. The local clusters do not allocate node CIDRs, so an admin's node
+/// object with a pod CIDR stands in on each side (unschedulable: nothing runs there).
+#[tokio::test]
+async fn a_member_whose_pod_cidrs_overlap_the_training_clusters_is_reported() {
+    const TEST: &str = "pod-network";
+    const NS: &str = "e2e-pod-network";
+    const MEMBER: &str = "pod-network-b";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    let id = run_id();
+    let node = |name: &str, cidr: &str| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"e2e.tidepool.io/stand-in": "true"}},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "unschedulable": true,
+                     "taints": [{"key": "e2e.tidepool.io/stand-in", "effect": "NoSchedule"}]}
+        }))
+        .unwrap()
+    };
+    let (in_training, in_member) = (format!("e2e-cidr-t-{id}"), format!("e2e-cidr-m-{id}"));
+    let training_nodes = Api::<Node>::all(training.clone());
+    training_nodes.create(&PostParams::default(), &node(&in_training, "10.250.0.0/24")).await.unwrap();
+    let (_tidepool, _) = start(&env, &training, TEST, NS, MEMBER).await;
+    let member_nodes = Api::<Node>::all(member_b.clone());
+    member_nodes.create(&PostParams::default(), &node(&in_member, "10.250.0.128/25")).await.unwrap();
+    let (status, reason, message) = wait_for(Duration::from_secs(60), "PodNetworkOverlap True on the member", || {
+        let training = training.clone();
+        async move {
+            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
+            (c.0 == "True").then_some(c)
+        }
+    })
+    .await;
+    eprintln!("{status} {reason}: {message}");
+    assert_eq!(reason, keys::REASON_POD_NETWORK_OVERLAPS);
+    assert!(message.contains("10.250.0.128/25") && message.contains("10.250.0.0/24"), "{message}");
+    assert!(message.contains("the training cluster"), "{message}");
+
+    member_nodes.delete(&in_member, &DeleteParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(60), "PodNetworkOverlap False once the node is gone", || {
+        let training = training.clone();
+        async move {
+            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
+            (c.0 == "False").then_some(())
+        }
+    })
+    .await;
+    training_nodes.delete(&in_training, &DeleteParams::default()).await.unwrap();
+    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
+}

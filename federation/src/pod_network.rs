@@ -1,0 +1,208 @@
+//! Pod networks that collide. A copy's pod IP comes up as its training pod's `status.podIP`
+//! (it is the only address the copy is reached at), so a member whose pod CIDR overlaps the
+//! training cluster's, or another member's, gives training pods the IPs of other pods:
+//! EndpointSlices and IP-based policies in the training cluster then point at the wrong
+//! pods. Such a member is reported on its `MemberCluster` (`PodNetworkOverlap`). Pure: tested
+//! on plain data.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use k8s_openapi::api::core::v1::Node;
+
+/// An IP network, `address/prefix`, its host bits ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (address, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not address/prefix"))?;
+        let address: IpAddr = address.parse().map_err(|_| format!("{s:?} has no IP address"))?;
+        let prefix: u8 = prefix.parse().map_err(|_| format!("{s:?} has no prefix length"))?;
+        let most = if address.is_ipv4() { 32 } else { 128 };
+        if prefix > most {
+            return Err(format!("{s:?}: a prefix longer than {most} bits"));
+        }
+        Ok(Cidr { address, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+impl Cidr {
+    /// First and last address as numbers of the family's width (IPv4 in the low 32 bits), and
+    /// the family.
+    fn range(&self) -> (bool, u128, u128) {
+        let (v6, bits, width) = match self.address {
+            IpAddr::V4(a) => (false, u128::from(u32::from(a)), 32u32),
+            IpAddr::V6(a) => (true, u128::from(a), 128u32),
+        };
+        let host_bits = width - u32::from(self.prefix);
+        let host_mask = if host_bits == 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
+        (v6, bits & !host_mask, bits | host_mask)
+    }
+
+    /// Whether the network holds address `at` of family `v6`.
+    fn holds(&self, v6: bool, at: u128) -> bool {
+        let (family, start, end) = self.range();
+        family == v6 && start <= at && at <= end
+    }
+
+    /// Whether the two networks share an address.
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        let (a6, a0, a1) = self.range();
+        let (b6, b0, b1) = other.range();
+        a6 == b6 && a0 <= b1 && b0 <= a1
+    }
+}
+
+/// The pod CIDRs a node was given (`spec.podCIDRs`, else `spec.podCIDR`); unparsable ones
+/// are left out.
+pub fn node_cidrs(node: &Node) -> Vec<Cidr> {
+    let Some(spec) = node.spec.as_ref() else { return Vec::new() };
+    let listed = spec.pod_cidrs.iter().flatten().chain(spec.pod_cidr.iter().filter(|_| spec.pod_cidrs.is_none()));
+    listed.filter_map(|c| c.parse().ok()).collect()
+}
+
+/// A pod network: every CIDR of a cluster's nodes (unique), and the same as disjoint ranges
+/// (family, first, last; sorted, merged).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodNetwork {
+    cidrs: Vec<Cidr>,
+    ranges: Vec<(bool, u128, u128)>,
+}
+
+impl PodNetwork {
+    pub fn new(cidrs: impl IntoIterator<Item = Cidr>) -> Self {
+        let mut cidrs: Vec<Cidr> = cidrs.into_iter().collect();
+        cidrs.sort();
+        cidrs.dedup();
+        let mut all: Vec<(bool, u128, u128)> = cidrs.iter().map(Cidr::range).collect();
+        all.sort();
+        let mut ranges: Vec<(bool, u128, u128)> = Vec::with_capacity(all.len());
+        for r in all {
+            match ranges.last_mut() {
+                Some(last) if last.0 == r.0 && r.1 <= last.2.saturating_add(1) => last.2 = last.2.max(r.2),
+                _ => ranges.push(r),
+            }
+        }
+        PodNetwork { cidrs, ranges }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cidrs.is_empty()
+    }
+
+    /// A CIDR of each network, the two overlapping, if any: one sweep of both networks'
+    /// ranges, then the CIDRs holding the first shared address.
+    pub fn overlap(&self, other: &PodNetwork) -> Option<(Cidr, Cidr)> {
+        let (mut i, mut j) = (0, 0);
+        while let (Some(a), Some(b)) = (self.ranges.get(i), other.ranges.get(j)) {
+            if a.0 == b.0 && a.1 <= b.2 && b.1 <= a.2 {
+                let shared = a.1.max(b.1);
+                let ours = self.cidrs.iter().find(|c| c.holds(a.0, shared))?;
+                let theirs = other.cidrs.iter().find(|c| c.holds(a.0, shared))?;
+                return Some((*ours, *theirs));
+            }
+            if (a.0, a.2) < (b.0, b.2) {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        None
+    }
+}
+
+/// What a member's `PodNetworkOverlap` condition says: the first of `others` (the training
+/// cluster, other members, by name) whose pod network overlaps `member`'s.
+pub fn overlap_message<'a>(
+    member: &PodNetwork,
+    others: impl IntoIterator<Item = (&'a str, &'a PodNetwork)>,
+) -> Option<String> {
+    others.into_iter().find_map(|(who, network)| {
+        let (ours, theirs) = member.overlap(network)?;
+        Some(format!(
+            "pod CIDR {ours} of this member overlaps {theirs} of {who}: its copies' pod IPs, shown on their \
+             training pods, can be other pods' IPs there (Services and network policies in the training \
+             cluster would reach the wrong pods); give the clusters disjoint pod CIDRs"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn net(cidrs: &[&str]) -> PodNetwork {
+        PodNetwork::new(cidrs.iter().map(|c| c.parse::<Cidr>().unwrap()))
+    }
+
+    #[test]
+    fn cidrs_parse_and_overlap_by_their_addresses() {
+        let c = |s: &str| s.parse::<Cidr>().unwrap();
+        assert!(c("10.244.0.0/16").overlaps(&c("10.244.7.0/24")));
+        assert!(!c("10.244.0.0/24").overlaps(&c("10.244.1.0/24")));
+        assert!(c("10.244.0.9/24").overlaps(&c("10.244.0.0/30")), "host bits ignored");
+        assert!(!c("10.0.0.0/8").overlaps(&c("fd00::/8")), "families never overlap");
+        assert!(c("0.0.0.0/0").overlaps(&c("192.168.1.0/24")));
+        assert!(c("fd00:10::/64").overlaps(&c("fd00:10::/48")));
+        for bad in ["10.0.0.0", "10.0.0.0/33", "x/8", "fd00::/129"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_member_overlapping_the_training_cluster_or_another_member_is_named() {
+        let training = net(&["10.244.0.0/24", "10.244.1.0/24"]);
+        let member_a = net(&["10.245.0.0/24", "10.245.1.0/24"]);
+        let member_b = net(&["10.246.0.0/24", "10.244.1.0/25"]);
+        assert_eq!(overlap_message(&member_a, [("the training cluster", &training), ("member-b", &member_b)]), None);
+        let said = overlap_message(&member_b, [("the training cluster", &training), ("member-a", &member_a)]).unwrap();
+        assert!(
+            said.starts_with("pod CIDR 10.244.1.0/25 of this member overlaps 10.244.1.0/24 of the training cluster"),
+            "{said}"
+        );
+        assert_eq!(overlap_message(&PodNetwork::default(), [("the training cluster", &training)]), None);
+    }
+
+    #[test]
+    fn a_nodes_cidrs_come_from_pod_cidrs_or_pod_cidr() {
+        let node =
+            |spec: serde_json::Value| -> Node { serde_json::from_value(serde_json::json!({"spec": spec})).unwrap() };
+        let dual = node(serde_json::json!({"podCIDR": "10.1.0.0/24", "podCIDRs": ["10.1.0.0/24", "fd00:1::/64"]}));
+        assert_eq!(node_cidrs(&dual).len(), 2);
+        assert_eq!(node_cidrs(&node(serde_json::json!({"podCIDR": "10.1.0.0/24"}))).len(), 1);
+        assert!(node_cidrs(&node(serde_json::json!({}))).is_empty());
+    }
+
+    fn arb_cidr() -> impl Strategy<Value = Cidr> {
+        (any::<u32>(), 8u8..=32).prop_map(|(a, p)| Cidr { address: IpAddr::V4(a.into()), prefix: p })
+    }
+
+    proptest! {
+        /// The sweep over merged ranges finds an overlap exactly when some pair of CIDRs
+        /// overlaps.
+        #[test]
+        fn the_sweep_agrees_with_every_pair(a in prop::collection::vec(arb_cidr(), 0..12),
+                                            b in prop::collection::vec(arb_cidr(), 0..12)) {
+            let pairwise = a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
+            let (na, nb) = (PodNetwork::new(a.clone()), PodNetwork::new(b.clone()));
+            prop_assert_eq!(na.overlap(&nb).is_some(), pairwise);
+            if let Some((x, y)) = na.overlap(&nb) {
+                prop_assert!(a.contains(&x) && b.contains(&y) && x.overlaps(&y));
+            }
+        }
+    }
+}
