@@ -99,11 +99,38 @@ pub struct MemberClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_scheduler: Option<GangScheduler>,
 
+    /// The Pod Security level of the offload namespaces and the copies: `baseline` (default)
+    /// or `restricted`. Restricted, the namespaces tidepool makes enforce it and every copy
+    /// runs with what the level asks where its pod says nothing (`runAsNonRoot`, no privilege
+    /// escalation, every capability dropped): a pod whose image runs as root then fails to
+    /// start in the member, said on its training pod. Namespaces made before keep their label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
+
     /// `schedulerName` of the copies in a gang, when `gangScheduler` is set. Default: the
     /// name a second scheduler of scheduler-plugins runs as (`scheduler-plugins-scheduler`)
     /// for `coscheduling`, `volcano` for `volcano`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_scheduler_name: Option<String>,
+}
+
+/// A Pod Security Standards level ([`MemberClusterSpec::pod_security`]).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSecurityLevel {
+    #[default]
+    Baseline,
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    /// As the `pod-security.kubernetes.io/enforce` label spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Restricted => "restricted",
+        }
+    }
 }
 
 /// A gang scheduler a member may run, by the PodGroup API it reads.

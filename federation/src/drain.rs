@@ -345,7 +345,7 @@ async fn member_objects(
         // prefix every namespace had then.
         let mine = match ns.labels().get(keys::LABEL_ORIGIN_MEMBER) {
             Some(m) => m == member.as_str(),
-            None => ns_name.starts_with(prefix),
+            None => made_with_prefix(&ns_name, prefix),
         };
         if !mine {
             left.foreign_namespaces += 1;
@@ -557,9 +557,23 @@ async fn publish(ctx: &Context, mc: &MemberCluster, type_: EventType, reason: &s
     }
 }
 
+/// Whether namespace `name`, made before namespaces carried their member's label, is one of
+/// the member with namespace prefix `prefix`. An empty prefix (same-name namespaces) names no
+/// namespace this way: it would match every one.
+fn made_with_prefix(name: &str, prefix: &str) -> bool {
+    !prefix.is_empty() && name.starts_with(prefix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unlabelled_namespace_is_a_members_only_by_a_non_empty_prefix() {
+        assert!(made_with_prefix("tp-team-a", "tp-"));
+        assert!(!made_with_prefix("payments", "tp-"));
+        assert!(!made_with_prefix("payments", ""), "an empty prefix would drain every namespace");
+    }
 
     #[test]
     fn a_drain_lists_only_its_own_reflected_objects_and_mirrors() {

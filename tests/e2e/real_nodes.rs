@@ -619,3 +619,81 @@ async fn a_copy_runs_with_a_seccomp_filter_without_net_raw_and_sees_no_device() 
     clear_pods(&s.member, ns).await;
     drain_pods(&s.training, NS).await;
 }
+
+/// A member that asks for the `restricted` Pod Security level (`spec.podSecurity`): its offload
+/// namespace enforces it, and a copy whose pod says nothing runs as the level asks. A pod
+/// running as uid 65532 reports no new privileges and an empty capability bounding set from
+/// inside; a pod whose image runs as root does not start, and its training pod says why, in
+/// the kubelet's words.
+#[tokio::test]
+async fn a_restricted_member_runs_copies_non_root_without_escalation_or_capabilities() {
+    const TEST: &str = "restricted";
+    const NS: &str = "e2e-restricted";
+    const MEMBER: &str = "e2e-restricted-a";
+    const NODE: &str = "tidepool-e2e-restricted-a-real";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
+    // An earlier run's offload namespace keeps the label it was made with: gone first.
+    let offload = offload_ns(NS);
+    let _ = namespaces.delete(&offload, &Default::default()).await;
+    wait_for(Duration::from_secs(120), "an earlier run's offload namespace gone", || {
+        let (namespaces, offload) = (namespaces.clone(), offload.clone());
+        async move { namespaces.get_opt(&offload).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
+    mc.spec.pools = vec![real_pool(&env)];
+    mc.spec.pod_security = Some(tidepool_api::crd::PodSecurityLevel::Restricted);
+    let _tidepool = start_on_real_node(&env, &training, (TEST, NS), "", &mc, NODE).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let id = run_id();
+    let pod = |name: &str, user: Option<i64>| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": NODE, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "securityContext": user.map_or(json!({}), |u| json!({"runAsUser": u})),
+                "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "main", "image": env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                                "command": ["/bin/sh", "-c",
+                                            "grep -E '^(NoNewPrivs|CapBnd):' /proc/self/status; exec sleep 3600"],
+                                "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}}]
+            }
+        }))
+        .unwrap()
+    };
+    let nonroot = format!("nonroot-{id}");
+    pods.create(&PostParams::default(), &pod(&nonroot, Some(65532))).await.unwrap();
+    let log = wait_for(Duration::from_secs(90), "the non-root copy's report", || async {
+        let (_, out, _) = kubectl(&env, "training", &["-n", NS, "logs", &nonroot], None).await;
+        out.contains("CapBnd:").then_some(out)
+    })
+    .await;
+    println!("restricted copy: {log:?}");
+    let field = |key: &str| log.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_default().trim().to_owned();
+    assert_eq!(field("NoNewPrivs:"), "1", "no privilege escalation");
+    assert_eq!(u64::from_str_radix(&field("CapBnd:"), 16).ok(), Some(0), "every capability dropped");
+    let ns = namespaces.get(&offload).await.unwrap();
+    assert_eq!(
+        ns.metadata.labels.unwrap_or_default().get("pod-security.kubernetes.io/enforce").map(String::as_str),
+        Some("restricted")
+    );
+
+    let root = format!("root-{id}");
+    pods.create(&PostParams::default(), &pod(&root, None)).await.unwrap();
+    let (reason, message) = wait_for(Duration::from_secs(90), "the root image's pod says why it waits", || {
+        let (pods, root) = (pods.clone(), root.clone());
+        async move {
+            let p = pods.get(&root).await.ok()?;
+            let waiting = p.status?.container_statuses?.into_iter().next()?.state?.waiting?;
+            (waiting.reason.as_deref() == Some("CreateContainerConfigError"))
+                .then(|| (waiting.reason.unwrap_or_default(), waiting.message.unwrap_or_default()))
+        }
+    })
+    .await;
+    println!("root image: {reason}: {message}");
+    assert!(message.contains("runAsNonRoot"), "{message}");
+    drain_pods(&training, NS).await;
+}

@@ -16,8 +16,14 @@
 //!   exposes no device to it. A value the tenant sets is refused by [`check_device_env`]
 //!   before anything is created; one an `envFrom` source brings is overridden, since `env`
 //!   wins over `envFrom` for the same name.
+//! - **`restricted`** members ([`PodSecurityLevel::Restricted`]): where the pod says nothing,
+//!   `runAsNonRoot: true` for the pod, `allowPrivilegeEscalation: false` and every capability
+//!   dropped (`ALL`) in each container. A container that adds capabilities keeps them (the
+//!   member's Pod Security admission then judges it); an image that runs as root fails to
+//!   start, as the kubelet says.
 
 use k8s_openapi::api::core::v1::{Capabilities, Container, EnvVar, PodSpec, SeccompProfile};
+use tidepool_api::crd::PodSecurityLevel;
 
 use crate::policy::PolicyViolation;
 
@@ -73,8 +79,8 @@ fn violation(field: String, reason: impl Into<String>) -> PolicyViolation {
     PolicyViolation { field, reason: reason.into() }
 }
 
-/// Hardens the copy's spec `s` (see the module's header).
-pub fn harden(s: &mut PodSpec) {
+/// Hardens the copy's spec `s` for a member of Pod Security `level` (see the module's header).
+pub fn harden(s: &mut PodSpec, level: PodSecurityLevel) {
     let every_container_names_one = s
         .containers
         .iter()
@@ -84,9 +90,30 @@ pub fn harden(s: &mut PodSpec) {
     if pod.seccomp_profile.is_none() && !every_container_names_one {
         pod.seccomp_profile = Some(SeccompProfile { type_: "RuntimeDefault".to_owned(), localhost_profile: None });
     }
+    let restricted = level == PodSecurityLevel::Restricted;
+    if restricted && pod.run_as_non_root.is_none() {
+        pod.run_as_non_root = Some(true);
+    }
     for c in s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()) {
+        if restricted {
+            restrict(c);
+        }
         drop_net_raw(c);
         hide_devices(c);
+    }
+}
+
+/// What the `restricted` level asks of a container, where it says nothing.
+fn restrict(c: &mut Container) {
+    let sc = c.security_context.get_or_insert_with(Default::default);
+    if sc.privileged == Some(true) {
+        return;
+    }
+    sc.allow_privilege_escalation.get_or_insert(false);
+    let caps = sc.capabilities.get_or_insert_with(Capabilities::default);
+    let drop = caps.drop.get_or_insert_with(Vec::new);
+    if !drop.iter().any(|d| d.eq_ignore_ascii_case("ALL")) {
+        drop.push("ALL".to_owned());
     }
 }
 
@@ -127,7 +154,7 @@ mod tests {
 
     fn hardened(v: serde_json::Value) -> serde_json::Value {
         let mut s = spec(v);
-        harden(&mut s);
+        harden(&mut s, PodSecurityLevel::Baseline);
         serde_json::to_value(s).unwrap()
     }
 
@@ -196,5 +223,27 @@ mod tests {
         let fine = spec(json!({"containers": [{"name": "a", "env": [{"name": "CUDA_HOME", "value": "/x"}],
             "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "m"}}]}]}));
         assert_eq!(check_device_env(&fine), Ok(()));
+    }
+
+    #[test]
+    fn a_restricted_member_runs_copies_as_non_root_without_escalation_or_capabilities() {
+        let mut s = spec(json!({"containers": [
+            {"name": "plain"},
+            {"name": "own", "securityContext": {"allowPrivilegeEscalation": true,
+                                                "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["all"]}}}]}));
+        harden(&mut s, PodSecurityLevel::Restricted);
+        let s = serde_json::to_value(s).unwrap();
+        assert_eq!(s["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(s["containers"][0]["securityContext"]["allowPrivilegeEscalation"], false);
+        assert_eq!(s["containers"][0]["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+        assert_eq!(s["containers"][1]["securityContext"]["allowPrivilegeEscalation"], true, "what the pod says stays");
+        assert_eq!(s["containers"][1]["securityContext"]["capabilities"]["drop"], json!(["all"]));
+        let said = spec(json!({"securityContext": {"runAsNonRoot": false}, "containers": [{"name": "a"}]}));
+        let mut kept = said.clone();
+        harden(&mut kept, PodSecurityLevel::Restricted);
+        assert_eq!(kept.security_context.unwrap().run_as_non_root, Some(false), "the member's admission judges it");
+        let baseline = hardened(json!({"containers": [{"name": "a"}]}));
+        assert!(baseline["securityContext"]["runAsNonRoot"].is_null());
+        assert!(baseline["containers"][0]["securityContext"]["allowPrivilegeEscalation"].is_null());
     }
 }

@@ -706,6 +706,7 @@ impl PodSync<'_> {
             copy_annotations: &member.copy_annotations,
             max_termination_grace: member.max_termination_grace,
             mode: pool.mode,
+            pod_security: member.pod_security,
         }
     }
 
@@ -914,8 +915,8 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, (origin, ns): (&s
         (keys::LABEL_ORIGIN_CLUSTER, ctx.config.cluster_name.as_str()),
         (keys::LABEL_ORIGIN_MEMBER, member.name.as_str()),
         (keys::LABEL_ORIGIN_NAMESPACE, origin),
-        ("pod-security.kubernetes.io/enforce", "baseline"),
-        ("pod-security.kubernetes.io/warn", "baseline"),
+        ("pod-security.kubernetes.io/enforce", member.pod_security.as_str()),
+        ("pod-security.kubernetes.io/warn", member.pod_security.as_str()),
     ];
     let namespace = Namespace {
         metadata: ObjectMeta {

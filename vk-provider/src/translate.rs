@@ -43,6 +43,8 @@ pub struct Target<'a> {
     pub copy_annotations: &'a [String],
     /// `spec.maxTerminationGraceSeconds` of the member.
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
+    /// `spec.podSecurity` of the member: what the copy is hardened to.
+    pub pod_security: tidepool_api::crd::PodSecurityLevel,
     /// The pool's mode: in a colocation mode the copy asks for the member's batch resources
     /// and carries what marks it as batch work there ([`colocate`]).
     pub mode: tidepool_api::crd::PoolMode,
@@ -314,7 +316,7 @@ fn offload_spec(
     s.termination_grace_period_seconds =
         Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
     drop_training_credentials(&mut s);
-    crate::harden::harden(&mut s);
+    crate::harden::harden(&mut s, target.pod_security);
     // Debug containers someone added to the training pod belong to it: the API refuses a new
     // pod that has any, and they were not meant to run in a member.
     s.ephemeral_containers = None;
@@ -731,6 +733,7 @@ mod tests {
             copy_labels: &[],
             copy_annotations: &[],
             max_termination_grace: Default::default(),
+            pod_security: Default::default(),
             mode: Default::default(),
         }
     }
