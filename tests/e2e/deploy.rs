@@ -492,10 +492,13 @@ async fn member_writes_are_held_to_tidepools(lp_member: &Client, offload_ns: &st
             "member: a pod in a class above online pods",
             json!({"priorityClassName": "system-node-critical", "preemptionPolicy": null}),
         ),
-        ("member: a pod of an offload class that preempts", json!({"preemptionPolicy": "PreemptLowerPriority"})),
     ] {
         refused_by_policy(pods.create(&dry, &pod("e2e-escape", spec)).await, what);
     }
+    // A pod's preemption policy other than its class's: Kubernetes' own Priority admission
+    // refuses it before any policy runs.
+    let preempting = pod("e2e-escape", json!({"preemptionPolicy": "PreemptLowerPriority"}));
+    forbidden(pods.create(&dry, &preempting).await, "member: a pod of an offload class that preempts");
     let services = Api::<Service>::namespaced(lp_member.clone(), offload_ns);
     let service = |spec: serde_json::Value| -> Service {
         let mut s = json!({"metadata": {"name": "e2e-svc"}, "spec": {"ports": [{"port": 80}], "selector": {"x": "y"}}});

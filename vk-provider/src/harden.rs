@@ -13,8 +13,8 @@
 //!   spoofing of online pods on the same bridge).
 //! - **GPUs only through the device plugin**: a container with no GPU limit gets
 //!   `NVIDIA_VISIBLE_DEVICES=void`, so an NVIDIA container toolkit that reads the variable
-//!   exposes no device to it. A value the tenant sets is refused by [`check_device_env`]
-//!   before anything is created; one an `envFrom` source brings is overridden, since `env`
+//!   exposes no device to it. A value the tenant sets that asks for devices (anything but
+//!   empty, `void` or `none`) is refused by [`check_device_env`] before anything is created; one an `envFrom` source brings is overridden, since `env`
 //!   wins over `envFrom` for the same name.
 //! - **`restricted`** members ([`PodSecurityLevel::Restricted`]): where the pod says nothing,
 //!   `runAsNonRoot: true` for the pod, `allowPrivilegeEscalation: false` and every capability
@@ -51,7 +51,7 @@ pub fn check_device_env(spec: &PodSpec) -> Result<(), PolicyViolation> {
     for (kind, containers) in kinds {
         for (i, c) in containers.iter().enumerate() {
             for (j, var) in c.env.iter().flatten().enumerate() {
-                if is_device_env(&var.name) {
+                if is_device_env(&var.name) && !hides_devices(var) {
                     return Err(violation(
                         format!("spec.{kind}[{i}].env[{j}].name"),
                         format!("{} picks devices: GPUs come only through a resource limit (nvidia.com/gpu)", var.name),
@@ -73,6 +73,13 @@ pub fn check_device_env(spec: &PodSpec) -> Result<(), PolicyViolation> {
         }
     }
     Ok(())
+}
+
+/// Whether a device variable a tenant sets asks for no device: empty, `void` or `none`, as
+/// mpi-operator sets `NVIDIA_VISIBLE_DEVICES` and `NVIDIA_DRIVER_CAPABILITIES` empty on an
+/// MPIJob's launcher so it sees no GPU. A value from a reference is not known here: refused.
+fn hides_devices(var: &EnvVar) -> bool {
+    var.value_from.is_none() && matches!(var.value.as_deref().unwrap_or_default(), "" | "void" | "none")
 }
 
 fn violation(field: String, reason: impl Into<String>) -> PolicyViolation {
@@ -223,6 +230,14 @@ mod tests {
         let fine = spec(json!({"containers": [{"name": "a", "env": [{"name": "CUDA_HOME", "value": "/x"}],
             "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "m"}}]}]}));
         assert_eq!(check_device_env(&fine), Ok(()));
+        // mpi-operator's launcher: told to see no GPU.
+        let launcher = spec(json!({"containers": [{"name": "l", "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}, {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": ""},
+            {"name": "HABANA_VISIBLE_DEVICES", "value": "none"}, {"name": "AMD_VISIBLE_DEVICES", "value": "void"}]}]}));
+        assert_eq!(check_device_env(&launcher), Ok(()));
+        let referenced = spec(json!({"containers": [{"name": "a", "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]}]}));
+        assert!(check_device_env(&referenced).is_err(), "a value not known here");
     }
 
     #[test]
