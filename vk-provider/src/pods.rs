@@ -234,6 +234,7 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
     let mut members = ctx.members.clone();
     loop {
         let current = members.borrow_and_update().clone();
+        let mut started = Vec::new();
         // Without the watches no pod syncs: stop (the pod sync stops with this task).
         {
             let Some(mut watches) = ctx.offload.locked_or_log("offload watches") else { return };
@@ -241,13 +242,31 @@ async fn supervise_offload_watches(ctx: Arc<Context>, trigger: mpsc::Sender<Obje
             for (name, member) in &current {
                 if !watches.contains_key(name) {
                     watches.insert(name.clone(), start_offload_watch(&ctx, member.clone(), trigger.clone()));
+                    started.push(member.clone());
                 }
+            }
+        }
+        // The member change that started these watches also woke every pod, maybe before the
+        // watches were here: a pod that found no route then waits for a change. Go again.
+        for pod in pods_on(&ctx, &started) {
+            if trigger.send(pod).await.is_err() {
+                return;
             }
         }
         if members.changed().await.is_err() {
             return;
         }
     }
+}
+
+/// The training pods bound to a virtual node of one of `members`.
+fn pods_on(ctx: &Context, members: &[Arc<MemberHandle>]) -> Vec<ObjectRef<PodLite>> {
+    if members.is_empty() {
+        return Vec::new();
+    }
+    let on_theirs =
+        |pod: &PodLite| pod.node_name().is_some_and(|n| members.iter().any(|m| m.pool_for_node(n).is_some()));
+    ctx.pods.state().iter().filter(|p| on_theirs(p)).map(|p| ObjectRef::from_obj(&**p)).collect()
 }
 
 /// Starts the watches of one member session (offload pods, reflected copies) and its
