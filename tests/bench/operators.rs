@@ -94,18 +94,22 @@ struct Path {
     client: Client,
     ns: &'static str,
     scheduler: String,
-    node_selector: Option<serde_json::Value>,
+    /// The direct path's node selector and tolerations: member-a's real node (its taint keeps
+    /// the rest of the suite off it; tidepool's pool tolerates it for the copies).
+    node: Option<(serde_json::Value, serde_json::Value)>,
 }
 
-/// Puts `selector` (or nothing) and `scheduler` in every replica's pod template of `job`.
-fn place(job: &mut serde_json::Value, scheduler: &str, selector: Option<&serde_json::Value>) {
+/// Puts `node` (selector and tolerations, or nothing) and `scheduler` in every replica's pod
+/// template of `job`.
+fn place(job: &mut serde_json::Value, scheduler: &str, node: Option<&(serde_json::Value, serde_json::Value)>) {
     let specs = job["spec"].as_object_mut().unwrap();
     let replicas = specs.iter_mut().find(|(k, _)| k.ends_with("ReplicaSpecs")).unwrap().1;
     for replica in replicas.as_object_mut().unwrap().values_mut() {
         let spec = &mut replica["template"]["spec"];
         spec["schedulerName"] = json!(scheduler);
-        if let Some(s) = selector {
-            spec["nodeSelector"] = s.clone();
+        if let Some((selector, tolerations)) = node {
+            spec["nodeSelector"] = selector.clone();
+            spec["tolerations"] = tolerations.clone();
         }
     }
 }
@@ -115,7 +119,7 @@ async fn run_once(env: &Env, path: &Path, job: &Job) -> (f64, f64) {
     let name = format!("{}-{}", job.kind.to_lowercase(), run_id());
     let store = format!("{}/ckpt/{name}", env.var("CHECKPOINT_STORE"));
     let mut obj = (job.build)(&name, &path.scheduler, &store);
-    place(&mut obj, &path.scheduler, path.node_selector.as_ref());
+    place(&mut obj, &path.scheduler, path.node.as_ref());
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubeflow.org", "v1", job.kind), job.plural);
     let api = Api::<DynamicObject>::namespaced_with(path.client.clone(), path.ns, &ar);
     let pods = Api::<Pod>::namespaced(path.client.clone(), path.ns);
@@ -175,7 +179,10 @@ async fn main() {
             client: member,
             ns: DIRECT_NS,
             scheduler: "default-scheduler".to_owned(),
-            node_selector: Some(json!({"kubernetes.io/hostname": real})),
+            node: Some((
+                json!({"kubernetes.io/hostname": real}),
+                json!([{"key": b.env.var("REAL_NODE_TAINT"), "operator": "Exists", "effect": "NoSchedule"}]),
+            )),
         },
         Path {
             name: "tidepool",
@@ -183,7 +190,7 @@ async fn main() {
             client: b.training.clone(),
             ns: NS,
             scheduler: scheduler_name(TEST),
-            node_selector: None,
+            node: None,
         },
     ];
     println!("| job | path | submit → all Running (s), median | submit → first step (s), median | runs |");
