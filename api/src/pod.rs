@@ -268,11 +268,17 @@ macro_rules! pod_resource {
 
 pod_resource!(PodLite);
 
+/// Whether a pod condition type is one of tidepool's own (`tidepool.io/…`): only tidepool
+/// writes those, on the training pod.
+pub fn is_tidepool_type(type_: &str) -> bool {
+    type_.starts_with("tidepool.io/")
+}
+
 /// Whether tidepool wrote condition `c` on a training pod: its own `tidepool.io/…` types, and
 /// the `DisruptionTarget` of a pod it reclaims (the member's status, copied up, must not
 /// erase either).
 pub fn is_tidepools(c: &PodCondition) -> bool {
-    c.type_.starts_with("tidepool.io/")
+    is_tidepool_type(&c.type_)
         || (c.type_ == crate::keys::CONDITION_DISRUPTION_TARGET
             && c.reason.as_deref() == Some(crate::keys::REASON_DISRUPTION_RECLAIM))
 }

@@ -48,7 +48,7 @@ pub fn from_member(s: &mut PodStatus) {
 fn conditions_from_member(conditions: Vec<PodCondition>) -> Vec<PodCondition> {
     let mut kept: Vec<PodCondition> = Vec::new();
     for mut c in conditions {
-        if c.type_.starts_with("tidepool.io/") || kept.iter().any(|k| k.type_ == c.type_) {
+        if tidepool_api::pod::is_tidepool_type(&c.type_) || kept.iter().any(|k| k.type_ == c.type_) {
             continue;
         }
         if kept.len() == MAX_CONDITIONS {

@@ -54,10 +54,11 @@ impl MemberEvent {
     /// The event with its texts as tidepool relays them: control characters shown, not
     /// obeyed (a member cannot forge lines in `kubectl describe`), each text bounded.
     pub fn bounded(self) -> Self {
+        use crate::bounded::{MAX_MESSAGE, MAX_REASON};
         use tidepool_api::text::shown;
         Self {
-            reason: shown(&self.reason, 128),
-            message: shown(&self.message, 1024),
+            reason: shown(&self.reason, MAX_REASON),
+            message: shown(&self.message, MAX_MESSAGE),
             component: shown(&self.component, 64),
             ..self
         }
