@@ -8,6 +8,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -75,11 +76,12 @@ pub fn node_cidrs(node: &Node) -> Vec<Cidr> {
 }
 
 /// A pod network: every CIDR of a cluster's nodes (unique), and the same as disjoint ranges
-/// (family, first, last; sorted, merged).
+/// (family, first, last; sorted, merged). Shared, not copied: each member's reconcile compares
+/// its network with every other member's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodNetwork {
-    cidrs: Vec<Cidr>,
-    ranges: Vec<(bool, u128, u128)>,
+    cidrs: Arc<[Cidr]>,
+    ranges: Arc<[(bool, u128, u128)]>,
 }
 
 impl PodNetwork {
@@ -96,7 +98,7 @@ impl PodNetwork {
                 _ => ranges.push(r),
             }
         }
-        PodNetwork { cidrs, ranges }
+        PodNetwork { cidrs: cidrs.into(), ranges: ranges.into() }
     }
 
     pub fn is_empty(&self) -> bool {
