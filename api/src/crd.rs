@@ -107,6 +107,25 @@ pub struct MemberClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurityLevel>,
 
+    /// Copies run in user namespaces (`hostUsers: false`): root in a container is an
+    /// unprivileged user on the member's node, so a container escape lands as nobody. The
+    /// member's kubelets and runtime must support it (Kubernetes 1.33+, containerd 2 or
+    /// CRI-O 1.25+, a kernel with idmapped mounts for the pod's volumes); a copy that cannot
+    /// start says the kubelet's reason on its training pod. Pods using a host namespace
+    /// (which the policy refuses unless `policy.privileged`) keep the host's users.
+    /// Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user_namespaces: bool,
+
+    /// The NetworkPolicy tidepool writes in each offload namespace before its first copy.
+    /// By default copies take traffic only from their own namespace (their job's other pods)
+    /// and send it only there and to the member's cluster DNS: not to online pods and
+    /// Services, node ports, or metadata endpoints. Destinations a job needs besides (its
+    /// checkpoint store, a package mirror) are the member admin's to add here. The member's
+    /// CNI must enforce NetworkPolicies for this to hold.
+    #[serde(default, skip_serializing_if = "NetworkIsolation::is_default")]
+    pub network_policy: NetworkIsolation,
+
     /// `schedulerName` of the copies in a gang, when `gangScheduler` is set. Default: the
     /// name a second scheduler of scheduler-plugins runs as (`scheduler-plugins-scheduler`)
     /// for `coscheduling`, `volcano` for `volcano`.
@@ -180,6 +199,42 @@ impl MemberClusterSpec {
     }
 }
 
+/// What a member asks of its copies and their namespaces, from its spec
+/// ([`MemberClusterSpec::confinement`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Confinement {
+    /// The Pod Security level of the offload namespaces, and what copies are hardened to.
+    pub pod_security: PodSecurityLevel,
+    /// Copies in user namespaces (`hostUsers: false`).
+    pub user_namespaces: bool,
+    /// The offload namespaces' NetworkPolicy.
+    pub network_policy: std::sync::Arc<NetworkIsolation>,
+}
+
+/// How copies are fenced on the member's network ([`MemberClusterSpec::network_policy`]).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkIsolation {
+    /// `true`: no NetworkPolicy is written; the member's admin fences offload namespaces
+    /// their own way (or accepts that copies reach everything online pods reach).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// Further destinations copies may reach, as NetworkPolicy egress rules (an `ipBlock` of
+    /// the checkpoint store, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
+    /// Further sources copies take traffic from (the member's monitoring, say), as
+    /// NetworkPolicy ingress rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<k8s_openapi::api::networking::v1::NetworkPolicyIngressRule>,
+}
+
+impl NetworkIsolation {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// Per-band upper bounds (seconds) on offload copies' `terminationGracePeriodSeconds`.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -236,6 +291,15 @@ impl MemberClusterSpec {
     /// the fallbacks in `SameName` mode): `spec.namespacePrefix` or the bridge's `default`.
     pub fn effective_namespace_prefix(&self, default: &str) -> String {
         self.namespace_prefix.clone().unwrap_or_else(|| default.to_owned())
+    }
+
+    /// How the member confines its copies: `podSecurity`, `userNamespaces`, `networkPolicy`.
+    pub fn confinement(&self) -> Confinement {
+        Confinement {
+            pod_security: self.pod_security.unwrap_or_default(),
+            user_namespaces: self.user_namespaces,
+            network_policy: std::sync::Arc::new(self.network_policy.clone()),
+        }
     }
 
     /// Whether offload namespaces take the training namespaces' own names where they can.

@@ -62,6 +62,9 @@ pub const REASON_OFFLOAD_POLICY: &str = "OffloadPolicy";
 /// Event on a pod whose training namespace's name the member had taken for itself: its pods
 /// run in the prefixed offload namespace there.
 pub const REASON_OFFLOAD_NAMESPACE_FALLBACK: &str = "OffloadNamespaceFallback";
+/// Event on a pod whose offload namespace's NetworkPolicy the member does not take (yet): the
+/// copy waits, since none goes into an open namespace.
+pub const REASON_OFFLOAD_ISOLATION: &str = "OffloadIsolationPending";
 /// Label on member namespaces tidepool created, so it never touches others.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "tidepool";

@@ -518,7 +518,7 @@ async fn start_session(
         copy_annotations: mc.spec.copy_annotations.clone(),
         max_termination_grace: mc.spec.max_termination_grace_seconds,
         gang_scheduling: mc.spec.gang_scheduling(),
-        pod_security: mc.spec.pod_security.unwrap_or_default(),
+        confinement: mc.spec.confinement(),
         paused: mc.spec.paused,
         loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
         stats: dialed.stats,

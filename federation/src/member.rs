@@ -147,9 +147,9 @@ pub struct MemberHandle {
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
     /// `spec.gangScheduler` and the `schedulerName` its gangs' copies get, if set.
     pub gang_scheduling: Option<(tidepool_api::crd::GangScheduler, String)>,
-    /// `spec.podSecurity`: the level its offload namespaces enforce and its copies are
-    /// hardened to.
-    pub pod_security: tidepool_api::crd::PodSecurityLevel,
+    /// `spec.podSecurity`, `spec.userNamespaces`, `spec.networkPolicy`: what its offload
+    /// namespaces enforce and its copies are hardened to.
+    pub confinement: tidepool_api::crd::Confinement,
     pub pools: Vec<PoolHandle>,
     /// Cancelled when the session ends (member deleted, credentials or spec changed).
     pub cancelled: CancellationToken,
@@ -223,8 +223,8 @@ pub(crate) struct SessionOptions {
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
     /// `spec.gangScheduler`, with the scheduler name.
     pub gang_scheduling: Option<(tidepool_api::crd::GangScheduler, String)>,
-    /// `spec.podSecurity`.
-    pub pod_security: tidepool_api::crd::PodSecurityLevel,
+    /// `spec.podSecurity`, `spec.userNamespaces`, `spec.networkPolicy`.
+    pub confinement: tidepool_api::crd::Confinement,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -625,7 +625,7 @@ impl Session {
             copy_annotations: options.copy_annotations,
             max_termination_grace: options.max_termination_grace,
             gang_scheduling: options.gang_scheduling,
-            pod_security: options.pod_security,
+            confinement: options.confinement,
             pools: handles,
             cancelled,
             paused: options.paused,

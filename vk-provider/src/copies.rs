@@ -35,6 +35,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::Error;
 use crate::access::OffloadAccess;
+use crate::isolation::Isolation;
 use crate::referenced::{self, CopyTarget, Kind, Source};
 
 /// How long a sync waits for the metadata caches after a (re)start before retrying later.
@@ -127,6 +128,7 @@ pub(crate) struct MemberCopies {
     member: String,
     by_namespace: Arc<Mutex<BTreeMap<String, MetaStores>>>,
     access: Arc<OffloadAccess>,
+    isolation: Arc<Isolation>,
 }
 
 impl MemberCopies {
@@ -139,6 +141,7 @@ impl MemberCopies {
         copy_selector: &str,
         stop: CancellationToken,
         changes: mpsc::Sender<Change>,
+        isolation: Isolation,
     ) -> Self {
         let (namespaces, writer) = reflector::store();
         let copies = Self {
@@ -150,6 +153,7 @@ impl MemberCopies {
             member: member.to_owned(),
             by_namespace: Arc::default(),
             access: Arc::new(OffloadAccess::new(client.clone(), member)),
+            isolation: Arc::new(isolation),
         };
         let events = watcher(
             Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
@@ -202,7 +206,17 @@ impl MemberCopies {
             return;
         }
         self.access.bind(namespace).await;
+        // A namespace of an earlier session gets this session's policy; the pod sync asks
+        // again before each new copy and waits while it fails.
+        if let Err(e) = self.isolation.ensure(namespace).await {
+            warn!(member = %self.member, namespace, error = %e, "cannot write the offload namespace's NetworkPolicy");
+        }
         self.watch_namespace(namespace);
+    }
+
+    /// Makes sure `namespace` has the member's NetworkPolicy ([`Isolation::ensure`]).
+    pub(crate) async fn isolate(&self, namespace: &str) -> Result<(), kube::Error> {
+        self.isolation.ensure(namespace).await
     }
 
     /// Forgets `namespace` (it was deleted): its watches stop, and entering it again binds

@@ -21,9 +21,13 @@
 //!   dropped (`ALL`) in each container. A container that adds capabilities keeps them (the
 //!   member's Pod Security admission then judges it); an image that runs as root fails to
 //!   start, as the kubelet says.
+//! - **user namespaces** (`spec.userNamespaces` of the member): `hostUsers: false`, so root
+//!   in the copy is an unprivileged user on the node, whatever the pod says (the member's
+//!   choice). A pod in a host namespace keeps the host's users: the kubelet allows no user
+//!   namespace with one, and the policy refuses host namespaces unless `policy.privileged`.
 
 use k8s_openapi::api::core::v1::{Capabilities, Container, EnvVar, PodSpec, SeccompProfile};
-use tidepool_api::crd::PodSecurityLevel;
+use tidepool_api::crd::{Confinement, PodSecurityLevel};
 
 use crate::policy::PolicyViolation;
 
@@ -86,8 +90,12 @@ fn violation(field: String, reason: impl Into<String>) -> PolicyViolation {
     PolicyViolation { field, reason: reason.into() }
 }
 
-/// Hardens the copy's spec `s` for a member of Pod Security `level` (see the module's header).
-pub fn harden(s: &mut PodSpec, level: PodSecurityLevel) {
+/// Hardens the copy's spec `s` as its member asks (see the module's header).
+pub fn harden(s: &mut PodSpec, member: &Confinement) {
+    let host_namespace = [s.host_network, s.host_pid, s.host_ipc].contains(&Some(true));
+    if member.user_namespaces && !host_namespace {
+        s.host_users = Some(false);
+    }
     let every_container_names_one = s
         .containers
         .iter()
@@ -97,7 +105,7 @@ pub fn harden(s: &mut PodSpec, level: PodSecurityLevel) {
     if pod.seccomp_profile.is_none() && !every_container_names_one {
         pod.seccomp_profile = Some(SeccompProfile { type_: "RuntimeDefault".to_owned(), localhost_profile: None });
     }
-    let restricted = level == PodSecurityLevel::Restricted;
+    let restricted = member.pod_security == PodSecurityLevel::Restricted;
     if restricted && pod.run_as_non_root.is_none() {
         pod.run_as_non_root = Some(true);
     }
@@ -161,8 +169,12 @@ mod tests {
 
     fn hardened(v: serde_json::Value) -> serde_json::Value {
         let mut s = spec(v);
-        harden(&mut s, PodSecurityLevel::Baseline);
+        harden(&mut s, &Confinement::default());
         serde_json::to_value(s).unwrap()
+    }
+
+    fn restricted() -> Confinement {
+        Confinement { pod_security: PodSecurityLevel::Restricted, ..Default::default() }
     }
 
     #[test]
@@ -246,7 +258,7 @@ mod tests {
             {"name": "plain"},
             {"name": "own", "securityContext": {"allowPrivilegeEscalation": true,
                                                 "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["all"]}}}]}));
-        harden(&mut s, PodSecurityLevel::Restricted);
+        harden(&mut s, &restricted());
         let s = serde_json::to_value(s).unwrap();
         assert_eq!(s["securityContext"]["runAsNonRoot"], true);
         assert_eq!(s["containers"][0]["securityContext"]["allowPrivilegeEscalation"], false);
@@ -255,10 +267,26 @@ mod tests {
         assert_eq!(s["containers"][1]["securityContext"]["capabilities"]["drop"], json!(["all"]));
         let said = spec(json!({"securityContext": {"runAsNonRoot": false}, "containers": [{"name": "a"}]}));
         let mut kept = said.clone();
-        harden(&mut kept, PodSecurityLevel::Restricted);
+        harden(&mut kept, &restricted());
         assert_eq!(kept.security_context.unwrap().run_as_non_root, Some(false), "the member's admission judges it");
         let baseline = hardened(json!({"containers": [{"name": "a"}]}));
         assert!(baseline["securityContext"]["runAsNonRoot"].is_null());
         assert!(baseline["containers"][0]["securityContext"]["allowPrivilegeEscalation"].is_null());
+    }
+
+    #[test]
+    fn a_member_with_user_namespaces_runs_every_copy_in_one_unless_it_uses_a_host_namespace() {
+        let member = Confinement { user_namespaces: true, ..Default::default() };
+        for said in [json!(null), json!(true), json!(false)] {
+            let mut s = spec(json!({"hostUsers": said, "containers": [{"name": "a"}]}));
+            harden(&mut s, &member);
+            assert_eq!(s.host_users, Some(false), "the pod said {said}: the member's choice wins");
+        }
+        let mut host = spec(json!({"hostNetwork": true, "containers": [{"name": "a"}]}));
+        harden(&mut host, &member);
+        assert_eq!(host.host_users, None, "a host namespace keeps the host's users");
+        let mut off = spec(json!({"containers": [{"name": "a"}]}));
+        harden(&mut off, &Confinement::default());
+        assert_eq!(off.host_users, None, "not asked for");
     }
 }

@@ -17,6 +17,7 @@ pub mod downward;
 pub mod gang_group;
 mod handover;
 pub mod harden;
+pub mod isolation;
 pub mod kubelet;
 mod member_events;
 mod mirror;

@@ -41,6 +41,7 @@ use tracing::{Instrument, error, info, info_span, instrument, warn};
 use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, delete_offload};
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
 use crate::handover;
+use crate::isolation::Isolation;
 use crate::offload::OffloadPod;
 use crate::offload_cache::OffloadCache;
 use crate::referenced::{self, Source};
@@ -322,6 +323,11 @@ fn start_offload_watch(
         &copy_selector,
         member.cancelled.clone(),
         copy_tx,
+        Isolation::new(
+            member.client.clone(),
+            (&ctx.config.cluster_name, member.name.as_str()),
+            member.confinement.network_policy.clone(),
+        ),
     );
     let watch = OffloadWatch {
         member: member.clone(),
@@ -725,7 +731,7 @@ impl PodSync<'_> {
             copy_annotations: &member.copy_annotations,
             max_termination_grace: member.max_termination_grace,
             mode: pool.mode,
-            pod_security: member.pod_security,
+            confinement: &member.confinement,
         }
     }
 
@@ -734,7 +740,7 @@ impl PodSync<'_> {
     /// prefixed one (said on the pod once) and the next reconcile makes the copy there.
     async fn ensure_namespace(&self, member_ns: &str) -> Result<Option<Action>, Error> {
         if ensure_namespace(self.ctx, self.watch, (&self.namespace, member_ns)).await? {
-            return Ok(None);
+            return self.isolate(member_ns).await;
         }
         let member = self.member();
         let msg = format!(
@@ -748,6 +754,22 @@ impl PodSync<'_> {
         );
         publish(self.ctx, self.pod, EventType::Warning, keys::REASON_OFFLOAD_NAMESPACE_FALLBACK, &msg).await;
         Ok(Some(Action::requeue(Duration::from_millis(100))))
+    }
+
+    /// The member namespace's NetworkPolicy, before any copy goes there; `Some` (the pod
+    /// waits, said on it) while it cannot be written.
+    async fn isolate(&self, member_ns: &str) -> Result<Option<Action>, Error> {
+        let Err(e) = self.watch.copies.isolate(member_ns).await else { return Ok(None) };
+        let member = &self.member().name;
+        warn!(member = %member, namespace = member_ns, error = %e, "cannot isolate the offload namespace");
+        let msg = format!(
+            "waiting for member {member} to take the NetworkPolicy {} of namespace {member_ns} \
+             (no copy goes into an open namespace): {}",
+            crate::isolation::POLICY_NAME,
+            tidepool_api::text::shown(&e.to_string(), 512)
+        );
+        publish(self.ctx, self.pod, EventType::Warning, keys::REASON_OFFLOAD_ISOLATION, &msg).await;
+        Ok(Some(Action::requeue(Duration::from_secs(5))))
     }
 
     /// Copies what `offload` references into the member namespace; `Some` when the copy
@@ -934,8 +956,8 @@ async fn ensure_namespace(ctx: &Context, watch: &OffloadWatch, (origin, ns): (&s
         (keys::LABEL_ORIGIN_CLUSTER, ctx.config.cluster_name.as_str()),
         (keys::LABEL_ORIGIN_MEMBER, member.name.as_str()),
         (keys::LABEL_ORIGIN_NAMESPACE, origin),
-        ("pod-security.kubernetes.io/enforce", member.pod_security.as_str()),
-        ("pod-security.kubernetes.io/warn", member.pod_security.as_str()),
+        ("pod-security.kubernetes.io/enforce", member.confinement.pod_security.as_str()),
+        ("pod-security.kubernetes.io/warn", member.confinement.pod_security.as_str()),
     ];
     let namespace = Namespace {
         metadata: ObjectMeta {

@@ -43,8 +43,9 @@ pub struct Target<'a> {
     pub copy_annotations: &'a [String],
     /// `spec.maxTerminationGraceSeconds` of the member.
     pub max_termination_grace: tidepool_api::crd::TerminationGraceLimits,
-    /// `spec.podSecurity` of the member: what the copy is hardened to.
-    pub pod_security: tidepool_api::crd::PodSecurityLevel,
+    /// `spec.podSecurity` and `spec.userNamespaces` of the member: what the copy is
+    /// hardened to.
+    pub confinement: &'a tidepool_api::crd::Confinement,
     /// The pool's mode: in a colocation mode the copy asks for the member's batch resources
     /// and carries what marks it as batch work there ([`colocate`]).
     pub mode: tidepool_api::crd::PoolMode,
@@ -316,7 +317,7 @@ fn offload_spec(
     s.termination_grace_period_seconds =
         Some(copy_grace(spec.termination_grace_period_seconds, target.max_termination_grace.get(target.band)));
     drop_training_credentials(&mut s);
-    crate::harden::harden(&mut s, target.pod_security);
+    crate::harden::harden(&mut s, target.confinement);
     // Debug containers someone added to the training pod belong to it: the API refuses a new
     // pod that has any, and they were not meant to run in a member.
     s.ephemeral_containers = None;
@@ -671,6 +672,9 @@ fn merges_to_nothing(desired: &PodStatus) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static NO_CONFINEMENT: std::sync::LazyLock<tidepool_api::crd::Confinement> =
+        std::sync::LazyLock::new(Default::default);
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
     use tidepool_api::pod::PodLite;
@@ -733,7 +737,7 @@ mod tests {
             copy_labels: &[],
             copy_annotations: &[],
             max_termination_grace: Default::default(),
-            pod_security: Default::default(),
+            confinement: &NO_CONFINEMENT,
             mode: Default::default(),
         }
     }
