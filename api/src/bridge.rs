@@ -38,6 +38,11 @@ pub struct BridgeConfig {
     pub dispatcher: DispatcherConfig,
     /// What the offload policy lets through that it denies by default. Unset: nothing.
     pub policy: PolicyAllow,
+    /// The training namespaces whose Secrets offloaded pods may take to members. Empty (the
+    /// default): every namespace, and tidepool's role reads Secrets cluster-wide. Set: tidepool
+    /// watches and reads Secrets only there (the chart grants it nothing more), and a pod of
+    /// another namespace that references a Secret fails with `OffloadPolicy`, naming this.
+    pub secret_namespaces: Vec<String>,
     pub leader_election: LeaderElectionConfig,
     pub sharding: ShardingConfig,
     pub metrics: MetricsConfig,
@@ -347,6 +352,7 @@ impl Default for BridgeConfig {
             member_loss_timeout_seconds: 300,
             dispatcher: DispatcherConfig::default(),
             policy: PolicyAllow::default(),
+            secret_namespaces: Vec::new(),
             leader_election: LeaderElectionConfig::default(),
             sharding: ShardingConfig::default(),
             metrics: MetricsConfig::default(),
@@ -413,6 +419,12 @@ impl BridgeConfig {
         if errors.is_empty() { Ok(config) } else { Err(ParseError::Invalid(errors)) }
     }
 
+    /// Whether tidepool reads the Secrets of training namespace `namespace`
+    /// ([`BridgeConfig::secret_namespaces`]).
+    pub fn reads_secrets_in(&self, namespace: &str) -> bool {
+        self.secret_namespaces.is_empty() || self.secret_namespaces.iter().any(|n| n == namespace)
+    }
+
     pub fn validate(&self) -> Vec<FieldError> {
         let mut errors = Vec::new();
         if !is_dns_label(&self.cluster_name) {
@@ -423,6 +435,11 @@ impl BridgeConfig {
         }
         if !valid_namespace_prefix(&self.namespace_prefix) {
             errors.push(FieldError::new("namespacePrefix", crate::crd::NAMESPACE_PREFIX_RULE));
+        }
+        for (i, ns) in self.secret_namespaces.iter().enumerate() {
+            if !is_dns_label(ns) {
+                errors.push(FieldError::new(format!("secretNamespaces[{i}]"), "must be a namespace name"));
+            }
         }
         self.kubelet.validate(&mut errors);
         self.sharding.validate(&mut errors);

@@ -9,8 +9,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::json;
@@ -597,8 +598,14 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     let only_ns =
         format!("admissionPolicy.namespaceSelector={{\"matchLabels\":{{\"kubernetes.io/metadata.name\":\"{NS}\"}}}}");
     let scheduler = format!("config.dispatcher.schedulerName={}", scheduler_name(TEST));
-    let rendered =
-        render_release(RELEASE, "training", NS, &["--set", "replicas=0", "--set", &scheduler, "--set-json", &only_ns]);
+    // Secrets granted in NS alone (config.secretNamespaces), not cluster-wide.
+    let secrets_here = format!("config.secretNamespaces=[\"{NS}\"]");
+    let rendered = render_release(
+        RELEASE,
+        "training",
+        NS,
+        &["--set", "replicas=0", "--set", &scheduler, "--set-json", &only_ns, "--set-json", &secrets_here],
+    );
     kubectl_with(&env, "training", &["apply", "-f", "-"], &rendered).await.unwrap();
     let training_token = token(&training, NS, SA).await;
     let dir = tempfile::tempdir().unwrap();
@@ -612,7 +619,8 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     let _ = records.delete(&record, &Default::default()).await;
     // Sharded, as the chart runs it: its member and presence Leases and its published capacity
     // record are written under the Role too.
-    let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", "sharding: {enabled: true}");
+    let top_level = format!("sharding: {{enabled: true}}\nsecretNamespaces: [{NS}]");
+    let tidepool = Tidepool::start_as(&env, TEST, NS, &training_kubeconfig, "", &top_level);
 
     // 3. Everything works: virtual node, a pod with a ConfigMap and a Secret offloaded and
     //    running, its copies reflected into the offload namespace.
@@ -658,6 +666,9 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     .await;
     let offload_ns = offload_ns(NS);
     let lp_member = client_from(&member_kubeconfig).await;
+    // The offload namespace was fenced (its NetworkPolicy) before the copy went in.
+    let policies = Api::<NetworkPolicy>::namespaced(member.clone(), &offload_ns);
+    assert!(policies.get_opt("tidepool-isolation").await.unwrap().is_some(), "no NetworkPolicy in {offload_ns}");
     // Its own offload namespace is readable to it, and holds the copies.
     let copies = Api::<Secret>::namespaced(lp_member.clone(), &offload_ns).list(&ListParams::default()).await.unwrap();
     assert!(copies.items.iter().any(|s| s.metadata.name.as_deref() == Some("lp-secret")), "Secret not reflected");
@@ -797,6 +808,7 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
     }
     let lp_training = client_from(&std::fs::read_to_string(&training_kubeconfig).unwrap()).await;
     training_writes_are_held_to_tidepools(&env, &training, &lp_training, &name).await;
+    secrets_only_where_granted(&training, &lp_training).await;
     forbidden(
         Api::<ClusterRole>::all(lp_training.clone()).list(&ListParams::default()).await,
         "training: list ClusterRoles",
@@ -837,6 +849,54 @@ async fn tidepool_works_under_the_shipped_rbac_and_is_refused_everything_else() 
 
     drain_pods(&training, NS).await;
     drop(tidepool);
+}
+
+/// With `secretNamespaces`, the training identity reads no Secret outside them, and a pod
+/// elsewhere that references one fails with the reason, nothing of it created in the member.
+async fn secrets_only_where_granted(training: &Client, lp_training: &Client) {
+    forbidden(
+        Api::<Secret>::namespaced(lp_training.clone(), "kube-system").list(&ListParams::default()).await,
+        "training: Secrets of kube-system",
+    );
+    forbidden(Api::<Secret>::all(lp_training.clone()).list(&ListParams::default()).await, "training: every Secret");
+    Api::<Secret>::namespaced(lp_training.clone(), NS).list(&ListParams::default()).await.expect("training: NS's");
+    const ELSEWHERE: &str = "e2e-deploy-elsewhere";
+    ensure_namespace(training, ELSEWHERE).await;
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "other-secret"}, "stringData": {"k": "v"}})).unwrap();
+    let pp = PatchParams::apply("tidepool-e2e").force();
+    Api::<Secret>::namespaced(training.clone(), ELSEWHERE)
+        .patch("other-secret", &pp, &Patch::Apply(&secret))
+        .await
+        .unwrap();
+    let name = format!("elsewhere-{}", run_id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                            "volumeMounts": [{"name": "s", "mountPath": "/etc/s"}],
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}],
+            "volumes": [{"name": "s", "secret": {"secretName": "other-secret"}}]
+        }
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(training.clone(), ELSEWHERE);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let message = wait_for(Duration::from_secs(60), "the pod elsewhere refused", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            let st = pods.get(&name).await.ok()?.status?;
+            (st.phase.as_deref() == Some("Failed"))
+                .then(|| (st.reason.unwrap_or_default(), st.message.unwrap_or_default()))
+        }
+    })
+    .await;
+    println!("a pod elsewhere: {message:?}");
+    assert_eq!(message.0, keys::REASON_OFFLOAD_POLICY);
+    assert!(message.1.contains("secretNamespaces"), "says why: {}", message.1);
+    let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
 }
 
 /// The namespace of the hand-binding test; the training policy is rendered to apply there only,

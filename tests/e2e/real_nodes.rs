@@ -697,3 +697,78 @@ async fn a_restricted_member_runs_copies_non_root_without_escalation_or_capabili
     assert!(message.contains("runAsNonRoot"), "{message}");
     drain_pods(&training, NS).await;
 }
+
+/// A member's copies are fenced as its admin asks. Its offload namespace holds tidepool's
+/// NetworkPolicy before the first copy exists there (the member's API server says when each
+/// was created): every pod of the namespace takes traffic only from the namespace, and sends
+/// it only there, to the member's DNS and to what the admin added (`spec.networkPolicy`).
+/// With `spec.userNamespaces`, root in the copy is not the node's root: the kernel's uid map
+/// inside it maps uid 0 elsewhere, where the same spec run straight in the member maps it to 0.
+#[tokio::test]
+async fn a_members_copies_are_fenced_by_its_network_policy_and_run_in_user_namespaces() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    const TEST: &str = "fenced";
+    const NS: &str = "e2e-fenced";
+    const MEMBER: &str = "e2e-fenced-a";
+    const NODE: &str = "tidepool-e2e-fenced-a-real";
+    let env = Env::load();
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
+    // An earlier run's offload namespace (and its policy) goes first: this run's is judged.
+    let offload = offload_ns(NS);
+    let _ = namespaces.delete(&offload, &Default::default()).await;
+    wait_for(Duration::from_secs(120), "an earlier run's offload namespace gone", || {
+        let (namespaces, offload) = (namespaces.clone(), offload.clone());
+        async move { namespaces.get_opt(&offload).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
+    mc.spec.pools = vec![real_pool(&env)];
+    mc.spec.user_namespaces = true;
+    mc.spec.network_policy = serde_json::from_value(json!({
+        "egress": [{"to": [{"ipBlock": {"cidr": "10.123.0.0/24"}}], "ports": [{"protocol": "TCP", "port": 9000}]}]
+    }))
+    .unwrap();
+    let _tidepool = start_on_real_node(&env, &training, (TEST, NS), "", &mc, NODE).await;
+    let script = "head -n 1 /proc/self/uid_map; exec sleep 3600";
+    let name = format!("fenced-{}", run_id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                            "command": ["/bin/sh", "-c", script],
+                            "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}}]
+        }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(training.clone(), NS).create(&PostParams::default(), &pod).await.unwrap();
+    let log = wait_for(Duration::from_secs(90), "the copy's uid map", || async {
+        let (_, out, _) = kubectl(&env, "training", &["-n", NS, "logs", &name], None).await;
+        (!out.trim().is_empty()).then_some(out)
+    })
+    .await;
+    println!("uid map in the copy: {log:?}");
+    let map: Vec<u64> = log.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    assert_eq!(map.first(), Some(&0), "uid 0 inside: {log}");
+    assert_ne!(map.get(1), Some(&0), "uid 0 inside is not the node's uid 0: {log}");
+
+    let policy = Api::<NetworkPolicy>::namespaced(member.clone(), &offload).get("tidepool-isolation").await.unwrap();
+    let copy = Api::<Pod>::namespaced(member.clone(), &offload).get(&name).await.unwrap();
+    let (made, copied) = (policy.metadata.creation_timestamp.clone(), copy.metadata.creation_timestamp.clone());
+    assert!(made.unwrap().0 <= copied.unwrap().0, "the policy came before the copy");
+    let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
+    println!("the offload namespace's policy: {spec}");
+    assert_eq!(spec["podSelector"], json!({}));
+    assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(spec["ingress"], json!([{"from": [{"podSelector": {}}]}]), "only its own namespace comes in");
+    let egress = spec["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 3, "its namespace, DNS, the admin's: {spec}");
+    assert_eq!(egress[1]["to"][0]["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
+    assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "10.123.0.0/24");
+    let open = egress.iter().flat_map(|r| r["to"].as_array().cloned().unwrap_or_default());
+    assert!(open.filter(|p| p["ipBlock"].is_object()).count() == 1, "no address range but the admin's");
+    drain_pods(&training, NS).await;
+}

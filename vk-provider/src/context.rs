@@ -183,6 +183,7 @@ impl Context {
             cluster: &self.config.cluster_name,
             origin_namespace: origin,
             member_namespace: member_ns,
+            reads_secrets: self.config.reads_secrets_in(origin),
         }
     }
 

@@ -45,7 +45,9 @@ const CACHE_WAIT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub(crate) struct MetaStores {
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
-    secrets: Store<PartialObjectMeta<Secret>>,
+    /// One watch of every namespace (key `""`), or one per namespace tidepool may read
+    /// Secrets in (`secretNamespaces` of the bridge).
+    secrets: BTreeMap<String, Store<PartialObjectMeta<Secret>>>,
     /// Stops both watches.
     stop: CancellationToken,
 }
@@ -61,32 +63,30 @@ pub(crate) enum Change {
 }
 
 impl MetaStores {
-    /// Starts metadata watches of the training cluster's ConfigMaps and Secrets, all
-    /// namespaces, until `stop`. Only identity and version are kept: annotations can hold
-    /// contents (`kubectl apply` puts a whole Secret in `last-applied-configuration`).
-    pub(crate) fn sources(client: &Client, stop: CancellationToken, changes: mpsc::Sender<Change>) -> MetaStores {
-        Self::watch(client, watcher::Config::default(), Trim::ToVersion, stop, changes)
-    }
-
-    fn watch(
+    /// Starts metadata watches of the training cluster's ConfigMaps (all namespaces) and
+    /// Secrets (all namespaces, or only `secret_namespaces` when set), until `stop`. Only
+    /// identity and version are kept: annotations can hold contents (`kubectl apply` puts a
+    /// whole Secret in `last-applied-configuration`).
+    pub(crate) fn sources(
         client: &Client,
-        config: watcher::Config,
-        trim: Trim,
+        secret_namespaces: &[String],
         stop: CancellationToken,
         changes: mpsc::Sender<Change>,
     ) -> MetaStores {
-        MetaStores {
-            config_maps: spawn_watch(
-                Api::all(client.clone()),
-                config.clone(),
-                Kind::ConfigMap,
-                trim,
-                stop.clone(),
-                changes.clone(),
-            ),
-            secrets: spawn_watch(Api::all(client.clone()), config, Kind::Secret, trim, stop.clone(), changes),
-            stop,
-        }
+        let config = watcher::Config::default();
+        let (trim, c) = (Trim::ToVersion, client.clone());
+        let secrets = |api: Api<_>| spawn_watch(api, config.clone(), Kind::Secret, trim, stop.clone(), changes.clone());
+        let secrets = if secret_namespaces.is_empty() {
+            [(String::new(), secrets(Api::all(c.clone())))].into()
+        } else {
+            secret_namespaces.iter().map(|ns| (ns.clone(), secrets(Api::namespaced(c.clone(), ns)))).collect()
+        };
+        let config_maps = spawn_watch(Api::all(c), config.clone(), Kind::ConfigMap, trim, stop.clone(), changes);
+        MetaStores { config_maps, secrets, stop }
+    }
+
+    fn secrets_of(&self, namespace: &str) -> Option<&Store<PartialObjectMeta<Secret>>> {
+        self.secrets.get("").or_else(|| self.secrets.get(namespace))
     }
 
     /// Metadata of `kind` `namespace/name`, if it exists.
@@ -95,20 +95,27 @@ impl MetaStores {
             Kind::ConfigMap => {
                 self.config_maps.get(&ObjectRef::new(name).within(namespace)).map(|o| o.metadata.clone())
             }
-            Kind::Secret => self.secrets.get(&ObjectRef::new(name).within(namespace)).map(|o| o.metadata.clone()),
+            Kind::Secret => {
+                self.secrets_of(namespace)?.get(&ObjectRef::new(name).within(namespace)).map(|o| o.metadata.clone())
+            }
         }
     }
 
     /// Every object seen, with its kind.
     pub(crate) fn all(&self) -> Vec<(Kind, ObjectMeta)> {
         let cms = self.config_maps.state().into_iter().map(|o| (Kind::ConfigMap, o.metadata.clone()));
-        let secrets = self.secrets.state().into_iter().map(|o| (Kind::Secret, o.metadata.clone()));
+        let secrets = self.secrets.values().flat_map(|s| s.state()).map(|o| (Kind::Secret, o.metadata.clone()));
         cms.chain(secrets).collect()
     }
 
     /// Waits until both caches hold a full list; false if they do not within `CACHE_WAIT`.
     pub(crate) async fn ready(&self) -> bool {
-        listed(&self.config_maps, CACHE_WAIT).await && listed(&self.secrets, CACHE_WAIT).await
+        for secrets in self.secrets.values() {
+            if !listed(secrets, CACHE_WAIT).await {
+                return false;
+            }
+        }
+        listed(&self.config_maps, CACHE_WAIT).await
     }
 }
 
@@ -223,6 +230,7 @@ impl MemberCopies {
     /// and watches the namespace made anew.
     pub(crate) fn leave(&self, namespace: &str) {
         let Some(mut by_namespace) = self.by_namespace.locked_or_log("reflected copy watches") else { return };
+        self.isolation.forget(namespace);
         if let Some(stores) = by_namespace.remove(namespace) {
             stores.stop.cancel();
             debug!(namespace, "offload namespace gone; its copy watches stopped");
@@ -249,14 +257,11 @@ impl MemberCopies {
                 stop.clone(),
                 self.changes.clone(),
             ),
-            secrets: spawn_watch(
-                secrets,
-                config,
-                Kind::Secret,
-                Trim::ManagedFields,
-                stop.clone(),
-                self.changes.clone(),
-            ),
+            secrets: [(
+                String::new(),
+                spawn_watch(secrets, config, Kind::Secret, Trim::ManagedFields, stop.clone(), self.changes.clone()),
+            )]
+            .into(),
             stop,
         };
         by_namespace.insert(namespace.to_owned(), stores);
@@ -388,6 +393,8 @@ pub(crate) struct Reflection<'a> {
     pub cluster: &'a str,
     pub origin_namespace: &'a str,
     pub member_namespace: &'a str,
+    /// Whether tidepool reads Secrets in `origin_namespace` (`secretNamespaces`).
+    pub reads_secrets: bool,
 }
 
 impl Reflection<'_> {
@@ -397,6 +404,13 @@ impl Reflection<'_> {
     pub(crate) async fn run(&self, refs: &referenced::References) -> Result<Outcome, Error> {
         if refs.is_empty() {
             return Ok(Outcome::Ready(BTreeSet::new()));
+        }
+        let unread = refs.iter().find(|(source, _)| source.kind == Kind::Secret && !self.reads_secrets);
+        if let Some((source, usage)) = unread {
+            return Ok(Outcome::Refused(format!(
+                "{}: Secret {}/{}: tidepool reads no Secrets in namespace {} (the bridge's secretNamespaces)",
+                usage.field, self.origin_namespace, source.name, self.origin_namespace
+            )));
         }
         if !self.sources.ready().await || !self.copies.ready_in(self.member_namespace).await {
             return Ok(Outcome::Retry);

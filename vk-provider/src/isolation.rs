@@ -119,6 +119,13 @@ impl Isolation {
         }
         Ok(())
     }
+
+    /// Forgets `namespace` (it was deleted): made again, it gets its policy again.
+    pub(crate) fn forget(&self, namespace: &str) {
+        if let Some(mut done) = self.done.locked_or_log("isolated namespaces") {
+            done.remove(namespace);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub async fn run(
     // The status sync's own queue (see [`status_up`]): copies' changes and training pods'.
     let (status_tx, status_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
     let inlets = split_events(&training_pods, status_tx.clone());
-    let sources = MetaStores::sources(&training, CancellationToken::new(), source_tx);
+    let sources = MetaStores::sources(&training, &config.secret_namespaces, CancellationToken::new(), source_tx);
     let ctx = Arc::new(Context::new(training, config, members.clone(), training_pods, sources, status_tx));
     // Its helpers run beside the controller; one ending stops the pod sync (and the
     // process), none dies unseen.
