@@ -259,6 +259,9 @@ shutdownGracePeriod: 0s
 # the default 1 m resync it is seen for a moment before each restart; at 10 s, most of the
 # back-off, as a user expects.
 syncFrequency: 10s
+# Volumes' usage measured every 10 s (default 1 m), so an emptyDir past its sizeLimit is
+# evicted within seconds, as the disruption tests expect of the eviction manager.
+volumeStatsAggPeriod: 10s
 EOF
 }
 

@@ -7,6 +7,11 @@
 //! write** (a watch of the training pod sees no version that is `Failed` without it, none that
 //! is terminal with `Ready=True` or a running container), so the Job does not count it and
 //! makes a new pod. Without the condition the Job would fail at once (`backoffLimit: 0`).
+//!
+//! And what is not a disruption stays one of the pod's own: a copy its kubelet evicts for
+//! writing past its own `emptyDir` limit is `Failed`/`Evicted` with the kubelet's message and
+//! no `DisruptionTarget` (the kubelet adds it only for node pressure), and the Job counts it,
+//! as on a native node.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,6 +68,14 @@ impl Setup {
                 spec[k] = v.clone();
             }
         }
+        // Each volume mounted at /<its name>.
+        let mounts: Vec<serde_json::Value> = spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| json!({"name": v["name"], "mountPath": format!("/{}", v["name"].as_str().unwrap_or_default())}))
+            .collect();
+        spec["containers"][0]["volumeMounts"] = json!(mounts);
         let job: Job = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {
@@ -226,6 +239,44 @@ async fn a_noexecute_taint_on_the_members_node_is_a_disruption_the_job_does_not_
     let target = target.unwrap_or_else(|p| std::panic::resume_unwind(p));
     assert_eq!(target, "DeletionByTaintManager");
     watch.abort();
+    finish(&s, &job).await;
+}
+
+#[tokio::test]
+async fn a_copy_the_members_kubelet_evicts_over_its_own_limit_fails_as_on_a_native_node() {
+    let s = Setup::start().await;
+    let job = format!("kubelet-{}", run_id());
+    // Writes past its emptyDir's sizeLimit: the member's kubelet (its eviction manager) evicts it.
+    let extra = json!({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]});
+    let script = "sleep 1; dd if=/dev/zero of=/scratch/fill bs=1M count=8 2>/dev/null; exec sleep 3600";
+    let (pod, _) = s.job(&job, script, extra).await;
+    let (pods, name) = (Api::<Pod>::namespaced(s.training.clone(), NS), pod.name_any());
+    let failed = wait_for(Duration::from_secs(120), &format!("{name} Failed"), || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            let p = pods.get(&name).await.ok()?;
+            (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(p)
+        }
+    })
+    .await;
+    let copy = s.copies().get(&name).await.unwrap();
+    let (st, member) = (failed.status.clone().unwrap(), copy.status.clone().unwrap());
+    println!("training pod: {:?}: {:?}; copy: {:?}: {:?}", st.reason, st.message, member.reason, member.message);
+    assert_eq!(member.reason.as_deref(), Some("Evicted"), "the member's kubelet evicted the copy");
+    assert_eq!(st.reason, member.reason, "the kubelet's reason");
+    assert_eq!(st.message, member.message, "the kubelet's message");
+    assert!(st.message.unwrap_or_default().contains("scratch"), "names the volume");
+    assert!(!has_true(&failed, "DisruptionTarget"), "its own doing, as the member's kubelet says: {:?}", st.conditions);
+    assert!(!has_true(&copy, "DisruptionTarget"), "the member's kubelet added none either");
+    let jobs = Api::<Job>::namespaced(s.training.clone(), NS);
+    wait_for(Duration::from_secs(60), &format!("Job {job} failed (backoffLimit 0)"), || {
+        let (jobs, job) = (jobs.clone(), job.clone());
+        async move {
+            let j = jobs.get(&job).await.ok()?;
+            j.status?.conditions?.iter().any(|c| c.type_ == "Failed" && c.status == "True").then_some(())
+        }
+    })
+    .await;
     finish(&s, &job).await;
 }
 

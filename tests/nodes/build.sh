@@ -3,7 +3,7 @@
 #   containerd, ctr, containerd-shim-runc-v2   containerd v2.4.2
 #   cni/bridge, cni/host-local, cni/loopback, cni/portmap   CNI plugins v1.10.0
 #   coredns                                    CoreDNS v1.15.0
-#   runc                                       a copy of the distribution's runc (apt package)
+#   runc                                       runc v1.4.4 (cgo, with seccomp: libseccomp-dev)
 #
 # Sources come from the Go module proxy only. Each module is pinned by its h1: hash below,
 # checked against what `go mod download -json` reports before anything is built; the build
@@ -21,7 +21,7 @@
 #   containerd-shim-runc-v2       2 s
 #   CNI plugins (4)               7 s  (deps 3 s)
 #   coredns                     155 s  (1023 packages; deps 14 s)
-#   runc                          copy (deploy/prereqs.sh installs it)
+#   runc                         11 s
 # A rerun with the same script prints the cached directory at once.
 #
 # Traps:
@@ -29,7 +29,10 @@
 #     are given here. The shim is built with no_grpc (it only speaks ttrpc), the daemon with
 #     no_btrfs (no btrfs headers needed, and it is not the snapshotter used).
 #   - containerd finds the shim on PATH: put this directory on PATH of containerd's process.
-#   - runc from Debian is dynamically linked (libseccomp): the copy runs on this machine only.
+#   - runc is linked against the machine's libseccomp (cgo, `-tags seccomp`): it runs on
+#     machines like this one. It is built rather than taken from Debian (1.1.5 there) because
+#     user namespaces (`hostUsers: false`) need runc 1.2 or later: containerd tells the kubelet
+#     the runtime supports them only when runc reports idmapped mounts.
 #   - `go build` in the module cache needs GOFLAGS=-mod=readonly (the dir is read-only, and
 #     go.sum there is complete); GOTOOLCHAIN=local because the go.mod files say go 1.26.x.
 set -euo pipefail
@@ -57,6 +60,8 @@ CONTAINERD=github.com/containerd/containerd/v2@v2.4.2
 CONTAINERD_SUM=h1:p6Qg+xbEz8lvwdhHDx0U469xENvp4LgGBx+E7djXkGw=
 CNI=github.com/containernetworking/plugins@v1.10.0
 CNI_SUM=h1:4lwzpgsn5NdIneXrag/EEfKzhNSriJc1zTxZxfdfPLQ=
+RUNC=github.com/opencontainers/runc@v1.4.4
+RUNC_SUM=h1:mvhKTP28W0+S2JQ6RCZXRJzwvaipR4pQl81n5xBnGbA=
 COREDNS=github.com/coredns/coredns@v1.15.0
 COREDNS_SUM=h1:OBT+OEyHVdUiVxPhrNlC5XZVq3RkSxzQXfZQ76gm5ck=
 
@@ -120,11 +125,12 @@ dir=$(fetch "$COREDNS" "$COREDNS_SUM")
 (cd "$dir" && go build -v -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS#*@}" \
    -o "$tmp/coredns" .) 2>&1 | progress coredns
 
-log "runc (4/4): the distribution's package"
-runc=$(PATH="$PATH:/usr/sbin:/sbin" command -v runc || true)
-[[ -n "$runc" ]] || { log "runc is missing: run bash deploy/prereqs.sh"; exit 1; }
-cp "$runc" "$tmp/runc"
-log "runc: copied $runc ($("$tmp/runc" --version | head -1))"
+log "runc (4/4): $RUNC"
+[[ -f /usr/include/seccomp.h ]] || { log "libseccomp-dev is missing: run bash deploy/prereqs.sh"; exit 1; }
+dir=$(fetch "$RUNC" "$RUNC_SUM")
+(cd "$dir" && CGO_ENABLED=1 go build -v -tags seccomp -ldflags "-s -w -X main.version=${RUNC#*@}" \
+   -o "$tmp/runc" .) 2>&1 | progress runc
+log "runc: $("$tmp/runc" --version | head -1)"
 
 for b in containerd ctr containerd-shim-runc-v2 coredns runc cni/bridge cni/host-local cni/loopback cni/portmap; do
   [[ -x "$tmp/$b" ]] || { log "missing $b after build"; exit 1; }
