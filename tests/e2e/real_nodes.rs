@@ -698,10 +698,12 @@ async fn a_restricted_member_runs_copies_non_root_without_escalation_or_capabili
     drain_pods(&training, NS).await;
 }
 
-/// A member's copies are fenced as its admin asks. Its offload namespace holds tidepool's
-/// NetworkPolicy before the first copy exists there (the member's API server says when each
-/// was created): every pod of the namespace takes traffic only from the namespace, and sends
-/// it only there, to the member's DNS and to what the admin added (`spec.networkPolicy`).
+/// A member's copies are fenced as its admin asks. No copy goes into an offload namespace
+/// whose NetworkPolicy the member refuses (an admission policy in member-a refuses it first:
+/// the pod waits, saying so, and nothing is created); allowed, the policy is there before the
+/// first copy (the member's API server says when each was created): every pod of the namespace
+/// takes traffic only from the namespace, and sends it only there, to the member's DNS and to
+/// what the admin added (`spec.networkPolicy`).
 /// With `spec.userNamespaces`, root in the copy is not the node's root: the kernel's uid map
 /// inside it maps uid 0 elsewhere, where the same spec run straight in the member maps it to 0.
 #[tokio::test]
@@ -730,6 +732,7 @@ async fn a_members_copies_are_fenced_by_its_network_policy_and_run_in_user_names
         "egress": [{"to": [{"ipBlock": {"cidr": "10.123.0.0/24"}}], "ports": [{"protocol": "TCP", "port": 9000}]}]
     }))
     .unwrap();
+    let refusal = RefusedPolicies::install(&member, NS).await;
     let _tidepool = start_on_real_node(&env, &training, (TEST, NS), "", &mc, NODE).await;
     let script = "head -n 1 /proc/self/uid_map; exec sleep 3600";
     let name = format!("fenced-{}", run_id());
@@ -745,6 +748,21 @@ async fn a_members_copies_are_fenced_by_its_network_policy_and_run_in_user_names
     }))
     .unwrap();
     Api::<Pod>::namespaced(training.clone(), NS).create(&PostParams::default(), &pod).await.unwrap();
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(training.clone(), NS);
+    let said = wait_for(Duration::from_secs(60), "the pod says its namespace is not fenced yet", || {
+        let (events, name) = (events.clone(), name.clone());
+        async move {
+            let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={name}"));
+            let list = events.list(&lp).await.ok()?.items;
+            list.into_iter().find(|e| e.reason.as_deref() == Some(keys::REASON_OFFLOAD_ISOLATION))?.message
+        }
+    })
+    .await;
+    println!("while the member refuses the policy: {said}");
+    assert!(said.contains("tidepool-isolation"), "names the policy: {said}");
+    let copies = Api::<Pod>::namespaced(member.clone(), &offload);
+    assert!(copies.get_opt(&name).await.unwrap().is_none(), "no copy in an open namespace");
+    refusal.remove().await;
     let log = wait_for(Duration::from_secs(90), "the copy's uid map", || async {
         let (_, out, _) = kubectl(&env, "training", &["-n", NS, "logs", &name], None).await;
         (!out.trim().is_empty()).then_some(out)
@@ -771,4 +789,57 @@ async fn a_members_copies_are_fenced_by_its_network_policy_and_run_in_user_names
     let open = egress.iter().flat_map(|r| r["to"].as_array().cloned().unwrap_or_default());
     assert!(open.filter(|p| p["ipBlock"].is_object()).count() == 1, "no address range but the admin's");
     drain_pods(&training, NS).await;
+}
+
+/// An admission policy of member-a refusing tidepool's NetworkPolicy in namespace `ns` (and in
+/// `default`, where the test sees it in effect), until removed.
+struct RefusedPolicies {
+    member: Client,
+}
+
+impl RefusedPolicies {
+    const NAME: &str = "e2e-refuse-isolation";
+
+    async fn install(member: &Client, ns: &str) -> Self {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy as Vap, ValidatingAdmissionPolicyBinding as Binding,
+        };
+        use k8s_openapi::api::networking::v1::NetworkPolicy;
+        let policy: Vap = serde_json::from_value(json!({
+            "metadata": {"name": Self::NAME},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["networking.k8s.io"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["networkpolicies"]}]},
+                "matchConditions": [{"name": "tidepools-here", "expression":
+                    format!("object.metadata.name == 'tidepool-isolation' && object.metadata.namespace in ['{ns}', 'default']")}],
+                "validations": [{"expression": "false", "reason": "Forbidden", "message": "e2e: this member refuses the policy"}]
+            }
+        }))
+        .unwrap();
+        let binding: Binding = serde_json::from_value(json!({
+            "metadata": {"name": Self::NAME},
+            "spec": {"policyName": Self::NAME, "validationActions": ["Deny"]}
+        }))
+        .unwrap();
+        let pp = PatchParams::apply("tidepool-e2e").force();
+        Api::<Vap>::all(member.clone()).patch(Self::NAME, &pp, &Patch::Apply(&policy)).await.unwrap();
+        Api::<Binding>::all(member.clone()).patch(Self::NAME, &pp, &Patch::Apply(&binding)).await.unwrap();
+        let probe: NetworkPolicy =
+            serde_json::from_value(json!({"metadata": {"name": "tidepool-isolation"}, "spec": {"podSelector": {}}}))
+                .unwrap();
+        let api = Api::<NetworkPolicy>::namespaced(member.clone(), "default");
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        wait_for(Duration::from_secs(30), "the refusal in effect", || {
+            let (api, probe, dry) = (api.clone(), probe.clone(), dry.clone());
+            async move { matches!(api.create(&dry, &probe).await, Err(kube::Error::Api(e)) if e.code == 403).then_some(()) }
+        })
+        .await;
+        Self { member: member.clone() }
+    }
+
+    async fn remove(self) {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding as Binding;
+        Api::<Binding>::all(self.member.clone()).delete(Self::NAME, &Default::default()).await.unwrap();
+    }
 }
