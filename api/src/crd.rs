@@ -107,6 +107,15 @@ pub struct MemberClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurityLevel>,
 
+    /// The member's pod network, as its admin declares it (the CNI's address pools). Set, a
+    /// copy's pod IPs outside it never reach its training pod's `status.podIP`: a member
+    /// saying otherwise (a hostile or broken one) cannot give training pods the addresses of
+    /// other pods or Services of the training cluster, which its EndpointSlices and IP-based
+    /// policies would then point at. Copies with `hostNetwork` report their node's address.
+    /// Unset: any address the member reports comes up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<String>,
+
     /// Copies run in user namespaces (`hostUsers: false`): root in a container is an
     /// unprivileged user on the member's node, so a container escape lands as nobody. The
     /// member's kubelets and runtime must support it (Kubernetes 1.33+, containerd 2 or
@@ -209,6 +218,13 @@ pub struct Confinement {
     pub user_namespaces: bool,
     /// The offload namespaces' NetworkPolicy.
     pub network_policy: std::sync::Arc<NetworkIsolation>,
+}
+
+/// Whether `s` is `address/prefix` with a prefix the address family allows.
+fn is_cidr(s: &str) -> bool {
+    let Some((address, prefix)) = s.split_once('/') else { return false };
+    let (Ok(address), Ok(prefix)) = (address.parse::<std::net::IpAddr>(), prefix.parse::<u8>()) else { return false };
+    prefix <= if address.is_ipv4() { 32 } else { 128 }
 }
 
 /// How copies are fenced on the member's network ([`MemberClusterSpec::network_policy`]).
@@ -681,6 +697,11 @@ impl MemberClusterSpec {
                 errors.push(FieldError::new("spec.gangSchedulerName", "must be unset without gangScheduler"));
             } else if !is_dns_subdomain(n) {
                 errors.push(FieldError::new("spec.gangSchedulerName", "must be a scheduler name (DNS-1123 subdomain)"));
+            }
+        }
+        for (i, cidr) in self.pod_cidrs.iter().enumerate() {
+            if !is_cidr(cidr) {
+                errors.push(FieldError::new(format!("spec.podCIDRs[{i}]"), "must be an IP network (10.244.0.0/16)"));
             }
         }
         capacity_errors(&self.capacity, &mut errors);

@@ -519,6 +519,9 @@ async fn start_session(
         max_termination_grace: mc.spec.max_termination_grace_seconds,
         gang_scheduling: mc.spec.gang_scheduling(),
         confinement: mc.spec.confinement(),
+        declared_pod_network: crate::pod_network::PodNetwork::new(
+            mc.spec.pod_cidrs.iter().filter_map(|c| c.parse().ok()),
+        ),
         paused: mc.spec.paused,
         loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
         stats: dialed.stats,

@@ -164,6 +164,8 @@ pub struct MemberHandle {
     pub priority_conflict: watch::Receiver<Option<PriorityConflict>>,
     /// The pod CIDRs of the member's nodes; set with the first capacity.
     pub pod_network: watch::Receiver<PodNetwork>,
+    /// `spec.podCIDRs`: the pod network its admin declares (empty: none declared).
+    pub declared_pod_network: PodNetwork,
     /// The capacity publisher's wake-ups, for [`MemberHandle::want_capacity`].
     wakeups: Wakeups,
     /// Set before the session ends because another replica owns the member now: its virtual
@@ -225,6 +227,8 @@ pub(crate) struct SessionOptions {
     pub gang_scheduling: Option<(tidepool_api::crd::GangScheduler, String)>,
     /// `spec.podSecurity`, `spec.userNamespaces`, `spec.networkPolicy`.
     pub confinement: tidepool_api::crd::Confinement,
+    /// `spec.podCIDRs`.
+    pub declared_pod_network: PodNetwork,
     /// `spec.paused`.
     pub paused: bool,
     /// `memberLossTimeoutSeconds`: unreachable this long, the member counts as lost.
@@ -633,6 +637,7 @@ impl Session {
             stats: options.stats,
             priority_conflict: conflict_rx,
             pod_network: network_rx,
+            declared_pod_network: options.declared_pod_network,
             wakeups,
             handed_over: std::sync::atomic::AtomicBool::new(false),
         };

@@ -105,6 +105,16 @@ impl PodNetwork {
         self.cidrs.is_empty()
     }
 
+    /// Whether address `ip` is in the network (a binary search of its merged ranges).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let at = match ip {
+            IpAddr::V4(a) => (false, u128::from(u32::from(a))),
+            IpAddr::V6(a) => (true, u128::from(a)),
+        };
+        let after = self.ranges.partition_point(|r| (r.0, r.1) <= at);
+        after.checked_sub(1).and_then(|i| self.ranges.get(i)).is_some_and(|r| r.0 == at.0 && at.1 <= r.2)
+    }
+
     /// A CIDR of each network, the two overlapping, if any: one sweep of both networks'
     /// ranges, then the CIDRs holding the first shared address.
     pub fn overlap(&self, other: &PodNetwork) -> Option<(Cidr, Cidr)> {
@@ -206,5 +216,30 @@ mod tests {
                 prop_assert!(a.contains(&x) && b.contains(&y) && x.overlaps(&y));
             }
         }
+
+        /// An address is in the network exactly when one of its CIDRs holds it.
+        #[test]
+        fn an_address_is_in_the_network_when_a_cidr_holds_it(cidrs in prop::collection::vec(arb_cidr(), 0..12),
+                                                              near in any::<u32>(), pick in any::<usize>()) {
+            // Often an address next to a CIDR's edge, where a search goes wrong first.
+            let at = match cidrs.get(pick % cidrs.len().max(1)) {
+                Some(c) => { let (_, start, end) = c.range(); [start, end, start.wrapping_sub(1), end + 1][near as usize % 4] }
+                None => u128::from(near),
+            };
+            let Ok(v4) = u32::try_from(at) else { return Ok(()) };
+            let ip = IpAddr::V4(v4.into());
+            let held = cidrs.iter().any(|c| c.holds(false, u128::from(v4)));
+            prop_assert_eq!(PodNetwork::new(cidrs.clone()).contains(ip), held);
+        }
+    }
+
+    #[test]
+    fn addresses_of_the_other_family_are_never_in_it() {
+        let n = net(&["10.244.0.0/16", "fd00::/64"]);
+        assert!(n.contains("10.244.3.4".parse().unwrap()));
+        assert!(!n.contains("10.96.0.10".parse().unwrap()));
+        assert!(n.contains("fd00::7".parse().unwrap()));
+        assert!(!n.contains("::ffff:10.244.3.4".parse().unwrap()), "a v4-mapped v6 address is v6");
+        assert!(!net(&[]).contains("10.244.3.4".parse().unwrap()));
     }
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use serde_json::json;
 use tidepool_api::{MemberCluster, keys};
 
 use crate::harness::*;
@@ -321,8 +322,11 @@ async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() 
 /// A hostile member (its admin, or whoever holds its API server) writes into a copy's status
 /// a reclaim notice tidepool never gave and a condition whose message would forge lines in
 /// `kubectl describe`. The training pod shows the member's own condition, escaped and
-/// bounded, never tidepool's: the pod is not under notice and keeps running. The pod's tenant
-/// asked for a year of grace: its copy (hand-bound, so `medium`) gets the band's default bound.
+/// bounded, never tidepool's: the pod is not under notice and keeps running. It then claims
+/// the copy's IP is the training cluster's DNS Service address: the member declared its pod
+/// network (`spec.podCIDRs`, kwok's), so the training pod never shows that address. The pod's
+/// tenant asked for a year of grace: its copy (hand-bound, so `medium`) gets the band's
+/// default bound.
 #[tokio::test]
 async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_is_bounded() {
     const TEST: &str = "hostile-status";
@@ -333,6 +337,12 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
     let training = env.client("training").await;
     let member_b = env.client("member-b").await;
     let (tidepool, node) = start(&env, &training, TEST, NS, MEMBER).await;
+    // kwok's pod network in member-b (tests/controlplane/cluster.sh), declared by its admin.
+    let declared = json!({"spec": {"podCIDRs": ["10.244.0.0/16"]}});
+    Api::<MemberCluster>::all(training.clone())
+        .patch(MEMBER, &PatchParams::default(), &Patch::Merge(&declared))
+        .await
+        .unwrap();
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
     let name = format!("victim-{}", run_id());
     let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -377,7 +387,31 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
     tokio::time::sleep(Duration::from_secs(3)).await;
     let p = pods.get(&name).await.unwrap();
     assert_eq!(condition(&p, keys::CONDITION_RECLAIM_REQUESTED), None, "{}", tidepool.log_tail());
-    assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    assert_eq!(p.status.clone().and_then(|s| s.phase).as_deref(), Some("Running"));
+    let own_ip = p.status.and_then(|s| s.pod_ip).unwrap_or_default();
+    assert!(own_ip.starts_with("10.244."), "the copy's address inside the declared network: {own_ip:?}");
+
+    // The training cluster's DNS Service address, claimed as the copy's.
+    let dns = Api::<k8s_openapi::api::core::v1::Service>::namespaced(training.clone(), "kube-system");
+    let dns_ip = dns.get("kube-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+    let claim = json!({"status": {"podIP": dns_ip, "podIPs": [{"ip": dns_ip}],
+        "conditions": [{"type": FORGED, "status": "True", "reason": "Claimed", "message": "claimed"}]}});
+    copies.patch_status(&name, &PatchParams::default(), &Patch::Merge(&claim)).await.unwrap();
+    let copy = copies.get(&name).await.unwrap();
+    assert_eq!(copy.status.as_ref().and_then(|s| s.pod_ip.as_deref()), Some(dns_ip.as_str()), "claimed in the member");
+    // The claim's condition reached the training pod: so did whatever of its status came up.
+    let seen = wait_for(Duration::from_secs(30), "the claim's status on the training pod", || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            let p = pods.get(&name).await.ok()?;
+            (condition(&p, FORGED)?.reason.as_deref() == Some("Claimed")).then_some(p)
+        }
+    })
+    .await;
+    let shown = seen.status.unwrap();
+    println!("the training pod's IPs after the claim: {:?} {:?}", shown.pod_ip, shown.pod_ips);
+    assert_ne!(shown.pod_ip.as_deref(), Some(dns_ip.as_str()), "the training DNS address came up as a pod's");
+    assert!(shown.pod_ips.iter().flatten().all(|ip| ip.ip != dns_ip), "{:?}", shown.pod_ips);
     drain_pods(&training, NS).await;
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }

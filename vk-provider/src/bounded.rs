@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodCondition, PodIP, PodStatus};
 use tidepool_api::text::{cut, shown};
+use tidepool_federation::pod_network::PodNetwork;
 
 /// Conditions kept (a kubelet writes five; a member's gang scheduler or readiness gates a few).
 pub const MAX_CONDITIONS: usize = 16;
@@ -93,6 +94,19 @@ fn bound_state(state: &mut ContainerState) {
     }
 }
 
+/// Drops the pod IPs of `s` outside `declared`, the member's pod network as its admin
+/// declares it (`spec.podCIDRs`; empty: nothing declared, nothing dropped); `host_network`
+/// pods report their node's address, which no pod network holds. `pod_ip` is the first kept.
+pub fn within_pod_network(s: &mut PodStatus, declared: &PodNetwork, host_network: bool) {
+    if declared.is_empty() || host_network {
+        return;
+    }
+    let inside = |ip: &str| ip.parse::<IpAddr>().is_ok_and(|ip| declared.contains(ip));
+    let kept: Vec<PodIP> = s.pod_ips.take().into_iter().flatten().filter(|p| inside(&p.ip)).collect();
+    s.pod_ip = s.pod_ip.take().filter(|ip| inside(ip)).or_else(|| kept.first().map(|p| p.ip.clone()));
+    s.pod_ips = (!kept.is_empty()).then_some(kept);
+}
+
 /// The member's pod IPs that are addresses, at most one IPv4 and one IPv6, `pod_ip` the
 /// first of them (as the API server keeps it).
 fn ips_from_member(pod_ip: Option<&str>, pod_ips: &[PodIP]) -> (Option<String>, Vec<PodIP>) {
@@ -162,6 +176,25 @@ mod tests {
         from_member(&mut s);
         let c = &s.container_statuses.unwrap()[0];
         assert_eq!(c.state.as_ref().unwrap().terminated.as_ref().unwrap().message.as_deref(), Some(ack));
+    }
+
+    #[test]
+    fn pod_ips_outside_the_declared_pod_network_never_come_up() {
+        let declared = PodNetwork::new(["10.244.0.0/16".parse().unwrap(), "fd00::/64".parse().unwrap()]);
+        let forged = || status(json!({"podIP": "10.96.0.10", "podIPs": [{"ip": "10.96.0.10"}, {"ip": "fd00::7"}]}));
+        let mut s = forged();
+        within_pod_network(&mut s, &declared, false);
+        assert_eq!(s.pod_ip.as_deref(), Some("fd00::7"), "the training cluster's DNS address is dropped");
+        assert_eq!(s.pod_ips.unwrap().len(), 1);
+        let mut host = forged();
+        within_pod_network(&mut host, &declared, true);
+        assert_eq!(host.pod_ip.as_deref(), Some("10.96.0.10"), "a hostNetwork pod reports its node's address");
+        let mut undeclared = forged();
+        within_pod_network(&mut undeclared, &PodNetwork::new([]), false);
+        assert_eq!(undeclared, forged(), "nothing declared: nothing dropped");
+        let mut outside = status(json!({"podIP": "192.168.0.1", "podIPs": [{"ip": "192.168.0.1"}]}));
+        within_pod_network(&mut outside, &declared, false);
+        assert_eq!((outside.pod_ip, outside.pod_ips), (None, None));
     }
 
     #[test]

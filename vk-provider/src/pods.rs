@@ -871,9 +871,11 @@ impl PodSync<'_> {
     /// Step::Follow, up: the copy's status onto the training pod, unless it changed since
     /// the cache's view of it (then its newer version, on its way, triggers this again).
     async fn status(&self, copy: &OffloadPod) -> Result<Action, Error> {
-        let Some(member_status) = copy.status() else {
+        let Some(mut member_status) = copy.status() else {
             return Ok(Action::await_change());
         };
+        let host_network = self.pod.spec.host_network;
+        crate::bounded::within_pod_network(&mut member_status, &self.member().declared_pod_network, host_network);
         let ctx = self.ctx;
         let mut desired = translate::training_status(&member_status, &ctx.config.kubelet.node_address.to_string());
         let pool = self.pod.node_name().and_then(|node| self.member().pool_for_node(node));
