@@ -113,7 +113,7 @@ pub struct MemberClusterSpec {
     /// other pods or Services of the training cluster, which its EndpointSlices and IP-based
     /// policies would then point at. Copies with `hostNetwork` report their node's address.
     /// Unset: any address the member reports comes up.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
     pub pod_cidrs: Vec<String>,
 
     /// Copies run in user namespaces (`hostUsers: false`): root in a container is an

@@ -323,7 +323,7 @@ async fn pausing_a_member_places_nothing_new_there_and_keeps_its_running_pods() 
 /// a reclaim notice tidepool never gave and a condition whose message would forge lines in
 /// `kubectl describe`. The training pod shows the member's own condition, escaped and
 /// bounded, never tidepool's: the pod is not under notice and keeps running. It then claims
-/// the copy's IP is the training cluster's DNS Service address: the member declared its pod
+/// the copy's IP is the training cluster's API server Service address: the member declared its pod
 /// network (`spec.podCIDRs`, kwok's), so the training pod never shows that address. The pod's
 /// tenant asked for a year of grace: its copy (hand-bound, so `medium`) gets the band's
 /// default bound.
@@ -391,9 +391,9 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
     let own_ip = p.status.and_then(|s| s.pod_ip).unwrap_or_default();
     assert!(own_ip.starts_with("10.244."), "the copy's address inside the declared network: {own_ip:?}");
 
-    // The training cluster's DNS Service address, claimed as the copy's.
-    let dns = Api::<k8s_openapi::api::core::v1::Service>::namespaced(training.clone(), "kube-system");
-    let dns_ip = dns.get("kube-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+    // The training cluster's API server Service address, claimed as the copy's.
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(training.clone(), "default");
+    let dns_ip = services.get("kubernetes").await.unwrap().spec.unwrap().cluster_ip.unwrap();
     let claim = json!({"status": {"podIP": dns_ip, "podIPs": [{"ip": dns_ip}],
         "conditions": [{"type": FORGED, "status": "True", "reason": "Claimed", "message": "claimed"}]}});
     copies.patch_status(&name, &PatchParams::default(), &Patch::Merge(&claim)).await.unwrap();
@@ -410,7 +410,7 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
     .await;
     let shown = seen.status.unwrap();
     println!("the training pod's IPs after the claim: {:?} {:?}", shown.pod_ip, shown.pod_ips);
-    assert_ne!(shown.pod_ip.as_deref(), Some(dns_ip.as_str()), "the training DNS address came up as a pod's");
+    assert_ne!(shown.pod_ip.as_deref(), Some(dns_ip.as_str()), "the API server's address came up as a pod's");
     assert!(shown.pod_ips.iter().flatten().all(|ip| ip.ip != dns_ip), "{:?}", shown.pod_ips);
     drain_pods(&training, NS).await;
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
