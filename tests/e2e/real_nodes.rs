@@ -634,15 +634,9 @@ async fn a_restricted_member_runs_copies_non_root_without_escalation_or_capabili
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-a").await;
-    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
     // An earlier run's offload namespace keeps the label it was made with: gone first.
-    let offload = offload_ns(NS);
-    let _ = namespaces.delete(&offload, &Default::default()).await;
-    wait_for(Duration::from_secs(120), "an earlier run's offload namespace gone", || {
-        let (namespaces, offload) = (namespaces.clone(), offload.clone());
-        async move { namespaces.get_opt(&offload).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    let offload = without_offload_namespace(&member, NS).await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
     let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
     mc.spec.pools = vec![real_pool(&env)];
     mc.spec.pod_security = Some(tidepool_api::crd::PodSecurityLevel::Restricted);
@@ -716,15 +710,8 @@ async fn a_members_copies_are_fenced_by_its_network_policy_and_run_in_user_names
     let env = Env::load();
     let training = env.client("training").await;
     let member = env.client("member-a").await;
-    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
     // An earlier run's offload namespace (and its policy) goes first: this run's is judged.
-    let offload = offload_ns(NS);
-    let _ = namespaces.delete(&offload, &Default::default()).await;
-    wait_for(Duration::from_secs(120), "an earlier run's offload namespace gone", || {
-        let (namespaces, offload) = (namespaces.clone(), offload.clone());
-        async move { namespaces.get_opt(&offload).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    let offload = without_offload_namespace(&member, NS).await;
     let mut mc = member_cluster(MEMBER, TEST, NS, "member-a");
     mc.spec.pools = vec![real_pool(&env)];
     mc.spec.user_namespaces = true;
@@ -842,4 +829,18 @@ impl RefusedPolicies {
         use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding as Binding;
         Api::<Binding>::all(self.member.clone()).delete(Self::NAME, &Default::default()).await.unwrap();
     }
+}
+
+/// Deletes training namespace `ns`'s offload namespace in `member`, as an earlier run left it,
+/// and waits until it is gone; its name.
+async fn without_offload_namespace(member: &Client, ns: &str) -> String {
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(member.clone());
+    let offload = offload_ns(ns);
+    let _ = namespaces.delete(&offload, &Default::default()).await;
+    wait_for(Duration::from_secs(120), "an earlier run's offload namespace gone", || {
+        let (namespaces, offload) = (namespaces.clone(), offload.clone());
+        async move { namespaces.get_opt(&offload).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    offload
 }
