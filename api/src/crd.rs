@@ -112,7 +112,8 @@ pub struct MemberClusterSpec {
     /// saying otherwise (a hostile or broken one) cannot give training pods the addresses of
     /// other pods or Services of the training cluster, which its EndpointSlices and IP-based
     /// policies would then point at. Copies with `hostNetwork` report their node's address.
-    /// Unset: any address the member reports comes up.
+    /// Unset: any address the member reports comes up. Set, it is also the network
+    /// `PodNetworkOverlap` compares, in place of the member nodes' `podCIDRs`.
     #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
     pub pod_cidrs: Vec<String>,
 

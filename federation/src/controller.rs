@@ -229,9 +229,9 @@ async fn findings(ctx: &Context, name: &MemberName) -> Result<Option<Findings>, 
         let others: Vec<(String, PodNetwork)> = sessions
             .iter()
             .filter(|(other, _)| *other != name)
-            .map(|(other, s)| (format!("member {other}"), s.handle.pod_network.borrow().clone()))
+            .map(|(other, s)| (format!("member {other}"), s.handle.effective_pod_network()))
             .collect();
-        (session.handle.priority_conflict.borrow().clone(), session.handle.pod_network.borrow().clone(), others)
+        (session.handle.priority_conflict.borrow().clone(), session.handle.effective_pod_network(), others)
     };
     let training = if ours.is_empty() { PodNetwork::default() } else { ctx.training_pod_network().await };
     let named = std::iter::once(("the training cluster", &training)).chain(others.iter().map(|(w, n)| (w.as_str(), n)));

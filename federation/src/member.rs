@@ -199,6 +199,16 @@ impl std::fmt::Debug for MemberHandle {
 }
 
 impl MemberHandle {
+    /// The member's pod network: the one its admin declares (`spec.podCIDRs`), else its
+    /// nodes' pod CIDRs as last seen. What `PodNetworkOverlap` compares.
+    pub fn effective_pod_network(&self) -> PodNetwork {
+        if self.declared_pod_network.is_empty() {
+            self.pod_network.borrow().clone()
+        } else {
+            self.declared_pod_network.clone()
+        }
+    }
+
     /// Told by the dispatcher after each round: whether a gang waits for capacity. While one
     /// does, a pool whose room grows publishes at once (see [`publication`]); a drift held
     /// back when the wait begins goes out now.

@@ -418,7 +418,7 @@ async fn a_hostile_members_status_comes_up_bounded_and_a_tenants_year_of_grace_i
 
 /// A member whose pod CIDRs overlap the training cluster's is reported on its
 /// `MemberCluster` (`PodNetworkOverlap`, naming both CIDRs), and the report clears when the
-/// overlapping node goes. The local clusters do not allocate node CIDRs, so an admin's node
+/// overlapping node goes; a pod network its admin declares (`spec.podCIDRs`) is compared then. The local clusters do not allocate node CIDRs, so an admin's node
 /// object with a pod CIDR stands in on each side (unschedulable: nothing runs there).
 #[tokio::test]
 async fn a_member_whose_pod_cidrs_overlap_the_training_clusters_is_reported() {
@@ -465,6 +465,19 @@ async fn a_member_whose_pod_cidrs_overlap_the_training_clusters_is_reported() {
         }
     })
     .await;
+    // A pod network the member's admin declares (`spec.podCIDRs`) is the one compared.
+    let declared = json!({"spec": {"podCIDRs": ["10.250.0.64/26"]}});
+    let members = Api::<MemberCluster>::all(training.clone());
+    members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&declared)).await.unwrap();
+    let (_, _, message) = wait_for(Duration::from_secs(60), "PodNetworkOverlap True for the declared network", || {
+        let training = training.clone();
+        async move {
+            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
+            (c.0 == "True").then_some(c)
+        }
+    })
+    .await;
+    assert!(message.contains("10.250.0.64/26"), "{message}");
     training_nodes.delete(&in_training, &DeleteParams::default()).await.unwrap();
-    Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
+    members.delete(MEMBER, &DeleteParams::default()).await.unwrap();
 }
