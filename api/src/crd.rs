@@ -221,13 +221,6 @@ pub struct Confinement {
     pub network_policy: std::sync::Arc<NetworkIsolation>,
 }
 
-/// Whether `s` is `address/prefix` with a prefix the address family allows.
-fn is_cidr(s: &str) -> bool {
-    let Some((address, prefix)) = s.split_once('/') else { return false };
-    let (Ok(address), Ok(prefix)) = (address.parse::<std::net::IpAddr>(), prefix.parse::<u8>()) else { return false };
-    prefix <= if address.is_ipv4() { 32 } else { 128 }
-}
-
 /// How copies are fenced on the member's network ([`MemberClusterSpec::network_policy`]).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -701,7 +694,7 @@ impl MemberClusterSpec {
             }
         }
         for (i, cidr) in self.pod_cidrs.iter().enumerate() {
-            if !is_cidr(cidr) {
+            if cidr.parse::<crate::net::Cidr>().is_err() {
                 errors.push(FieldError::new(format!("spec.podCIDRs[{i}]"), "must be an IP network (10.244.0.0/16)"));
             }
         }
@@ -809,6 +802,16 @@ mod tests {
             kubeconfig_secret_ref: SecretKeyRef { name: "member-a-kubeconfig".into(), ..Default::default() },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn declared_pod_cidrs_must_be_networks() {
+        let s = MemberClusterSpec {
+            pod_cidrs: vec!["10.244.0.0/16".into(), "fd00::/64".into(), "10.0.0.0/33".into(), "10.0.0.0".into()],
+            ..spec()
+        };
+        let paths: Vec<String> = s.validate("member-a").into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["spec.podCIDRs[2]", "spec.podCIDRs[3]"]);
     }
 
     #[test]

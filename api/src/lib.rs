@@ -14,6 +14,7 @@ pub mod cron;
 pub mod keys;
 pub mod metrics;
 pub mod names;
+pub mod net;
 pub mod node_match;
 pub mod pod;
 pub mod resources;

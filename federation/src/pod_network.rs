@@ -5,67 +5,13 @@
 //! pods. Such a member is reported on its `MemberCluster` (`PodNetworkOverlap`). Pure: tested
 //! on plain data.
 
-use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
-/// An IP network, `address/prefix`, its host bits ignored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    address: IpAddr,
-    prefix: u8,
-}
-
-impl FromStr for Cidr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (address, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not address/prefix"))?;
-        let address: IpAddr = address.parse().map_err(|_| format!("{s:?} has no IP address"))?;
-        let prefix: u8 = prefix.parse().map_err(|_| format!("{s:?} has no prefix length"))?;
-        let most = if address.is_ipv4() { 32 } else { 128 };
-        if prefix > most {
-            return Err(format!("{s:?}: a prefix longer than {most} bits"));
-        }
-        Ok(Cidr { address, prefix })
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.address, self.prefix)
-    }
-}
-
-impl Cidr {
-    /// First and last address as numbers of the family's width (IPv4 in the low 32 bits), and
-    /// the family.
-    fn range(&self) -> (bool, u128, u128) {
-        let (v6, bits, width) = match self.address {
-            IpAddr::V4(a) => (false, u128::from(u32::from(a)), 32u32),
-            IpAddr::V6(a) => (true, u128::from(a), 128u32),
-        };
-        let host_bits = width - u32::from(self.prefix);
-        let host_mask = if host_bits == 128 { u128::MAX } else { (1u128 << host_bits) - 1 };
-        (v6, bits & !host_mask, bits | host_mask)
-    }
-
-    /// Whether the network holds address `at` of family `v6`.
-    fn holds(&self, v6: bool, at: u128) -> bool {
-        let (family, start, end) = self.range();
-        family == v6 && start <= at && at <= end
-    }
-
-    /// Whether the two networks share an address.
-    pub fn overlaps(&self, other: &Cidr) -> bool {
-        let (a6, a0, a1) = self.range();
-        let (b6, b0, b1) = other.range();
-        a6 == b6 && a0 <= b1 && b0 <= a1
-    }
-}
+pub use tidepool_api::net::Cidr;
+use tidepool_api::net::number;
 
 /// The pod CIDRs a node was given (`spec.podCIDRs`, else `spec.podCIDR`); unparsable ones
 /// are left out.
@@ -107,10 +53,7 @@ impl PodNetwork {
 
     /// Whether address `ip` is in the network (a binary search of its merged ranges).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let at = match ip {
-            IpAddr::V4(a) => (false, u128::from(u32::from(a))),
-            IpAddr::V6(a) => (true, u128::from(a)),
-        };
+        let at = number(ip);
         let after = self.ranges.partition_point(|r| (r.0, r.1) <= at);
         after.checked_sub(1).and_then(|i| self.ranges.get(i)).is_some_and(|r| r.0 == at.0 && at.1 <= r.2)
     }
@@ -200,7 +143,7 @@ mod tests {
     }
 
     fn arb_cidr() -> impl Strategy<Value = Cidr> {
-        (any::<u32>(), 8u8..=32).prop_map(|(a, p)| Cidr { address: IpAddr::V4(a.into()), prefix: p })
+        (any::<u32>(), 8u8..=32).prop_map(|(a, p)| Cidr::new(IpAddr::V4(a.into()), p))
     }
 
     proptest! {
