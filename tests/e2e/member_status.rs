@@ -24,6 +24,20 @@ async fn member_condition(client: &Client, name: &str, type_: &str) -> Option<(S
     mc.status?.conditions.into_iter().find(|c| c.type_ == type_).map(|c| (c.status, c.reason, c.message))
 }
 
+/// Waits until member `name`'s condition `type_` has `status`; its `(status, reason, message)`.
+async fn condition_becomes(
+    client: &Client,
+    (name, type_, status): (&str, &str, &str),
+    timeout: Duration,
+    what: &str,
+) -> (String, String, String) {
+    wait_for(timeout, what, || async move {
+        let c = member_condition(client, name, type_).await?;
+        (c.0 == status).then_some(c)
+    })
+    .await
+}
+
 /// Starts a tidepool serving member-b as MemberCluster `member` and waits for its node.
 async fn start(env: &Env, training: &Client, test: &str, ns: &str, member: &str) -> (Tidepool, String) {
     prepare(env, training, test, ns).await;
@@ -91,13 +105,12 @@ async fn an_online_pod_at_offload_priority_raises_a_condition_until_it_goes() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let (_, reason, message) = wait_for(Duration::from_secs(30), "OnlinePriorityConflict=True", || {
-        let training = training.clone();
-        async move {
-            let c = member_condition(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await?;
-            (c.0 == "True").then_some(c)
-        }
-    })
+    let (_, reason, message) = condition_becomes(
+        &training,
+        (MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT, "True"),
+        Duration::from_secs(30),
+        "OnlinePriorityConflict=True",
+    )
     .await;
     assert_eq!(reason, "OnlinePodsAtOffloadPriority");
     let expected = format!("{online_ns}/{name} ({})", keys::Band::Low.priority_value() - 100);
@@ -113,13 +126,12 @@ async fn an_online_pod_at_offload_priority_raises_a_condition_until_it_goes() {
 
     // 3. The pod goes: the condition clears, with an Event.
     pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
-    wait_for(Duration::from_secs(30), "OnlinePriorityConflict=False again", || {
-        let training = training.clone();
-        async move {
-            let c = member_condition(&training, MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT).await?;
-            (c.0 == "False").then_some(())
-        }
-    })
+    condition_becomes(
+        &training,
+        (MEMBER, keys::CONDITION_ONLINE_PRIORITY_CONFLICT, "False"),
+        Duration::from_secs(30),
+        "OnlinePriorityConflict=False again",
+    )
     .await;
     wait_for(Duration::from_secs(20), "OnlinePriorityConflictResolved Event", || {
         let training = training.clone();
@@ -443,13 +455,12 @@ async fn a_member_whose_pod_cidrs_overlap_the_training_clusters_is_reported() {
     let (_tidepool, _) = start(&env, &training, TEST, NS, MEMBER).await;
     let member_nodes = Api::<Node>::all(member_b.clone());
     member_nodes.create(&PostParams::default(), &node(&in_member, "10.250.0.128/25")).await.unwrap();
-    let (status, reason, message) = wait_for(Duration::from_secs(60), "PodNetworkOverlap True on the member", || {
-        let training = training.clone();
-        async move {
-            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
-            (c.0 == "True").then_some(c)
-        }
-    })
+    let (status, reason, message) = condition_becomes(
+        &training,
+        (MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP, "True"),
+        Duration::from_secs(60),
+        "PodNetworkOverlap True on the member",
+    )
     .await;
     eprintln!("{status} {reason}: {message}");
     assert_eq!(reason, keys::REASON_POD_NETWORK_OVERLAPS);
@@ -457,25 +468,23 @@ async fn a_member_whose_pod_cidrs_overlap_the_training_clusters_is_reported() {
     assert!(message.contains("the training cluster"), "{message}");
 
     member_nodes.delete(&in_member, &DeleteParams::default()).await.unwrap();
-    wait_for(Duration::from_secs(60), "PodNetworkOverlap False once the node is gone", || {
-        let training = training.clone();
-        async move {
-            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
-            (c.0 == "False").then_some(())
-        }
-    })
+    condition_becomes(
+        &training,
+        (MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP, "False"),
+        Duration::from_secs(60),
+        "PodNetworkOverlap False once the node is gone",
+    )
     .await;
     // A pod network the member's admin declares (`spec.podCIDRs`) is the one compared.
     let declared = json!({"spec": {"podCIDRs": ["10.250.0.64/26"]}});
     let members = Api::<MemberCluster>::all(training.clone());
     members.patch(MEMBER, &PatchParams::default(), &Patch::Merge(&declared)).await.unwrap();
-    let (_, _, message) = wait_for(Duration::from_secs(60), "PodNetworkOverlap True for the declared network", || {
-        let training = training.clone();
-        async move {
-            let c = member_condition(&training, MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP).await?;
-            (c.0 == "True").then_some(c)
-        }
-    })
+    let (_, _, message) = condition_becomes(
+        &training,
+        (MEMBER, keys::CONDITION_POD_NETWORK_OVERLAP, "True"),
+        Duration::from_secs(60),
+        "PodNetworkOverlap True for the declared network",
+    )
     .await;
     assert!(message.contains("10.250.0.64/26"), "{message}");
     training_nodes.delete(&in_training, &DeleteParams::default()).await.unwrap();
