@@ -27,6 +27,9 @@
 # node too, imported in the background while the kubelets start (about a minute each) and
 # waited for before `up` returns; import.sh skips an image a node already has.
 #
+# Disk: a member node's kubelet root (nodefs) is a 2 GiB tmpfs evicting below 25 % free, so a
+# test can put the node under disk pressure; containerd's root (imagefs) is the host disk.
+#
 # Nodes are tainted tidepool.io/real-node=true:NoSchedule and labelled
 # tidepool.io/real-node=true, tidepool.io/test-pool=real: only pods that ask for a real node
 # land there (a pool with that selector and toleration, the chart with its toleration), so
@@ -211,6 +214,19 @@ write_cni_config() {
 EOF
 }
 
+# A member's kubelet root (its nodefs: emptyDirs, pod volumes) is a tmpfs of its own, so a
+# test can put the node under disk pressure by filling it, and the kubelet's eviction
+# manager evicts for node pressure as on a production node (issue 39). Containers' layers
+# stay in containerd's root on the host disk (imagefs), which must never see pressure.
+REAL_NODEFS_SIZE=2g
+real_nodefs_threshold() { case $1 in training) echo 1% ;; *) echo 25% ;; esac; }
+real_nodefs_up() {
+  local c=$1 d=$S/nodes/$1
+  [[ $c == training ]] && return 0
+  mountpoint -q "$d/kubelet" || mount -t tmpfs -o "size=$REAL_NODEFS_SIZE,mode=0750" "tidepool-nodefs-$c" "$d/kubelet" ||
+    fail "$c: mounting the kubelet's tmpfs root on $d/kubelet failed"
+}
+
 write_kubelet_config() {
   local c=$1 d=$S/nodes/$1 name ip
   name=$(real_node_name "$c") ip=$(real_node_ip "$c")
@@ -251,7 +267,10 @@ maxPods: 40
 # disk-pressure eviction must not fire on a busy test disk.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
+evictionHard: {memory.available: 100Mi, nodefs.available: $(real_nodefs_threshold "$c"), nodefs.inodesFree: 1%, imagefs.available: 1%}
+# Out of node pressure 10 s after it ends (default 5 m), so a node-pressure test leaves the
+# node as it found it for the next.
+evictionPressureTransitionPeriod: 10s
 registerWithTaints:
 - {key: $REAL_TAINT_KEY, value: "true", effect: NoSchedule}
 shutdownGracePeriod: 0s
@@ -332,6 +351,7 @@ real_nodes_up() {
     real_node_pki "$c"
     real_network_up "$c"
     real_cgroups_up "$c"
+    real_nodefs_up "$c"
     write_containerd_config "$c"
     write_cni_config "$c"
     write_kubelet_config "$c"

@@ -2,7 +2,7 @@
 //! (issue "Real operators"): a Job with `backoffLimit: 0` whose `podFailurePolicy` ignores
 //! `DisruptionTarget` runs a real process on member-a's real node; the member takes the copy
 //! away — its Eviction API (`kubectl drain`), its scheduler preempting it for an online pod, a
-//! `NoExecute` taint on its node — and the training pod turns `Failed` with `DisruptionTarget`
+//! `NoExecute` taint on its node, its kubelet evicting it for node pressure (disk) — and the training pod turns `Failed` with `DisruptionTarget`
 //! **in the same status
 //! write** (a watch of the training pod sees no version that is `Failed` without it, none that
 //! is terminal with `Ready=True` or a running container), so the Job does not count it and
@@ -278,6 +278,68 @@ async fn a_copy_the_members_kubelet_evicts_over_its_own_limit_fails_as_on_a_nati
     })
     .await;
     finish(&s, &job).await;
+}
+
+#[tokio::test]
+async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the_job_does_not_count() {
+    let s = Setup::start().await;
+    let job = format!("pressure-{}", run_id());
+    // The member's real node keeps its kubelet root (nodefs) on a 2 GiB filesystem of its own
+    // and evicts below 25 % free (tests/controlplane/realnode.sh): 1.6 GiB in an emptyDir
+    // without a limit puts the node under disk pressure, and the pod using the most goes.
+    let extra = json!({"volumes": [{"name": "scratch", "emptyDir": {}}]});
+    let script = "sleep 1; dd if=/dev/zero of=/scratch/fill bs=1M count=1600 2>/dev/null; exec sleep 3600";
+    let (pod, node) = s.job(&job, script, extra).await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    let nodes = Api::<Node>::all(s.member.clone());
+    let pressure = node_watch_sees(&nodes, &node, "DiskPressure");
+    let target = reflected(&s, &job, &pod, &seen, "Evicted").await.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    assert_eq!(target, "TerminationByKubelet", "the kubelet's own reason for a node-pressure eviction");
+    let failed = Api::<Pod>::namespaced(s.training.clone(), NS).get(&pod.name_any()).await.unwrap();
+    let message = failed.status.and_then(|st| st.message).unwrap_or_default();
+    assert!(message.contains("low on resource: ephemeral-storage"), "the kubelet's message: {message}");
+    // The member's API server saw its node under pressure: the eviction was the kubelet's.
+    assert!(pressure.await.unwrap(), "member node {node} never reported DiskPressure");
+    watch.abort();
+    finish(&s, &job).await;
+    // The Job's replacement writes as much: no copy may be left to fill the node again.
+    wait_for(Duration::from_secs(90), "the job's copies gone from the member", || {
+        let copies = s.copies();
+        async move { copies.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
+    // The node leaves pressure 10 s after the space is back: the next test finds it as it was.
+    wait_for(Duration::from_secs(90), &format!("{node} without DiskPressure"), || {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            let n = nodes.get(&node).await.ok()?;
+            let conditions = n.status?.conditions?;
+            conditions.iter().any(|c| c.type_ == "DiskPressure" && c.status == "False").then_some(())
+        }
+    })
+    .await;
+}
+
+/// Whether a watch of member node `node` sees condition `type_` turn True within 200 s.
+fn node_watch_sees(nodes: &Api<Node>, node: &str, type_: &str) -> tokio::task::JoinHandle<bool> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let (nodes, type_) = (nodes.clone(), type_.to_owned());
+    tokio::spawn(async move {
+        let seen = async {
+            let mut stream = std::pin::pin!(watcher(nodes, config));
+            while let Some(event) = stream.next().await {
+                if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event {
+                    let conditions = n.status.and_then(|st| st.conditions).unwrap_or_default();
+                    if conditions.iter().any(|c| c.type_ == type_ && c.status == "True") {
+                        return true;
+                    }
+                }
+            }
+            false
+        };
+        tokio::time::timeout(Duration::from_secs(200), seen).await.unwrap_or(false)
+    })
 }
 
 #[tokio::test]
