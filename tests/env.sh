@@ -2,14 +2,14 @@
 # and the benchmarks run against, each cached outside the repo by its pinned inputs, and exports
 # where each is. Expects to be sourced from the repository root, after deploy/prereqs.sh.
 #
-# Environment: TIDEPOOL_SKEW (default 0; 1: also the previous Kubernetes minor for member-b,
-# exported as CP_SKEW_BIN; otherwise CP_SKEW_BIN is unset).
+# Environment: TIDEPOOL_SKEW (default 1: also the previous Kubernetes minor for member-b,
+# exported as CP_SKEW_BIN; 0: every cluster on one version, CP_SKEW_BIN unset).
 
 echo "== building the local control plane (cached after the first run)" >&2
 CP_BIN=$(bash tests/controlplane/build.sh | tail -n 1)
 export CP_BIN
 
-if [[ ${TIDEPOOL_SKEW:-0} == 1 ]]; then
+if [[ ${TIDEPOOL_SKEW:-1} == 1 ]]; then
   echo "== building the previous Kubernetes minor for member-b (cached after the first run)" >&2
   CP_SKEW_BIN=$(bash tests/controlplane/build-skew.sh | tail -n 1)
   export CP_SKEW_BIN

@@ -12,8 +12,9 @@
 #
 # Environment: CP_PORT_OFFSET (default 30, so a running demo on offset 0 is left alone),
 # TIDEPOOL_TEST_STATE (cluster state dir, default $TMPDIR/tidepool-test-clusters-<offset>),
-# TIDEPOOL_SKEW (default 0; 1: member-b runs the previous Kubernetes minor, built by
-# tests/controlplane/build-skew.sh, and the version_skew e2e test runs; 0 skips that test).
+# TIDEPOOL_SKEW (default 1: member-b runs the previous Kubernetes minor, built by
+# tests/controlplane/build-skew.sh, for the whole suite, and the version_skew e2e test runs;
+# 0: every cluster on one version, that test skipped — for a quick local run, never CI).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,8 +31,8 @@ cargo test --locked --test prerequisites
 # shellcheck source=tests/env.sh
 source tests/env.sh
 skip=()
-if [[ ${TIDEPOOL_SKEW:-0} != 1 ]]; then
-  echo "== TIDEPOOL_SKEW is not 1: every cluster runs one Kubernetes version; version_skew:: is skipped" >&2
+if [[ ${TIDEPOOL_SKEW:-1} != 1 ]]; then
+  echo "== TIDEPOOL_SKEW=0: every cluster runs one Kubernetes version; version_skew:: is skipped" >&2
   skip=(--skip version_skew::)
 fi
 

@@ -73,10 +73,10 @@ fn template_view(
     kind: &str,
     ns: Option<String>,
     name: String,
-    template: Option<&PodTemplateSpec>,
+    template: &PodTemplateSpec,
     replicas: Option<i32>,
 ) -> Option<(WorkloadKey, Template)> {
-    let spec = template?.spec.as_ref()?;
+    let spec = template.spec.as_ref()?;
     let mut per_replica = pod_requests(spec);
     // `pods` is a count, not part of what a replica requests from a node's resources.
     per_replica.set("pods", 1000);
@@ -366,15 +366,13 @@ impl Caches {
         let hpas = watch_all::<HorizontalPodAutoscaler>(client);
         spawn_cache(hpas, &caches.hpas, hpa_view, |_| true, wake, cancelled, span);
         let deployment = |d: &Deployment| {
-            let spec = d.spec.as_ref();
-            template_view("Deployment", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
+            template_view("Deployment", d.namespace(), d.name_any(), &d.spec.template, d.spec.replicas)
         };
         let span = info_span!("member_deployments", member = %name);
         let deployments = watch_all::<Deployment>(client);
         spawn_cache(deployments, &caches.templates, deployment, |_| true, wake, cancelled, span);
         let set = |d: &StatefulSet| {
-            let spec = d.spec.as_ref();
-            template_view("StatefulSet", d.namespace(), d.name_any(), spec.map(|s| &s.template), spec?.replicas)
+            template_view("StatefulSet", d.namespace(), d.name_any(), &d.spec.template, d.spec.replicas)
         };
         let span = info_span!("member_statefulsets", member = %name);
         let sets = watch_all::<StatefulSet>(client);

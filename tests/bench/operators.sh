@@ -12,6 +12,8 @@ export CP_PORT_OFFSET=${CP_PORT_OFFSET:-40}
 state=${TMPDIR:-/tmp}/tidepool-bench-clusters-$CP_PORT_OFFSET
 
 bash deploy/prereqs.sh
+# One Kubernetes version on every cluster: the direct path and tidepool's compared alike.
+export TIDEPOOL_SKEW=${TIDEPOOL_SKEW:-0}
 # shellcheck source=tests/env.sh
 source tests/env.sh
 echo "== starting the local clusters in $state" >&2

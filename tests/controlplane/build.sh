@@ -44,15 +44,15 @@ progress() {
   log "$what: done, $n packages ($((SECONDS - start)) s)"
 }
 
-KV=v1.36.3
+KV=v1.37.2
 ldflags="-s -w \
  -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=36 \
+ -X k8s.io/component-base/version.gitMinor=37 \
  -X k8s.io/component-base/version.gitVersion=$KV \
  -X k8s.io/component-base/version.gitTreeState=clean \
  -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z \
  -X k8s.io/client-go/pkg/version.gitMajor=1 \
- -X k8s.io/client-go/pkg/version.gitMinor=36 \
+ -X k8s.io/client-go/pkg/version.gitMinor=37 \
  -X k8s.io/client-go/pkg/version.gitVersion=$KV"
 
 log "downloading modules"

@@ -238,6 +238,16 @@ bin_of() {
   echo "$BIN/$2"
 }
 
+# The feature gates a 1.37 user turns on for its gang and eviction APIs (native Workload and
+# PodGroup, scheduling.k8s.io/v1beta1; EvictionRequest, lifecycle.k8s.io/v1alpha1), and the
+# API versions they serve. The skew member (one minor older) runs its own defaults.
+gates_of() {  # gates_of CLUSTER apiserver|component
+  [[ -n $SKEW_BIN && $1 == "$SKEW_MEMBER" ]] && return 0
+  echo "--feature-gates=GenericWorkload=true,EvictionRequestAPI=true"
+  [[ $2 == apiserver ]] && echo "--runtime-config=scheduling.k8s.io/v1beta1=true,lifecycle.k8s.io/v1alpha1=true"
+  return 0
+}
+
 # Address of a cluster's kubelet API: its nodes' InternalIP (the apiserver dials it).
 kubelet_ip() {
   case $1 in training) echo 127.0.0.2 ;; member-a) echo 127.0.0.3 ;; member-b) echo 127.0.0.4 ;; esac
@@ -452,9 +462,10 @@ POLICY
 }
 
 start_apiserver() {
-  local c=$1 port audit profiling=false; port=$(port_of apiserver "$c")
+  local c=$1 port audit gates profiling=false; port=$(port_of apiserver "$c")
   [[ ${CP_PROFILING:-0} == 1 ]] && profiling=true
   mapfile -t audit < <(audit_flags "$c")
+  mapfile -t gates < <(gates_of "$c" apiserver)
   # One etcd, disjoint prefixes. Loopback advertise address needs the endpoint reconciler
   # off (it may not write 127/8 into Endpoints). InternalIP first, because tidepool's node
   # reports a Hostname that does not resolve (§4).
@@ -477,11 +488,12 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true \
-    --allow-privileged=true --profiling="$profiling" --v=1 "${audit[@]}"
+    --allow-privileged=true --profiling="$profiling" --v=1 "${audit[@]}" "${gates[@]}"
 }
 
 start_kcm_and_scheduler() {
-  local c=$1 k="$S/$1.kubeconfig"
+  local c=$1 k="$S/$1.kubeconfig" gates
+  mapfile -t gates < <(gates_of "$c" component)
   # Serving with the apiserver's cert (SAN 127.0.0.1) lets /healthz be checked against
   # ca.crt instead of with curl -k against a self-signed in-memory cert. Giving the
   # client CA directly (skip-lookup) stops a recurring "missing content for CA bundle
@@ -506,11 +518,11 @@ start_kcm_and_scheduler() {
     --leader-elect=false --cluster-name="$c" --controllers='*' \
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa-$c.key" \
     --use-service-account-credentials=false --node-monitor-grace-period=50s \
-    --profiling=false
+    --profiling=false "${gates[@]}"
   start "$c-scheduler" "$(bin_of "$c" kube-scheduler)" \
     --kubeconfig="$k" --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$(port_of scheduler "$c")" "${tls[@]}" \
-    --leader-elect=false --profiling=false
+    --leader-elect=false --profiling=false "${gates[@]}"
 }
 
 # kwok has no built-in stages (it exits with "no stages found"); these are the ones

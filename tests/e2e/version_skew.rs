@@ -47,7 +47,7 @@ async fn a_member_one_minor_older_is_bridged_capacity_pods_status_logs_and_exec(
     let skew = env.var_opt("CP_SKEW_MEMBER").unwrap_or_else(|| {
         panic!(
             "the clusters run one Kubernetes version: start them with \
-             CP_SKEW_BIN=$(bash tests/controlplane/build-skew.sh | tail -n 1) (tests/run.sh does with TIDEPOOL_SKEW=1)"
+             CP_SKEW_BIN=$(bash tests/controlplane/build-skew.sh | tail -n 1) (tests/run.sh does unless TIDEPOOL_SKEW=0)"
         )
     });
     assert_eq!(skew, "member-b", "this test bridges member-b's real node");
