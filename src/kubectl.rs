@@ -445,7 +445,7 @@ pub fn jobs(pods: &[Pod], scheduler_name: &str, now: jiff::Timestamp) -> Vec<Job
     });
     let mut gangs: BTreeMap<String, JobRow> = BTreeMap::new();
     for p in ours {
-        let key = tidepool_dispatcher::gang::gang_of_meta(&p.metadata).to_string();
+        let key = tidepool_dispatcher::gang::gang_of_pod(p).to_string();
         let row = gangs.entry(key.clone()).or_insert_with(|| JobRow {
             namespace: p.namespace().unwrap_or_default(),
             gang: key,
@@ -598,7 +598,7 @@ pub fn why(pod: &Pod, events: &[Event], now: jiff::Timestamp) -> PodExplanation 
         namespace: pod.namespace().unwrap_or_default(),
         pod: pod.name_any(),
         phase,
-        gang: tidepool_dispatcher::gang::gang_of_meta(&pod.metadata).to_string(),
+        gang: tidepool_dispatcher::gang::gang_of_pod(pod).to_string(),
         min_member: pod.annotations().get(keys::ANNOTATION_MIN_MEMBER).cloned(),
         node,
         band: pod.labels().get(keys::LABEL_BAND).cloned(),

@@ -76,7 +76,7 @@ pub async fn render(client: Client, scheduler_name: &str) -> anyhow::Result<Stri
         .collect();
     let mut gangs: BTreeMap<String, (usize, usize, Option<String>, Option<String>)> = BTreeMap::new();
     for p in &ours {
-        let key = tidepool_dispatcher::gang::gang_of_meta(&p.metadata).to_string();
+        let key = tidepool_dispatcher::gang::gang_of_pod(p).to_string();
         let e = gangs.entry(key).or_default();
         match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
             Some(node) => {

@@ -94,7 +94,8 @@ pub struct MemberClusterSpec {
     /// The member's own gang scheduler, if it runs one. Set, tidepool creates a member-side
     /// PodGroup for each gang's copies (before the first copy, `minMember` the gang's core)
     /// and hands the copies to that scheduler, so the member places a gang all or nothing.
-    /// The PodGroup CRD must be installed in the member: without it the member is not Ready.
+    /// The PodGroup API must be served in the member (its CRD installed; for `kubernetes`,
+    /// Kubernetes 1.37 with `GenericWorkload` on): without it the member is not Ready.
     /// Default none: the member's default scheduler places each copy alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_scheduler: Option<GangScheduler>,
@@ -138,7 +139,7 @@ pub struct MemberClusterSpec {
 
     /// `schedulerName` of the copies in a gang, when `gangScheduler` is set. Default: the
     /// name a second scheduler of scheduler-plugins runs as (`scheduler-plugins-scheduler`)
-    /// for `coscheduling`, `volcano` for `volcano`.
+    /// for `coscheduling`, `volcano` for `volcano`, `default-scheduler` for `kubernetes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_scheduler_name: Option<String>,
 }
@@ -172,6 +173,10 @@ pub enum GangScheduler {
     /// Volcano: `scheduling.volcano.sh/v1beta1` PodGroups, members by annotation
     /// `scheduling.k8s.io/group-name`.
     Volcano,
+    /// Kubernetes' own (1.37, feature gate `GenericWorkload`): `scheduling.k8s.io/v1beta1`
+    /// PodGroups with a gang policy, members by `spec.schedulingGroup.podGroupName`; the
+    /// member's default scheduler holds the gang all or nothing.
+    Kubernetes,
 }
 
 impl GangScheduler {
@@ -180,6 +185,7 @@ impl GangScheduler {
         match self {
             Self::Coscheduling => "coscheduling",
             Self::Volcano => "volcano",
+            Self::Kubernetes => "kubernetes",
         }
     }
 
@@ -188,6 +194,7 @@ impl GangScheduler {
         match self {
             Self::Coscheduling => "scheduler-plugins-scheduler",
             Self::Volcano => "volcano",
+            Self::Kubernetes => "default-scheduler",
         }
     }
 
@@ -196,6 +203,7 @@ impl GangScheduler {
         match self {
             Self::Coscheduling => ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
             Self::Volcano => ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+            Self::Kubernetes => ("scheduling.k8s.io", "v1beta1", "podgroups"),
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct SpecLite {
     pub node_constraints: Option<Box<NodeConstraints>>,
     /// `spec.hostNetwork`: the pod's IP is its node's.
     pub host_network: bool,
+    /// `spec.schedulingGroup.podGroupName`: the native PodGroup (`scheduling.k8s.io`) the pod
+    /// belongs to, its gang. Boxed: few pods have one.
+    pub pod_group: Option<Box<str>>,
 }
 
 /// The parts of a pod's status tidepool decides on.
@@ -172,6 +175,12 @@ impl Digest {
     }
 }
 
+/// `spec.schedulingGroup.podGroupName` of a pod spec, if set and not empty: the native
+/// PodGroup (`scheduling.k8s.io`) the pod belongs to.
+pub fn scheduling_group(spec: &PodSpec) -> Option<&str> {
+    spec.scheduling_group.as_ref()?.pod_group_name.as_deref().filter(|g| !g.is_empty())
+}
+
 impl From<Pod> for PodLite {
     fn from(pod: Pod) -> Self {
         let Pod { mut metadata, spec, status } = pod;
@@ -186,6 +195,7 @@ impl From<Pod> for PodLite {
             scheduler_name: s.scheduler_name,
             priority: s.priority,
             host_network: s.host_network == Some(true),
+            pod_group: s.scheduling_group.and_then(|g| g.pod_group_name).filter(|g| !g.is_empty()).map(Box::from),
         });
         let lite = StatusLite {
             synced: SyncedStatus::of(status.as_ref()),

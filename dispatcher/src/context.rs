@@ -28,6 +28,9 @@ use crate::gang::{BandRanges, GangKey, GangSource};
 /// Longest a binding is assumed before the pod cache shows it (see [`Context::with_assumed`]).
 const ASSUME_FOR: Duration = Duration::from_secs(30);
 
+/// Native PodGroups whose reported status is remembered at most.
+const GROUPS_REPORTED_MAX: usize = 10_000;
+
 /// How long a PodGroup's `minMember` is cached.
 const POD_GROUP_TTL: Duration = Duration::from_secs(5);
 
@@ -49,6 +52,9 @@ pub(crate) struct Context {
     pub(crate) workloads: moka::future::Cache<(GangSource, String), crate::error::Result<crate::workload::Shape>>,
     /// Last Unschedulable message per pod UID, so an unchanged reason is not rewritten.
     explained: Mutex<HashMap<String, String>>,
+    /// What each native PodGroup (`namespace/name`) was last reported as: scheduled, and the
+    /// message ([`Context::group_report_fresh`]).
+    groups_reported: Mutex<HashMap<String, (bool, String)>>,
     /// Gangs above band `low` that found no room in the last round: reclaim may preempt
     /// lower-band pods for them.
     preempt: Mutex<Vec<PreemptRequest>>,
@@ -91,6 +97,7 @@ impl Context {
             pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             workloads: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             explained: Mutex::new(HashMap::new()),
+            groups_reported: Mutex::new(HashMap::new()),
             preempt: Mutex::new(Vec::new()),
             preempt_wanted: tokio::sync::Notify::new(),
             writes: AtomicUsize::new(0),
@@ -112,6 +119,25 @@ impl Context {
     pub(crate) fn explain_fresh(&self, uid: &str, message: &str) -> Result<bool> {
         let mut explained = lock(&self.explained, "explained")?;
         Ok(explained.insert(uid.to_owned(), message.to_owned()).as_deref() != Some(message))
+    }
+
+    /// Records `outcome` as what native PodGroup `group` (`namespace/name`) shows; true when
+    /// it is to be written: new, and the group was not reported scheduled before (that
+    /// condition, once true, stays so, as the default scheduler keeps it). Bounded: past
+    /// [`GROUPS_REPORTED_MAX`] groups it forgets them all, costing one write each at most.
+    pub(crate) fn group_report_fresh(&self, group: &str, outcome: &str, scheduled: bool) -> Result<bool> {
+        let mut reported = lock(&self.groups_reported, "groups reported")?;
+        if reported.len() >= GROUPS_REPORTED_MAX && !reported.contains_key(group) {
+            reported.clear();
+        }
+        match reported.get(group) {
+            Some((true, _)) => Ok(false),
+            Some((false, was)) if was == outcome && !scheduled => Ok(false),
+            _ => {
+                reported.insert(group.to_owned(), (scheduled, outcome.to_owned()));
+                Ok(true)
+            }
+        }
     }
 
     /// Forgets the reason pod `uid` waited: it is bound.
@@ -283,10 +309,11 @@ pub(crate) fn requests(p: &PodLite) -> Resources {
     p.spec.requests.clone()
 }
 
-/// The API of the PodGroups a gang source names (Volcano's or sig-scheduling's), with their
-/// kind for messages.
+/// The API of the PodGroups a gang source names (Kubernetes', Volcano's or sig-scheduling's),
+/// with their kind for messages.
 pub(crate) fn pod_group_api(training: Client, source: &GangSource, ns: &str) -> (Api<DynamicObject>, GroupVersionKind) {
     let gvk = match source {
+        GangSource::Native(_) => GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup"),
         GangSource::Volcano(_) => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
         _ => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
     };

@@ -35,6 +35,7 @@ use crate::error::{Error, PodGroupRef, Result};
 use crate::gang::{self, GangKey, GangSource};
 use crate::order::admission_order;
 use crate::plan::{Domain, PoolView};
+use crate::pod_group_status::{self, Outcome};
 use crate::round::{self, GangState, PlannedPod, Stamp, Write};
 use crate::workload::{self, WorkloadKind};
 
@@ -348,7 +349,7 @@ async fn min_member(ctx: &Context, key: &GangKey, pods: &[Arc<PodLite>]) -> Resu
                 pods.iter().filter(|p| p.is_live()).filter_map(|p| workload::part_of(&p.metadata)).collect();
             Ok(workload::min_member(&shape, &live))
         }
-        GangSource::PodGroup(name) | GangSource::Volcano(name) => {
+        GangSource::Native(name) | GangSource::PodGroup(name) | GangSource::Volcano(name) => {
             let cache_key = (key.source.clone(), key.namespace.clone());
             let training = ctx.training.clone();
             let (source, ns, name) = (key.source.clone(), key.namespace.clone(), name.clone());
@@ -363,13 +364,7 @@ async fn fetch_pod_group_min(training: Client, source: &GangSource, ns: &str, na
     let (api, gvk) = pod_group_api(training, source, ns);
     let group = PodGroupRef { kind: gvk.kind, group: gvk.group, namespace: ns.to_owned(), name: name.to_owned() };
     match api.get_opt(name).await {
-        Ok(Some(pg)) => {
-            let min = pg.data.get("spec").and_then(|s| s.get("minMember")).and_then(serde_json::Value::as_u64);
-            match min {
-                Some(m) if m >= 1 => Ok(u32::try_from(m).unwrap_or(u32::MAX)),
-                _ => Err(Error::PodGroupInvalid(group)),
-            }
-        }
+        Ok(Some(pg)) => gang::pod_group_min(source, &pg.data).ok_or(Error::PodGroupInvalid(group)),
         Ok(None) => Err(Error::PodGroupNotFound(group)),
         // No such CRD installed reads as 404 too; anything else is worth saying.
         Err(e) if tidepool_federation::api_code(&e, &[404]) => Err(Error::PodGroupKindNotFound(group)),
@@ -412,6 +407,7 @@ async fn place(
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
         let note = format!("gang {key} ({core} pods) placed on {node} (member {member}){how}");
+        pod_group_status::report(ctx, key, Outcome::Scheduled(&note)).await?;
         publish(ctx, &first.pod, EventType::Normal, keys::REASON_PLACED, &note).await;
     }
     Ok(())
@@ -510,6 +506,10 @@ fn forget(ctx: &Context, pod: &PodLite) -> Result<()> {
 /// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
 /// only when the reason changes.
 async fn explain(ctx: &Context, pods: Vec<Arc<PodLite>>, message: &str) -> Result<()> {
+    let groups: BTreeSet<GangKey> = pods.iter().map(|p| gang::gang_of(p)).collect();
+    for key in &groups {
+        pod_group_status::report(ctx, key, Outcome::Unschedulable(message)).await?;
+    }
     let mut fresh = Vec::new();
     for p in pods {
         if let Some(uid) = p.metadata.uid.as_deref()

@@ -11,6 +11,9 @@ use crate::workload::{WorkloadKind, workload_of};
 /// Where a gang's definition lives.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GangSource {
+    /// Kubernetes' own `scheduling.k8s.io/v1beta1` PodGroup, named by the pod's
+    /// `spec.schedulingGroup.podGroupName`.
+    Native(String),
     /// `scheduling.x-k8s.io/v1alpha1` PodGroup named by the pod label.
     PodGroup(String),
     /// `scheduling.volcano.sh/v1beta1` PodGroup named by the pod annotation.
@@ -41,6 +44,7 @@ impl GangKey {
 
     fn kind_and_name(&self) -> (&'static str, &str) {
         match &self.source {
+            GangSource::Native(n) => ("native", n),
             GangSource::PodGroup(n) => ("podgroup", n),
             GangSource::Volcano(n) => ("volcano", n),
             GangSource::Annotation(n) => ("gang", n),
@@ -79,17 +83,26 @@ impl PartialOrd for GangKey {
 }
 
 /// The gang of a pod. Sources are checked in a fixed order so a pod carrying several
-/// (say a Volcano job that also has our annotation) always lands in the same gang.
+/// (say a Volcano job that also has our annotation) always lands in the same gang:
+/// Kubernetes' own PodGroup first, which the API server ties to the pod for good.
 pub fn gang_of(pod: &PodLite) -> GangKey {
-    gang_of_meta(&pod.metadata)
+    gang_of_meta(&pod.metadata, pod.spec.pod_group.as_deref())
 }
 
-/// [`gang_of`] for a pod's metadata, which is all it reads.
-pub fn gang_of_meta(meta: &ObjectMeta) -> GangKey {
+/// The gang of a whole pod (see [`gang_of`]).
+pub fn gang_of_pod(pod: &k8s_openapi::api::core::v1::Pod) -> GangKey {
+    gang_of_meta(&pod.metadata, pod.spec.as_ref().and_then(tidepool_api::pod::scheduling_group))
+}
+
+/// [`gang_of`] for a pod's metadata and its `spec.schedulingGroup.podGroupName`, which is
+/// all it reads.
+pub fn gang_of_meta(meta: &ObjectMeta, pod_group: Option<&str>) -> GangKey {
     let namespace = meta.namespace.clone().unwrap_or_default();
     let labels = meta.labels.as_ref();
     let annotations = meta.annotations.as_ref();
-    let source = if let Some(g) = labels.and_then(|l| l.get(keys::LABEL_POD_GROUP)).filter(|g| !g.is_empty()) {
+    let source = if let Some(g) = pod_group.filter(|g| !g.is_empty()) {
+        GangSource::Native(g.to_owned())
+    } else if let Some(g) = labels.and_then(|l| l.get(keys::LABEL_POD_GROUP)).filter(|g| !g.is_empty()) {
         GangSource::PodGroup(g.clone())
     } else if let Some(g) = annotations.and_then(|a| a.get(keys::ANNOTATION_VOLCANO_GROUP)).filter(|g| !g.is_empty()) {
         GangSource::Volcano(g.clone())
@@ -101,6 +114,25 @@ pub fn gang_of_meta(meta: &ObjectMeta) -> GangKey {
         GangSource::Single(meta.name.clone().unwrap_or_default())
     };
     GangKey { namespace, source }
+}
+
+/// The minimum of a PodGroup object (`data` holds its `spec`) of `source`'s kind: `minMember`
+/// for sig-scheduling's and Volcano's; for Kubernetes' own, the gang policy's `minCount`, and
+/// 1 under the `basic` policy (its pods are placed one by one). `None` when it says none.
+pub fn pod_group_min(source: &GangSource, data: &serde_json::Value) -> Option<u32> {
+    let spec = data.get("spec")?;
+    let min = match source {
+        GangSource::Native(_) => {
+            let policy = spec.get("schedulingPolicy")?;
+            match policy.get("gang") {
+                Some(gang) => gang.get("minCount")?.as_u64()?,
+                None if policy.get("basic").is_some() => 1,
+                None => return None,
+            }
+        }
+        _ => spec.get("minMember")?.as_u64()?,
+    };
+    (min >= 1).then(|| u32::try_from(min).unwrap_or(u32::MAX))
 }
 
 /// `tidepool.io/min-member` of a pod: `Ok(None)` when absent, an error when invalid.
@@ -201,6 +233,45 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_groups_minimum_is_read_from_its_kinds_own_field() {
+        let native = GangSource::Native("g".into());
+        let gang = json!({"spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}});
+        assert_eq!(pod_group_min(&native, &gang), Some(4));
+        let basic = json!({"spec": {"schedulingPolicy": {"basic": {}}}});
+        assert_eq!(pod_group_min(&native, &basic), Some(1), "basic: one by one");
+        for bad in [
+            json!({"spec": {"schedulingPolicy": {}}}),
+            json!({"spec": {"schedulingPolicy": {"gang": {"minCount": 0}}}}),
+            json!({}),
+        ] {
+            assert_eq!(pod_group_min(&native, &bad), None, "{bad}");
+        }
+        // A native group's spec has no minMember, and sig-scheduling's has no policy.
+        assert_eq!(pod_group_min(&native, &json!({"spec": {"minMember": 3}})), None);
+        let sig = GangSource::PodGroup("g".into());
+        assert_eq!(pod_group_min(&sig, &json!({"spec": {"minMember": 3}})), Some(3));
+        assert_eq!(pod_group_min(&sig, &gang), None);
+    }
+
+    #[test]
+    fn kubernetes_own_pod_group_wins_over_every_label_and_annotation() {
+        let everything = json!({"name": "p", "namespace": "ns", "labels": {"scheduling.x-k8s.io/pod-group": "pg"},
+                                "annotations": {"scheduling.k8s.io/group-name": "vc", "tidepool.io/gang": "g"}});
+        let mut p = pod(everything);
+        p.spec.pod_group = Some("native".into());
+        assert_eq!(gang_of(&p).source, GangSource::Native("native".into()));
+        assert_eq!(gang_of(&p).to_string(), "ns/native/native");
+        // The whole pod reads the same as its cached form.
+        let whole: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"scheduling.x-k8s.io/pod-group": "pg"}},
+            "spec": {"containers": [], "schedulingGroup": {"podGroupName": "native"}}
+        }))
+        .unwrap();
+        assert_eq!(gang_of_pod(&whole), gang_of(&PodLite::from(whole.clone())));
+        assert_eq!(gang_of_pod(&whole).source, GangSource::Native("native".into()));
+    }
+
+    #[test]
     fn gang_keys_order_as_they_are_written() {
         let key = |ns: &str, source: GangSource| GangKey { namespace: ns.into(), source };
         let mut keys = [
@@ -208,6 +279,7 @@ mod tests {
             key("team-a", GangSource::Single("z".into())),
             key("team", GangSource::Annotation("b".into())),
             key("team", GangSource::PodGroup("a".into())),
+            key("team", GangSource::Native("a".into())),
             key("team", GangSource::Single("a".into())),
             key("team", GangSource::Workload(WorkloadKind::TfJob, "a".into())),
             key("team", GangSource::Workload(WorkloadKind::JobSet, "a".into())),

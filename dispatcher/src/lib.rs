@@ -15,6 +15,7 @@ pub mod error;
 pub mod gang;
 pub mod order;
 pub mod plan;
+mod pod_group_status;
 mod reclaim;
 pub mod restart;
 mod round;

@@ -508,7 +508,7 @@ fn publish_later(ctx: &Arc<Context>, pod: &PodLite, events: Vec<(EventType, &'st
 /// most once per [`GANG_ACK_RECHECK`] per gang, and only for gangs with pods under notice.
 async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<String> {
     let (name, (api, gvk)) = match &gang.source {
-        GangSource::PodGroup(n) | GangSource::Volcano(n) => {
+        GangSource::Native(n) | GangSource::PodGroup(n) | GangSource::Volcano(n) => {
             (n.clone(), pod_group_api(ctx.training.clone(), &gang.source, &gang.namespace))
         }
         GangSource::Workload(kind, n) => (n.clone(), workload_api(ctx.training.clone(), *kind, &gang.namespace)),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as NativePodGroup;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
@@ -513,6 +514,97 @@ async fn volcano_and_sig_scheduling_pod_groups_are_gangs() {
     wait_running(&pods, &torch).await;
     delete_all(&pods, &volcano).await;
     delete_all(&pods, &torch).await;
+}
+
+/// The `PodGroupInitiallyScheduled` condition of native PodGroup `name`, as
+/// `(status, reason, message)`.
+async fn initially_scheduled(groups: &Api<NativePodGroup>, name: &str) -> Option<(String, String, String)> {
+    let group = groups.get(name).await.ok()?;
+    let c = group.status?.conditions?.into_iter().find(|c| c.type_ == "PodGroupInitiallyScheduled")?;
+    Some((c.status, c.reason, c.message))
+}
+
+#[tokio::test]
+async fn a_job_in_a_native_pod_group_is_a_gang_of_its_min_count_and_the_group_tells_its_scheduling() {
+    let env = Env::load();
+    let test = "dispatch-native";
+    let ns = "e2e-dispatch-native";
+    let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
+    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    Api::<Job>::namespaced(training.clone(), ns).delete_collection(&dp, &ListParams::default()).await.unwrap();
+    clear_pods(&training, ns).await;
+    // member-b keeps room for 2 of the job's 4-GPU pods, member-a for all 4 (as in
+    // a_batch_job_runs_whole…): pod by pod the job would split.
+    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
+    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
+    let id = run_id();
+    let name = format!("train-{id}");
+    // Kubernetes' own gang API: a PodGroup of minCount 4 and a Job whose pods join it.
+    let groups = Api::<NativePodGroup>::namespaced(training.clone(), ns);
+    let group: NativePodGroup = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}
+    }))
+    .unwrap();
+    groups.create(&PostParams::default(), &group).await.unwrap();
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": 3, "completions": 4, "backoffLimit": 0,
+            "template": {"spec": {
+                "schedulerName": scheduler_name(test),
+                "schedulingGroup": {"podGroupName": name},
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "4", "cpu": "4", "memory": "8Gi"}}}]
+            }}
+        }
+    }))
+    .unwrap();
+    let jobs = Api::<Job>::namespaced(training.clone(), ns);
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    // Three pods of a gang of four: none binds, and the group says why, as the default
+    // scheduler's would.
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let lp = ListParams::default().labels(&format!("job-name={name}"));
+    let (status, reason, message) = wait_for(Duration::from_secs(60), "the group reported unschedulable", || async {
+        initially_scheduled(&groups, &name).await.filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "Unschedulable", "{status} {message}");
+    assert!(message.contains("3 of its 4 pods"), "{message}");
+    for p in pods.list(&lp).await.unwrap() {
+        assert!(p.spec.unwrap().node_name.is_none(), "a pod bound before its gang of 4 was complete");
+    }
+    // The fourth pod: the gang goes whole to the one member with room for it.
+    jobs.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"parallelism": 4}}))).await.unwrap();
+    let names: Vec<String> = wait_for(Duration::from_secs(60), "4 job pods", || {
+        let (pods, lp) = (pods.clone(), lp.clone());
+        async move {
+            let l = pods.list(&lp).await.ok()?;
+            (l.items.len() == 4).then(|| l.items.iter().map(|p| p.name_any()).collect())
+        }
+    })
+    .await;
+    let bound = wait_bound(&pods, &names, Duration::from_secs(60)).await;
+    let whole = format!("tidepool-{test}-member-a");
+    assert!(bound.values().all(|n| *n == whole), "the gang is not whole on {whole}: {bound:?}");
+    for n in &names {
+        let p = pods.get(n).await.unwrap();
+        assert_eq!(p.annotations().get(keys::ANNOTATION_GANG_CORE).map(String::as_str), Some("4"), "{n}");
+    }
+    let (status, reason, message) = wait_for(Duration::from_secs(30), "the group reported scheduled", || async {
+        initially_scheduled(&groups, &name).await.filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(reason, "Scheduled", "{status} {message}");
+    assert!(message.contains(&whole), "{message}");
+    wait_running(&pods, &names).await;
+    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..Default::default() };
+    jobs.delete(&name, &dp).await.unwrap();
+    delete_all(&pods, &names).await;
+    let _ = groups.delete(&name, &DeleteParams::default()).await;
+    online.release().await;
 }
 
 #[tokio::test]

@@ -94,6 +94,7 @@ fn group_of(copy: &Pod, scheduler: GangScheduler) -> Option<String> {
     match scheduler {
         GangScheduler::Coscheduling => labels.get(keys::LABEL_POD_GROUP).cloned(),
         GangScheduler::Volcano => annotations.get(keys::ANNOTATION_VOLCANO_GROUP).cloned(),
+        GangScheduler::Kubernetes => gang_group::group_of(copy, scheduler).map(str::to_owned),
     }
 }
 
@@ -277,4 +278,152 @@ async fn a_member_without_the_podgroup_crd_is_not_ready_with_the_reason() {
     assert!(message.contains("podgroups.scheduling.x-k8s.io/v1alpha1"), "{message}");
     let nodes = nodes.list(&lp).await.unwrap();
     assert!(nodes.items.is_empty(), "a member that is not Ready offers no virtual node: {:?}", nodes.items.len());
+}
+
+/// member-a runs Kubernetes 1.37 with `GenericWorkload`: with `gangScheduler: kubernetes` a
+/// gang's copies form a native PodGroup there (minCount the gang's core) and the member's own
+/// kube-scheduler holds them all or nothing. One copy of a gang of two can never be placed
+/// (it asks for a node label no member node has): the other stays Pending with it rather than
+/// running alone, the member's reason shows on the training pods, and the gang timeout rolls
+/// the gang back whole.
+#[tokio::test]
+async fn a_gang_under_the_members_own_kubernetes_gang_scheduling_runs_all_or_nothing() {
+    let env = Env::load();
+    let test = "gang-native";
+    let ns = "e2e-gang-native";
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    prepare(&env, &training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
+    let mc_name = format!("{test}-member-a");
+    let mut mc = member_cluster(&mc_name, test, ns, "member-a");
+    mc.spec.gang_scheduler = Some(GangScheduler::Kubernetes);
+    apply_member_cluster(&training, &mc).await;
+    let _tidepool = Tidepool::start_with(&env, test, ns, "gangTimeoutSeconds: 30");
+    wait_node(&training, &format!("tidepool-{mc_name}")).await;
+
+    let id = run_id();
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let member_ns = offload_ns(ns);
+    let native = groups(&member, GangScheduler::Kubernetes, &member_ns);
+    // 1. A gang that fits runs: the member's scheduler takes the group (its priority and
+    //    preemption policy are its copies') and places it whole.
+    let fits = format!("fits-{id}");
+    let fitting: Vec<String> = (0..2).map(|i| format!("{fits}-{i}")).collect();
+    for n in &fitting {
+        let meta = json!({"annotations": {keys::ANNOTATION_GANG: fits, keys::ANNOTATION_MIN_MEMBER: "2"}});
+        pods.create(&PostParams::default(), &pod(n, meta, json!({"schedulerName": scheduler_name(test)})))
+            .await
+            .unwrap();
+    }
+    let fit_group = gang_group::group_name("training", ns, "gang", &fits);
+    let placed = wait_for(Duration::from_secs(60), "the member's scheduler places the fitting gang", || {
+        let (native, group) = (native.clone(), fit_group.clone());
+        async move {
+            let pg = native.get(&group).await.ok()?;
+            let conditions = pg.data["status"]["conditions"].as_array()?.clone();
+            conditions.into_iter().find(|c| c["type"] == "PodGroupInitiallyScheduled")
+        }
+    })
+    .await;
+    assert_eq!(placed["status"], "True", "the member's scheduler placed the gang: {placed}");
+    for n in &fitting {
+        wait_for(Duration::from_secs(60), &format!("{n} Running"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move { (pods.get(&n).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+        })
+        .await;
+    }
+    // 2. A gang one of whose copies can never be placed.
+    let gang = format!("job-{id}");
+    let names: Vec<String> = (0..2).map(|i| format!("{gang}-{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let meta = json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: "2"}});
+        let mut spec = json!({"schedulerName": scheduler_name(test)});
+        if i == 1 {
+            spec["nodeSelector"] = json!({"disktype": "ssd"});
+        }
+        pods.create(&PostParams::default(), &pod(n, meta, spec)).await.unwrap();
+    }
+    let made = copies(&member, &member_ns, &names).await;
+    let group = gang_group::group_name("training", ns, "gang", &gang);
+    let pg = native.get(&group).await.unwrap();
+    assert_eq!(pg.data["spec"]["schedulingPolicy"]["gang"]["minCount"], 2, "a gang of the core: {pg:?}");
+    // (Made before the copies, as gang_path shows for every scheduler: the member's scheduler
+    // writes this group's status, so its resourceVersion no longer orders its creation.)
+    for copy in &made {
+        assert_eq!(group_of(copy, GangScheduler::Kubernetes).as_deref(), Some(group.as_str()), "{}", copy.name_any());
+    }
+    // The member's scheduler tried the gang and could not place it whole: it says so on its
+    // group, and both copies wait; the reason reaches the training pods.
+    let said = wait_for(Duration::from_secs(60), "the member's scheduler reports the gang unschedulable", || {
+        let (native, group) = (native.clone(), group.clone());
+        async move {
+            let pg = native.get(&group).await.ok()?;
+            let conditions = pg.data["status"]["conditions"].as_array()?.clone();
+            conditions.into_iter().find(|c| c["type"] == "PodGroupInitiallyScheduled" && c["status"] == "False")
+        }
+    })
+    .await;
+    println!("member PodGroup {group}: {said}");
+    assert_eq!(said["reason"], "Unschedulable", "the member's scheduler tried the gang and found no room: {said}");
+    for n in &names {
+        let reason = wait_for(Duration::from_secs(30), &format!("{n} shows the member's reason"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move {
+                let st = pods.get(&n).await.ok()?.status?;
+                let c = st.conditions?.into_iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+                c.message.filter(|m| !m.is_empty())
+            }
+        })
+        .await;
+        println!("{n}: {reason}");
+    }
+    let member_pods = Api::<Pod>::namespaced(member.clone(), &member_ns);
+    for n in &names {
+        let copy = member_pods.get(n).await.unwrap();
+        let spec = copy.spec.unwrap();
+        assert_eq!(spec.node_name, None, "{n} was placed without its gang");
+        assert_eq!(copy.status.and_then(|s| s.phase).as_deref(), Some("Pending"), "{n}");
+    }
+    // At the gang timeout the gang is rolled back whole: none of its pods ever ran.
+    for n in &names {
+        let msg = wait_for(Duration::from_secs(90), &format!("{n} rolled back"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move {
+                let s = pods.get(&n).await.ok()?.status?;
+                (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
+                    .then(|| s.message.unwrap_or_default())
+            }
+        })
+        .await;
+        assert!(msg.contains("0 of its 2 pods running"), "{msg}");
+    }
+    clear_pods(&training, ns).await;
+}
+
+/// member-b runs the previous minor, without the native PodGroup API: a MemberCluster asking
+/// for `kubernetes` gang scheduling there is not Ready, with the reason.
+#[tokio::test]
+async fn a_member_without_the_native_pod_group_api_is_not_ready_for_kubernetes_gang_scheduling() {
+    let env = Env::load();
+    let test = "gang-native-old";
+    let ns = "e2e-gang-native-old";
+    let training = env.client("training").await;
+    let member_b = env.client("member-b").await;
+    assert!(
+        !tidepool_federation::member::serves_pod_groups(&member_b, GangScheduler::Kubernetes).await.unwrap(),
+        "this test needs member-b on a Kubernetes without scheduling.k8s.io/v1beta1 PodGroups (TIDEPOOL_SKEW=1)"
+    );
+    prepare(&env, &training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-b")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-b", &kubeconfig).await;
+    let name = format!("{test}-member-b");
+    let mut mc = member_cluster(&name, test, ns, "member-b");
+    mc.spec.gang_scheduler = Some(GangScheduler::Kubernetes);
+    apply_member_cluster(&training, &mc).await;
+    let _tidepool = Tidepool::start(&env, test, ns);
+    let message = wait_reason(&training, &name, "False", keys::REASON_GANG_SCHEDULER_MISSING).await;
+    assert!(message.contains("podgroups.scheduling.k8s.io/v1beta1"), "{message}");
 }

@@ -216,7 +216,9 @@ fn needed_groups(ctx: &Context, watch: &OffloadWatch) -> BTreeSet<(String, Strin
         if member.pool_for_node(node).is_none() {
             continue;
         }
-        if let Some(group) = gang_group::member_group(&pod.metadata, &ctx.config.cluster_name, node) {
+        if let Some(group) =
+            gang_group::member_group(&pod.metadata, pod.spec.pod_group.as_deref(), &ctx.config.cluster_name, node)
+        {
             needed.insert((member.namespaces.member_ns(origin_ns), group.name));
         }
     }

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGroup};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
@@ -30,15 +30,37 @@ use crate::Error;
 pub struct MemberGroup {
     pub name: String,
     pub min_member: u32,
+    /// The copies' PriorityClass, which a native group must carry too: Kubernetes' scheduler
+    /// refuses a group whose pods' priority is not the group's (set by the pod sync from the
+    /// copy, [`with_priority_class`](MemberGroup::with_priority_class)).
+    pub priority_class: Option<String>,
+}
+
+impl MemberGroup {
+    /// The group for copies of PriorityClass `class`.
+    pub fn with_priority_class(self, class: Option<&str>) -> Self {
+        Self { priority_class: class.map(str::to_owned), ..self }
+    }
+}
+
+/// Whether a copy of training pod `meta` joins its gang's group under `scheduler`. Under
+/// Kubernetes' own gang scheduling only the core does: a group's pods must share one
+/// priority, and elastic pods run in band `low`, placed one by one as elastic pods are.
+pub fn joins(scheduler: GangScheduler, meta: &ObjectMeta) -> bool {
+    let role = meta.labels.as_ref().and_then(|l| l.get(keys::LABEL_ROLE)).map(String::as_str);
+    scheduler != GangScheduler::Kubernetes || role != Some(keys::ROLE_ELASTIC)
 }
 
 /// The gang a training pod names, as `(kind, name)`: the same sources in the same order as
-/// the dispatcher reads them (`tidepool_dispatcher::gang::gang_of_meta`). `None` for a pod
-/// without a gang, which needs no group.
-pub fn gang_source(meta: &ObjectMeta) -> Option<(&'static str, &str)> {
+/// the dispatcher reads them (`tidepool_dispatcher::gang::gang_of_meta`), from its metadata
+/// and its native PodGroup (`spec.schedulingGroup.podGroupName`). `None` for a pod without a
+/// gang, which needs no group.
+pub fn gang_source<'a>(meta: &'a ObjectMeta, native: Option<&'a str>) -> Option<(&'static str, &'a str)> {
     let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).filter(|v| !v.is_empty());
     let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).filter(|v| !v.is_empty());
-    if let Some(g) = label(keys::LABEL_POD_GROUP) {
+    if let Some(g) = native.filter(|g| !g.is_empty()) {
+        Some(("native", g))
+    } else if let Some(g) = label(keys::LABEL_POD_GROUP) {
         Some(("podgroup", g))
     } else if let Some(g) = annotation(keys::ANNOTATION_VOLCANO_GROUP) {
         Some(("volcano", g))
@@ -83,11 +105,16 @@ pub fn min_member(meta: &ObjectMeta, node: &str) -> u32 {
     annotation(keys::ANNOTATION_GANG_CORE).and_then(|v| v.trim().parse::<u32>().ok()).filter(|n| *n >= 1).unwrap_or(1)
 }
 
-/// The group a copy of training pod `meta` (bound to `node`) joins, if it is in a gang.
-pub fn member_group(meta: &ObjectMeta, cluster: &str, node: &str) -> Option<MemberGroup> {
-    let (kind, gang) = gang_source(meta)?;
+/// The group a copy of training pod `meta` (bound to `node`, in native PodGroup `native` if
+/// any) joins, if it is in a gang.
+pub fn member_group(meta: &ObjectMeta, native: Option<&str>, cluster: &str, node: &str) -> Option<MemberGroup> {
+    let (kind, gang) = gang_source(meta, native)?;
     let namespace = meta.namespace.as_deref()?;
-    Some(MemberGroup { name: group_name(cluster, namespace, kind, gang), min_member: min_member(meta, node) })
+    Some(MemberGroup {
+        name: group_name(cluster, namespace, kind, gang),
+        min_member: min_member(meta, node),
+        priority_class: None,
+    })
 }
 
 /// The API of `scheduler`'s PodGroups.
@@ -113,7 +140,15 @@ pub fn pod_group(
     ]);
     let mut object = DynamicObject::new(&group.name, &api_resource(scheduler)).within(namespace);
     object.metadata.labels = Some(labels);
-    object.data = json!({ "spec": { "minMember": group.min_member } });
+    object.data = match scheduler {
+        // Its pods never preempt (they are guests): the group says the same, as it must.
+        GangScheduler::Kubernetes => json!({ "spec": {
+            "schedulingPolicy": { "gang": { "minCount": group.min_member } },
+            "priorityClassName": group.priority_class,
+            "preemptionPolicy": "Never",
+        } }),
+        GangScheduler::Coscheduling | GangScheduler::Volcano => json!({ "spec": { "minMember": group.min_member } }),
+    };
     object
 }
 
@@ -129,9 +164,13 @@ pub fn join(copy: &mut Pod, scheduler: GangScheduler, scheduler_name: &str, grou
             let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
             annotations.insert(keys::ANNOTATION_VOLCANO_GROUP.to_owned(), group.to_owned());
         }
+        GangScheduler::Kubernetes => {}
     }
     if let Some(spec) = copy.spec.as_mut() {
         spec.scheduler_name = Some(scheduler_name.to_owned());
+        if scheduler == GangScheduler::Kubernetes {
+            spec.scheduling_group = Some(PodSchedulingGroup { pod_group_name: Some(group.to_owned()) });
+        }
     }
 }
 
@@ -145,12 +184,13 @@ pub fn drop_tenant_membership(labels: &mut BTreeMap<String, String>, annotations
 }
 
 /// The group `copy` is a member of, as [`join`] wrote it.
-pub fn group_of(copy: &ObjectMeta, scheduler: GangScheduler) -> Option<&str> {
+pub fn group_of(copy: &Pod, scheduler: GangScheduler) -> Option<&str> {
+    let meta = &copy.metadata;
     match scheduler {
-        GangScheduler::Coscheduling => copy.labels.as_ref()?.get(keys::LABEL_POD_GROUP),
-        GangScheduler::Volcano => copy.annotations.as_ref()?.get(keys::ANNOTATION_VOLCANO_GROUP),
+        GangScheduler::Coscheduling => meta.labels.as_ref()?.get(keys::LABEL_POD_GROUP).map(String::as_str),
+        GangScheduler::Volcano => meta.annotations.as_ref()?.get(keys::ANNOTATION_VOLCANO_GROUP).map(String::as_str),
+        GangScheduler::Kubernetes => copy.spec.as_ref().and_then(tidepool_api::pod::scheduling_group),
     }
-    .map(String::as_str)
 }
 
 /// The groups among `existing` (`(namespace, name)`) that nothing in `needed` names. Pure.
@@ -264,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_gangs_group_has_its_core_as_min_member() {
-        let group = member_group(&placed_core("team-a", "4"), "training", "tidepool-b").expect("a gang");
+        let group = member_group(&placed_core("team-a", "4"), None, "training", "tidepool-b").expect("a gang");
         assert_eq!(group.min_member, 4);
         assert_eq!(group.name, group_name("training", "team-a", "gang", "job"));
         let object = pod_group(GangScheduler::Coscheduling, &group, "tp-team-a", "training", "member-b");
@@ -278,6 +318,24 @@ mod tests {
         let volcano = pod_group(GangScheduler::Volcano, &group, "tp-team-a", "training", "member-b");
         let types = volcano.types.as_ref().expect("typed");
         assert_eq!(types.api_version, "scheduling.volcano.sh/v1beta1");
+        let native = pod_group(GangScheduler::Kubernetes, &group, "tp-team-a", "training", "member-b");
+        let types = native.types.as_ref().expect("typed");
+        assert_eq!(types.api_version, "scheduling.k8s.io/v1beta1");
+        assert_eq!(native.data["spec"]["schedulingPolicy"], json!({"gang": {"minCount": 4}}), "a gang of the core");
+        let classed = group.clone().with_priority_class(Some("tidepool-offload-medium"));
+        let native = pod_group(GangScheduler::Kubernetes, &classed, "tp-team-a", "training", "member-b");
+        assert_eq!(native.data["spec"]["priorityClassName"], "tidepool-offload-medium", "the copies' class");
+        assert_eq!(native.data["spec"]["preemptionPolicy"], "Never", "as the copies'");
+    }
+
+    #[test]
+    fn under_kubernetes_gang_scheduling_only_the_core_joins() {
+        let core = placed_core("team-a", "4");
+        let mut elastic = core.clone();
+        elastic.labels = Some(BTreeMap::from([(keys::LABEL_ROLE.to_owned(), keys::ROLE_ELASTIC.to_owned())]));
+        assert!(joins(GangScheduler::Kubernetes, &core));
+        assert!(!joins(GangScheduler::Kubernetes, &elastic), "another priority: the group would be refused");
+        assert!(joins(GangScheduler::Volcano, &elastic) && joins(GangScheduler::Coscheduling, &elastic));
     }
 
     #[test]
@@ -293,15 +351,18 @@ mod tests {
 
     #[test]
     fn a_pod_without_a_gang_has_no_group_and_sources_go_in_the_dispatchers_order() {
-        assert_eq!(member_group(&training("team-a", &[], &[]), "training", "n"), None);
+        assert_eq!(member_group(&training("team-a", &[], &[]), None, "training", "n"), None);
         let all = training(
             "team-a",
             &[(keys::LABEL_POD_GROUP, "pg")],
             &[(keys::ANNOTATION_VOLCANO_GROUP, "vg"), (keys::ANNOTATION_GANG, "g")],
         );
-        assert_eq!(gang_source(&all), Some(("podgroup", "pg")));
+        assert_eq!(gang_source(&all, None), Some(("podgroup", "pg")));
+        assert_eq!(gang_source(&all, Some("native")), Some(("native", "native")), "Kubernetes' own first");
+        let group = member_group(&all, Some("trainers"), "training", "n").expect("a gang");
+        assert_eq!(group.name, group_name("training", "team-a", "native", "trainers"));
         let volcano = training("team-a", &[], &[(keys::ANNOTATION_VOLCANO_GROUP, "vg"), (keys::ANNOTATION_GANG, "g")]);
-        assert_eq!(gang_source(&volcano), Some(("volcano", "vg")));
+        assert_eq!(gang_source(&volcano, None), Some(("volcano", "vg")));
     }
 
     #[test]
@@ -330,14 +391,21 @@ mod tests {
         drop_tenant_membership(&mut labels, &mut annotations);
         assert!(labels.is_empty() && annotations.is_empty(), "{labels:?} {annotations:?}");
         join(&mut copy, GangScheduler::Coscheduling, "scheduler-plugins-scheduler", "tp-gang-job-0123456789");
-        assert_eq!(group_of(&copy.metadata, GangScheduler::Coscheduling), Some("tp-gang-job-0123456789"));
+        assert_eq!(group_of(&copy, GangScheduler::Coscheduling), Some("tp-gang-job-0123456789"));
         let spec = copy.spec.as_ref().expect("spec");
         assert_eq!(spec.scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
         let mut volcano = Pod { spec: Some(Default::default()), ..Default::default() };
         join(&mut volcano, GangScheduler::Volcano, "volcano", "tp-gang-job-0123456789");
-        assert_eq!(group_of(&volcano.metadata, GangScheduler::Volcano), Some("tp-gang-job-0123456789"));
-        assert_eq!(group_of(&volcano.metadata, GangScheduler::Coscheduling), None);
+        assert_eq!(group_of(&volcano, GangScheduler::Volcano), Some("tp-gang-job-0123456789"));
+        assert_eq!(group_of(&volcano, GangScheduler::Coscheduling), None);
         assert_eq!(volcano.spec.and_then(|s| s.scheduler_name).as_deref(), Some("volcano"));
+        let mut native = Pod { spec: Some(Default::default()), ..Default::default() };
+        join(&mut native, GangScheduler::Kubernetes, "default-scheduler", "tp-gang-job-0123456789");
+        assert_eq!(group_of(&native, GangScheduler::Kubernetes), Some("tp-gang-job-0123456789"));
+        assert_eq!(group_of(&native, GangScheduler::Volcano), None);
+        assert!(native.metadata.labels.is_none() && native.metadata.annotations.is_none(), "the spec names it");
+        let spec = native.spec.expect("spec");
+        assert_eq!(spec.scheduler_name.as_deref(), Some("default-scheduler"));
     }
 
     #[test]

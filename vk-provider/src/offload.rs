@@ -29,8 +29,9 @@ pub struct OffloadPod {
     origin: Option<(Box<str>, Box<str>)>,
     /// Annotation `tidepool.io/reclaim-deadline`, once the notice was copied down.
     reclaim_deadline: Option<Box<str>>,
-    /// The member PodGroup it joined (see [`crate::gang_group::join`]): label
-    /// `scheduling.x-k8s.io/pod-group` or annotation `scheduling.k8s.io/group-name`.
+    /// The member PodGroup it joined (see [`crate::gang_group::join`]): its
+    /// `spec.schedulingGroup`, label `scheduling.x-k8s.io/pod-group` or annotation
+    /// `scheduling.k8s.io/group-name`.
     pod_group: Option<Box<str>>,
     /// The ConfigMaps and Secrets its spec references.
     pub references: References,
@@ -49,8 +50,10 @@ impl From<Pod> for OffloadPod {
         let mut take = |key: &str| boxed(annotations.remove(key));
         let origin = take(keys::ANNOTATION_ORIGIN_NAMESPACE).zip(take(keys::ANNOTATION_ORIGIN_NAME));
         let reclaim_deadline = take(keys::ANNOTATION_RECLAIM_DEADLINE);
-        let pod_group =
-            labels.remove(keys::LABEL_POD_GROUP).or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
+        let native = spec.as_ref().and_then(tidepool_api::pod::scheduling_group).map(str::to_owned);
+        let pod_group = native
+            .or_else(|| labels.remove(keys::LABEL_POD_GROUP))
+            .or_else(|| annotations.remove(keys::ANNOTATION_VOLCANO_GROUP));
         OffloadPod {
             name: metadata.name.unwrap_or_default().into_boxed_str(),
             namespace: metadata.namespace.unwrap_or_default().into_boxed_str(),

@@ -696,9 +696,16 @@ impl PodSync<'_> {
         let member = self.member();
         let Some((scheduler, scheduler_name)) = member.gang_scheduling.as_ref() else { return Ok(None) };
         let cluster = &self.ctx.config.cluster_name;
-        let Some(group) = gang_group::member_group(&whole.metadata, cluster, pool.node.as_str()) else {
+        let Some(group) = gang_group::member_group(
+            &whole.metadata,
+            whole.spec.as_ref().and_then(tidepool_api::pod::scheduling_group),
+            cluster,
+            pool.node.as_str(),
+        )
+        .filter(|_| gang_group::joins(*scheduler, &whole.metadata)) else {
             return Ok(None);
         };
+        let group = group.with_priority_class(offload.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()));
         match gang_group::ensure(member, *scheduler, &group, &self.member_ns, cluster).await? {
             gang_group::Ensured::Ready => {
                 gang_group::join(offload, *scheduler, scheduler_name, &group.name);

@@ -359,6 +359,10 @@ fn keep_in_pool(
 ) {
     s.node_name = None;
     s.scheduler_name = None;
+    // The training pod's native PodGroup lives in the training cluster: a member would hold
+    // the copy for a group it does not have. Only the member's own group is joined
+    // (`gang_group::join`).
+    s.scheduling_group = None;
     let mut selector: BTreeMap<String, String> = s
         .node_selector
         .take()
@@ -740,6 +744,16 @@ mod tests {
             confinement: &NO_CONFINEMENT,
             mode: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_copy_never_names_the_training_pods_native_pod_group() {
+        let mut pod = training_pod();
+        pod.spec.as_mut().unwrap().scheduling_group =
+            Some(k8s_openapi::api::core::v1::PodSchedulingGroup { pod_group_name: Some("trainers".into()) });
+        let no_selector = BTreeMap::new();
+        let spec = offload_pod(&pod, &target(&no_selector)).unwrap().spec.unwrap();
+        assert_eq!(spec.scheduling_group, None, "the member has no such group: it would hold the copy");
     }
 
     #[test]
