@@ -53,6 +53,13 @@ impl Setup {
     /// A Job of one pod running `script` on the real pool, `backoffLimit: 0`, ignoring
     /// disruptions; its first pod, once Running, and the name of its copy's member node.
     async fn job(&self, name: &str, script: &str, extra: serde_json::Value) -> (Pod, String) {
+        let pod = self.job_pod(name, script, extra).await;
+        let copy = Api::<Pod>::namespaced(self.member.clone(), &offload_ns(NS)).get(&pod.name_any()).await.unwrap();
+        (pod, copy.spec.unwrap().node_name.unwrap())
+    }
+
+    /// [`Setup::job`]'s pod once Running, for a job whose copy may be gone by then.
+    async fn job_pod(&self, name: &str, script: &str, extra: serde_json::Value) -> Pod {
         let mut spec = json!({
             "schedulerName": scheduler_name(TEST),
             "restartPolicy": "Never",
@@ -87,16 +94,14 @@ impl Setup {
         .unwrap();
         Api::<Job>::namespaced(self.training.clone(), NS).create(&PostParams::default(), &job).await.unwrap();
         let pods = Api::<Pod>::namespaced(self.training.clone(), NS);
-        let pod = wait_for(Duration::from_secs(120), &format!("{name}'s pod Running"), || {
+        wait_for(Duration::from_secs(120), &format!("{name}'s pod Running"), || {
             let pods = pods.clone();
             async move {
                 let list = pods.list(&ListParams::default().labels(&format!("job={name}"))).await.ok()?.items;
                 list.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             }
         })
-        .await;
-        let copy = Api::<Pod>::namespaced(self.member.clone(), &offload_ns(NS)).get(&pod.name_any()).await.unwrap();
-        (pod, copy.spec.unwrap().node_name.unwrap())
+        .await
     }
 
     fn copies(&self) -> Api<Pod> {
@@ -288,11 +293,14 @@ async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the
     // and evicts below 25 % free (tests/controlplane/realnode.sh): 1.6 GiB in an emptyDir
     // without a limit puts the node under disk pressure, and the pod using the most goes.
     let extra = json!({"volumes": [{"name": "scratch", "emptyDir": {}}]});
-    let script = "sleep 1; dd if=/dev/zero of=/scratch/fill bs=1M count=1600 2>/dev/null; exec sleep 3600";
-    let (pod, node) = s.job(&job, script, extra).await;
-    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
+    // The copy may be evicted (and gone) by the time the test sees its pod Running: the node
+    // is known beforehand, and watched from before the job.
+    let node = s.env.var("MEMBER_A_REAL_NODE").to_owned();
     let nodes = Api::<Node>::all(s.member.clone());
     let pressure = node_watch_sees(&nodes, &node, "DiskPressure");
+    let script = "sleep 1; dd if=/dev/zero of=/scratch/fill bs=1M count=1600 2>/dev/null; exec sleep 3600";
+    let pod = s.job_pod(&job, script, extra).await;
+    let (seen, watch) = watch_versions(&s.training, &pod.name_any());
     let target = reflected(&s, &job, &pod, &seen, "Evicted").await.unwrap_or_else(|p| std::panic::resume_unwind(p));
     assert_eq!(target, "TerminationByKubelet", "the kubelet's own reason for a node-pressure eviction");
     let failed = Api::<Pod>::namespaced(s.training.clone(), NS).get(&pod.name_any()).await.unwrap();
