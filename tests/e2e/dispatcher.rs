@@ -204,21 +204,28 @@ async fn wait_lends_at_most(training: &Client, node: &str, gpus: i64) {
     .await;
 }
 
+/// The start of a whole-job test: the Jobs and pods an earlier, failed run left gone (they
+/// would make pods of their own), and member-b's first two GPU nodes half taken by online
+/// pods, so it lends 8 GPUs, spread: room for two 4-GPU pods, where member-a has room for four.
+async fn squeeze_member_b(env: &Env, training: &Client, (test, ns): (&str, &str)) -> Occupied {
+    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    Api::<Job>::namespaced(training.clone(), ns).delete_collection(&dp, &ListParams::default()).await.unwrap();
+    clear_pods(training, ns).await;
+    let online = occupy(env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
+    wait_lends_at_most(training, &format!("tidepool-{test}-member-b"), 8).await;
+    online
+}
+
 #[tokio::test]
 async fn a_batch_job_runs_whole_on_the_one_member_with_room_for_all_of_it() {
     let env = Env::load();
     let test = "dispatch-job";
     let ns = "e2e-dispatch-job";
     let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
-    // A Job an earlier, failed run left would make new pods of its own.
-    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    Api::<Job>::namespaced(training.clone(), ns).delete_collection(&dp, &ListParams::default()).await.unwrap();
-    clear_pods(&training, ns).await;
     // member-b (4 nodes × 4 GPUs) keeps 8 GPUs for the 3 × 4-GPU job: room for 2 of its pods,
     // on the tightest nodes. member-a (2 × 8) has room for all 3. Pod by pod, the job would
     // split; as a gang it goes whole to member-a.
-    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
-    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
+    let online = squeeze_member_b(&env, &training, (test, ns)).await;
     let id = run_id();
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": format!("train-{id}")},
@@ -530,13 +537,9 @@ async fn a_job_in_a_native_pod_group_is_a_gang_of_its_min_count_and_the_group_te
     let test = "dispatch-native";
     let ns = "e2e-dispatch-native";
     let (training, _tp) = setup(&env, test, ns, &["member-a", "member-b"]).await;
-    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    Api::<Job>::namespaced(training.clone(), ns).delete_collection(&dp, &ListParams::default()).await.unwrap();
-    clear_pods(&training, ns).await;
-    // member-b keeps room for 2 of the job's 4-GPU pods, member-a for all 4 (as in
-    // a_batch_job_runs_whole…): pod by pod the job would split.
-    let online = occupy(&env, "member-b", test, &[("member-b-gpu-0", 4), ("member-b-gpu-1", 4)]).await;
-    wait_lends_at_most(&training, &format!("tidepool-{test}-member-b"), 8).await;
+    // member-b keeps room for 2 of the job's 4-GPU pods, member-a for all 4: pod by pod the
+    // job would split.
+    let online = squeeze_member_b(&env, &training, (test, ns)).await;
     let id = run_id();
     let name = format!("train-{id}");
     // Kubernetes' own gang API: a PodGroup of minCount 4 and a Job whose pods join it.
@@ -714,15 +717,7 @@ async fn a_gang_the_member_leaves_pending_is_rolled_back_whole() {
     }
     wait_bound(&pods, &names, Duration::from_secs(60)).await;
     for n in &names {
-        let msg = wait_for(Duration::from_secs(60), &format!("{n} rolled back"), || {
-            let (pods, n) = (pods.clone(), n.clone());
-            async move {
-                let s = pods.get(&n).await.ok()?.status?;
-                (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
-                    .then(|| s.message.unwrap_or_default())
-            }
-        })
-        .await;
+        let msg = wait_rolled_back(&pods, n).await;
         assert!(msg.contains("1 of its 2 pods running"), "{msg}");
     }
     // Both offload copies are gone, the running one included.

@@ -389,15 +389,7 @@ async fn a_gang_under_the_members_own_kubernetes_gang_scheduling_runs_all_or_not
     }
     // At the gang timeout the gang is rolled back whole: none of its pods ever ran.
     for n in &names {
-        let msg = wait_for(Duration::from_secs(90), &format!("{n} rolled back"), || {
-            let (pods, n) = (pods.clone(), n.clone());
-            async move {
-                let s = pods.get(&n).await.ok()?.status?;
-                (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
-                    .then(|| s.message.unwrap_or_default())
-            }
-        })
-        .await;
+        let msg = wait_rolled_back(&pods, n).await;
         assert!(msg.contains("0 of its 2 pods running"), "{msg}");
     }
     clear_pods(&training, ns).await;

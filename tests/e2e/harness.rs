@@ -721,3 +721,14 @@ pub fn kubelet_call(env: &Env, (cert, key): &(String, String), method: &str, pat
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
+
+/// Waits (90 s at most) for training pod `name` to be rolled back with its gang (`Failed`,
+/// reason `GangTimeout`); its message.
+pub async fn wait_rolled_back(pods: &Api<Pod>, name: &str) -> String {
+    wait_for(Duration::from_secs(90), &format!("{name} rolled back"), || async move {
+        let s = pods.get(name).await.ok()?.status?;
+        (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
+            .then(|| s.message.unwrap_or_default())
+    })
+    .await
+}

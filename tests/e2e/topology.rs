@@ -338,15 +338,7 @@ async fn a_gang_whose_planned_node_is_taken_before_its_copies_exist_waits_pendin
     assert!(outside.is_empty(), "copies landed outside rack r2: {outside:?}");
     // At the timeout the gang is rolled back whole: every pod, the running ones too.
     for n in &names {
-        let msg = wait_for(Duration::from_secs(90), &format!("{n} rolled back"), || {
-            let (pods, n) = (pods.clone(), n.clone());
-            async move {
-                let s = pods.get(&n).await.ok()?.status?;
-                (s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("GangTimeout"))
-                    .then(|| s.message.unwrap_or_default())
-            }
-        })
-        .await;
+        let msg = wait_rolled_back(&pods, n).await;
         assert!(msg.contains("7 of its 8 pods running"), "{msg}");
     }
     wait_for(Duration::from_secs(60), "copies removed", || {
