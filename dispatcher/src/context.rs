@@ -31,6 +31,31 @@ const ASSUME_FOR: Duration = Duration::from_secs(30);
 /// Native PodGroups whose reported status is remembered at most.
 const GROUPS_REPORTED_MAX: usize = 10_000;
 
+/// What each native PodGroup (`namespace/name`) was last reported as: scheduled, and the
+/// message.
+#[derive(Debug, Default)]
+pub(crate) struct GroupReports(HashMap<String, (bool, String)>);
+
+impl GroupReports {
+    /// Records `outcome` for `group`; true when it is to be written: new, and the group was
+    /// not reported scheduled before (that condition, once true, stays so, as the default
+    /// scheduler keeps it). Bounded: past [`GROUPS_REPORTED_MAX`] groups it forgets them all,
+    /// costing one write each at most.
+    pub(crate) fn fresh(&mut self, group: &str, outcome: &str, scheduled: bool) -> bool {
+        if self.0.len() >= GROUPS_REPORTED_MAX && !self.0.contains_key(group) {
+            self.0.clear();
+        }
+        match self.0.get(group) {
+            Some((true, _)) => false,
+            Some((false, was)) if was == outcome && !scheduled => false,
+            _ => {
+                self.0.insert(group.to_owned(), (scheduled, outcome.to_owned()));
+                true
+            }
+        }
+    }
+}
+
 /// How long a PodGroup's `minMember` is cached.
 const POD_GROUP_TTL: Duration = Duration::from_secs(5);
 
@@ -54,7 +79,7 @@ pub(crate) struct Context {
     explained: Mutex<HashMap<String, String>>,
     /// What each native PodGroup (`namespace/name`) was last reported as: scheduled, and the
     /// message ([`Context::group_report_fresh`]).
-    groups_reported: Mutex<HashMap<String, (bool, String)>>,
+    groups_reported: Mutex<GroupReports>,
     /// Gangs above band `low` that found no room in the last round: reclaim may preempt
     /// lower-band pods for them.
     preempt: Mutex<Vec<PreemptRequest>>,
@@ -97,7 +122,7 @@ impl Context {
             pod_groups: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             workloads: moka::future::Cache::builder().time_to_live(POD_GROUP_TTL).max_capacity(10_000).build(),
             explained: Mutex::new(HashMap::new()),
-            groups_reported: Mutex::new(HashMap::new()),
+            groups_reported: Mutex::new(GroupReports::default()),
             preempt: Mutex::new(Vec::new()),
             preempt_wanted: tokio::sync::Notify::new(),
             writes: AtomicUsize::new(0),
@@ -122,22 +147,9 @@ impl Context {
     }
 
     /// Records `outcome` as what native PodGroup `group` (`namespace/name`) shows; true when
-    /// it is to be written: new, and the group was not reported scheduled before (that
-    /// condition, once true, stays so, as the default scheduler keeps it). Bounded: past
-    /// [`GROUPS_REPORTED_MAX`] groups it forgets them all, costing one write each at most.
+    /// it is to be written ([`GroupReports::fresh`]).
     pub(crate) fn group_report_fresh(&self, group: &str, outcome: &str, scheduled: bool) -> Result<bool> {
-        let mut reported = lock(&self.groups_reported, "groups reported")?;
-        if reported.len() >= GROUPS_REPORTED_MAX && !reported.contains_key(group) {
-            reported.clear();
-        }
-        match reported.get(group) {
-            Some((true, _)) => Ok(false),
-            Some((false, was)) if was == outcome && !scheduled => Ok(false),
-            _ => {
-                reported.insert(group.to_owned(), (scheduled, outcome.to_owned()));
-                Ok(true)
-            }
-        }
+        Ok(lock(&self.groups_reported, "groups reported")?.fresh(group, outcome, scheduled))
     }
 
     /// Forgets the reason pod `uid` waited: it is bound.
@@ -357,6 +369,22 @@ mod tests {
         p.metadata.uid = Some(uid.into());
         p.spec.node_name = node.map(str::to_owned);
         Arc::new(p)
+    }
+
+    #[test]
+    fn a_group_is_reported_on_each_new_reason_and_once_scheduled_never_again() {
+        let mut r = GroupReports::default();
+        assert!(r.fresh("ns/g", "3 of its 4 pods", false));
+        assert!(!r.fresh("ns/g", "3 of its 4 pods", false), "unchanged: no write");
+        assert!(r.fresh("ns/g", "no pool fits", false), "a new reason");
+        assert!(r.fresh("ns/g", "placed on tidepool-a", true));
+        assert!(!r.fresh("ns/g", "placed on tidepool-a", true));
+        assert!(!r.fresh("ns/g", "elastic pods wait", false), "scheduled stays so");
+        assert!(r.fresh("ns/h", "3 of its 4 pods", false), "groups apart");
+        for i in 0..GROUPS_REPORTED_MAX {
+            r.fresh(&format!("ns/{i}"), "waits", false);
+        }
+        assert!(r.0.len() <= GROUPS_REPORTED_MAX, "bounded: {}", r.0.len());
     }
 
     #[test]
