@@ -104,18 +104,6 @@ impl Error {
             _ => None,
         }
     }
-
-    /// Stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Training { .. } => "training_api",
-            Self::Member { .. } => "member_api",
-            Self::MissingField(_) | Self::MissingUid => "invalid_object",
-            Self::ForeignNamespace { .. } => "namespace_conflict",
-            Self::Translate(_) => "translate",
-            Self::Poisoned(_) => "poisoned_lock",
-        }
-    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
