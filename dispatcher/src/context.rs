@@ -22,8 +22,9 @@ use tidepool_federation::writes::CopyWriter;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::error::{Result, lock};
+use crate::error::Result;
 use crate::gang::{BandRanges, GangKey, GangSource};
+use tidepool_api::sync::Locked;
 
 /// Longest a binding is assumed before the pod cache shows it (see [`Context::with_assumed`]).
 const ASSUME_FOR: Duration = Duration::from_secs(30);
@@ -142,37 +143,37 @@ impl Context {
     /// Records `message` as the reason pod `uid` waits; true when it is new (then it is
     /// written), false when the pod already shows it.
     pub(crate) fn explain_fresh(&self, uid: &str, message: &str) -> Result<bool> {
-        let mut explained = lock(&self.explained, "explained")?;
+        let mut explained = self.explained.locked("explained")?;
         Ok(explained.insert(uid.to_owned(), message.to_owned()).as_deref() != Some(message))
     }
 
     /// Records `outcome` as what native PodGroup `group` (`namespace/name`) shows; true when
     /// it is to be written ([`GroupReports::fresh`]).
     pub(crate) fn group_report_fresh(&self, group: &str, outcome: &str, scheduled: bool) -> Result<bool> {
-        Ok(lock(&self.groups_reported, "groups reported")?.fresh(group, outcome, scheduled))
+        Ok(self.groups_reported.locked("groups reported")?.fresh(group, outcome, scheduled))
     }
 
     /// Forgets the reason pod `uid` waited: it is bound.
     pub(crate) fn explained_bound(&self, uid: &str) -> Result<()> {
-        lock(&self.explained, "explained")?.remove(uid);
+        self.explained.locked("explained")?.remove(uid);
         Ok(())
     }
 
     /// Remembers `pod` as its binding made it (see [`Context::assumed`]).
     pub(crate) fn assume_bound(&self, pod: PodLite) -> Result<()> {
-        lock(&self.assumed, "assumed")?.insert(pod, Instant::now());
+        self.assumed.locked("assumed")?.insert(pod, Instant::now());
         Ok(())
     }
 
     /// Forgets the assumed binding of pod `uid`: it failed.
     pub(crate) fn forget_bound(&self, uid: &str) -> Result<()> {
-        lock(&self.assumed, "assumed")?.0.remove(uid);
+        self.assumed.locked("assumed")?.0.remove(uid);
         Ok(())
     }
 
     /// The training pods as this dispatcher knows them (see [`Assumed::apply`]).
     pub(crate) fn with_assumed(&self, all: Vec<Arc<PodLite>>) -> Result<Vec<Arc<PodLite>>> {
-        Ok(lock(&self.assumed, "assumed")?.apply(all, Instant::now()))
+        Ok(self.assumed.locked("assumed")?.apply(all, Instant::now()))
     }
 
     /// Hands the preemption requests of this round to reclaim.
@@ -180,7 +181,7 @@ impl Context {
         if !requests.is_empty() {
             self.preempt_wanted.notify_one();
         }
-        *lock(&self.preempt, "preempt")? = requests;
+        *self.preempt.locked("preempt")? = requests;
         Ok(())
     }
 
@@ -236,7 +237,7 @@ impl Context {
 
     /// The preemption requests of the last round.
     pub(crate) fn preempt_requests(&self) -> Result<Vec<PreemptRequest>> {
-        Ok(lock(&self.preempt, "preempt")?.clone())
+        Ok(self.preempt.locked("preempt")?.clone())
     }
 }
 

@@ -50,32 +50,7 @@ pub enum Error {
         source: Arc<kube::Error>,
     },
     /// A task panicked while it held one of the dispatcher's locks: what the lock guards may be
-    /// half-written, so it is not read on.
-    #[error("the dispatcher's {0} lock is poisoned (a task panicked while holding it)")]
-    Poisoned(&'static str),
-}
-
-/// Locks `m`, or says which lock is poisoned.
-pub(crate) fn lock<'a, T>(m: &'a std::sync::Mutex<T>, name: &'static str) -> Result<std::sync::MutexGuard<'a, T>> {
-    m.lock().map_err(|_| Error::Poisoned(name))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lock_a_panicking_task_held_is_an_error_not_read_on() {
-        let m = std::sync::Mutex::new(vec![1]);
-        assert_eq!(lock(&m, "explained").map(|v| v.len()).ok(), Some(1));
-        let _ = std::thread::scope(|s| {
-            s.spawn(|| {
-                let _held = m.lock();
-                panic!("a task panics while holding the lock");
-            })
-            .join()
-        });
-        let err = lock(&m, "explained").map(|_| ()).unwrap_err();
-        assert_eq!(err.to_string(), "the dispatcher's explained lock is poisoned (a task panicked while holding it)");
-    }
+    /// half-written, so it is not read on ([`tidepool_api::sync::Locked`]).
+    #[error("the dispatcher's {0}")]
+    Poisoned(#[from] tidepool_api::sync::Poisoned),
 }

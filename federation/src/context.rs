@@ -11,6 +11,7 @@ use kube::api::ListParams;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
+use tidepool_api::sync::Locked;
 use tidepool_api::{BridgeConfig, MemberCluster, MemberName};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -40,7 +41,7 @@ impl Context {
     /// The running sessions. A poisoned lock (a panic while it was held) is an error: the
     /// map may be half-updated, and carrying on would hide that.
     pub fn sessions(&self) -> Result<MutexGuard<'_, BTreeMap<MemberName, Session>>, Error> {
-        self.sessions.lock().map_err(|_| Error::Poisoned { what: "member sessions" })
+        Ok(self.sessions.locked("member sessions")?)
     }
 
     /// The pod CIDRs of the training cluster's nodes, read at most every

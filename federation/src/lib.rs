@@ -56,9 +56,10 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
-    /// A lock whose holder panicked: what it guards may be half-updated.
-    #[error("{what}: lock poisoned by a panic")]
-    Poisoned { what: &'static str },
+    /// A lock whose holder panicked: what it guards may be half-updated
+    /// ([`tidepool_api::sync::Locked`]).
+    #[error(transparent)]
+    Poisoned(#[from] tidepool_api::sync::Poisoned),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

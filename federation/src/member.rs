@@ -7,13 +7,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
+use tidepool_api::sync::Locked;
 use tidepool_api::{MemberName, PoolName, VirtualNodeName};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -326,12 +327,6 @@ where
     watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff()
 }
 
-/// `what` locked; a poisoned lock (its holder panicked, the view may be half-updated) is an
-/// error rather than a view silently skipped.
-fn locked<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>, crate::Error> {
-    m.lock().map_err(|_| crate::Error::Poisoned { what })
-}
-
 impl Caches {
     /// Starts the member's watches, each keeping one cache.
     fn watch(
@@ -390,9 +385,9 @@ impl Caches {
         policy: &CapacityPolicy,
         signals: &Signals,
     ) -> Result<Option<Vec<PoolCapacity>>, crate::Error> {
-        let hpa_views = join_hpas(&*locked(&self.hpas, "HPA view")?, &*locked(&self.templates, "workload view")?);
-        let mut nodes = locked(&self.nodes, "node view")?;
-        let mut pods = locked(&self.pods, "pod view")?;
+        let hpa_views = join_hpas(&*self.hpas.locked("HPA view")?, &*self.templates.locked("workload view")?);
+        let mut nodes = self.nodes.locked("node view")?;
+        let mut pods = self.pods.locked("pod view")?;
         if !(nodes.synced && pods.synced) {
             return Ok(None);
         }
@@ -406,7 +401,7 @@ impl Caches {
             });
         }
         let touched = nodes_touched.joined(pods.derived.take_touched());
-        let to_come = replicas_to_come(&*locked(&self.templates, "workload view")?, &pods.derived);
+        let to_come = replicas_to_come(&*self.templates.locked("workload view")?, &pods.derived);
         let demand = OnlineDemand { policy, hpas: &hpa_views, to_come: &to_come, now: jiff::Timestamp::now() };
         let found = pods.derived.priority_conflict();
         signals.conflict.send_if_modified(|cur| {
@@ -892,7 +887,7 @@ fn spawn_cache<T, K, V, D, S>(
                 let Some(e) = view_event(event, view) else { continue };
                 let demand =
                     matches!(&e, watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) if online_demand(v));
-                let changed = match locked(&cache, "member view") {
+                let changed = match cache.locked("member view") {
                     Ok(mut c) => c.apply(e),
                     Err(e) => {
                         error!(error = %e, "member watch stopped");
