@@ -775,6 +775,12 @@ cmd_down() {
   [[ -d $S ]] || return 0
   stop_all || exit 1
   real_nodes_down
+  # The real nodes' containerd roots hold every image imported (gigabytes with the frameworks
+  # images) and are made again by the next `up`: they go; logs (the pods' too), audit and
+  # etcd stay to read. Only once nothing is mounted below them any more.
+  if [[ -d $S/nodes ]] && ! awk -v s="$S/nodes/" 'index($2, s) == 1 {m = 1} END {exit !m}' /proc/self/mounts; then
+    rm -rf -- "$S"/nodes/*/containerd
+  fi
   log "stopped"
 }
 
