@@ -281,7 +281,7 @@ async fn a_gang_whose_planned_node_is_taken_before_its_copies_exist_waits_pendin
     let taken: Vec<(String, u32)> = (0..5).map(|i| (format!("topo-r1-{i}"), 1)).collect();
     let taken: Vec<(&str, u32)> = taken.iter().map(|(n, g)| (n.as_str(), *g)).collect();
     let online = occupy(&env, MEMBER, test, &taken).await;
-    let (training, _tp, _node) = setup(&env, test, ns, "gangTimeoutSeconds: 40", 11).await;
+    let (training, _tp, _node) = setup(&env, test, ns, "gangTimeoutSeconds: 60", 11).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
     let id = run_id();
     // The ConfigMap the pods mount does not exist yet: the pod sync holds their copies back
