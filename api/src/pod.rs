@@ -188,14 +188,15 @@ impl From<Pod> for PodLite {
         // Gangs are read from labels and annotations, never from owners.
         metadata.owner_references = None;
         metadata.generate_name = None;
+        // Fields are read in the order written: the borrowing ones before `s` is taken apart.
         let spec = spec.map(|s| SpecLite {
+            pod_group: scheduling_group(&s).map(Box::from),
             requests: pod_requests(&s),
             node_constraints: NodeConstraints::of(&s).map(Box::new),
             node_name: s.node_name,
             scheduler_name: s.scheduler_name,
             priority: s.priority,
             host_network: s.host_network == Some(true),
-            pod_group: s.scheduling_group.and_then(|g| g.pod_group_name).filter(|g| !g.is_empty()).map(Box::from),
         });
         let lite = StatusLite {
             synced: SyncedStatus::of(status.as_ref()),

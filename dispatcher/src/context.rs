@@ -55,6 +55,11 @@ impl GroupReports {
             }
         }
     }
+
+    /// Forgets what `group` was reported as: the write failed, so it shows something else.
+    pub(crate) fn failed(&mut self, group: &str) {
+        self.0.remove(group);
+    }
 }
 
 /// How long a PodGroup's `minMember` is cached.
@@ -151,6 +156,12 @@ impl Context {
     /// it is to be written ([`GroupReports::fresh`]).
     pub(crate) fn group_report_fresh(&self, group: &str, outcome: &str, scheduled: bool) -> Result<bool> {
         Ok(self.groups_reported.locked("groups reported")?.fresh(group, outcome, scheduled))
+    }
+
+    /// The report of native PodGroup `group` was not written ([`GroupReports::failed`]).
+    pub(crate) fn group_report_failed(&self, group: &str) -> Result<()> {
+        self.groups_reported.locked("groups reported")?.failed(group);
+        Ok(())
     }
 
     /// Forgets the reason pod `uid` waited: it is bound.
@@ -382,6 +393,8 @@ mod tests {
         assert!(!r.fresh("ns/g", "placed on tidepool-a", true));
         assert!(!r.fresh("ns/g", "elastic pods wait", false), "scheduled stays so");
         assert!(r.fresh("ns/h", "3 of its 4 pods", false), "groups apart");
+        r.failed("ns/h");
+        assert!(r.fresh("ns/h", "3 of its 4 pods", false), "a failed write is tried again");
         for i in 0..GROUPS_REPORTED_MAX {
             r.fresh(&format!("ns/{i}"), "waits", false);
         }

@@ -506,7 +506,8 @@ fn forget(ctx: &Context, pod: &PodLite) -> Result<()> {
 /// Says why pods wait: `PodScheduled=False`, reason `Unschedulable`, and an Event, written
 /// only when the reason changes.
 async fn explain(ctx: &Context, pods: Vec<Arc<PodLite>>, message: &str) -> Result<()> {
-    let groups: BTreeSet<GangKey> = pods.iter().map(|p| gang::gang_of(p)).collect();
+    let groups: BTreeSet<GangKey> =
+        pods.iter().filter(|p| p.spec.pod_group.is_some()).map(|p| gang::gang_of(p)).collect();
     for key in &groups {
         pod_group_status::report(ctx, key, Outcome::Unschedulable(message)).await?;
     }

@@ -24,27 +24,34 @@ pub(crate) enum Outcome<'a> {
     Unschedulable(&'a str),
 }
 
+impl<'a> Outcome<'a> {
+    /// Whether the gang is placed, and the message.
+    fn parts(self) -> (bool, &'a str) {
+        match self {
+            Outcome::Scheduled(m) => (true, m),
+            Outcome::Unschedulable(m) => (false, m),
+        }
+    }
+}
+
 /// The status patch for `outcome`: one condition, merged by type (a strategic merge: the
 /// group's other conditions stay).
 pub(crate) fn condition_patch(outcome: Outcome<'_>, now: Time) -> serde_json::Value {
-    let (status, reason, message) = match outcome {
-        Outcome::Scheduled(m) => ("True", "Scheduled", m),
-        Outcome::Unschedulable(m) => ("False", "Unschedulable", m),
-    };
+    let (scheduled, message) = outcome.parts();
+    let (status, reason) = if scheduled { ("True", "Scheduled") } else { ("False", "Unschedulable") };
     json!({"status": {"conditions": [{
         "type": CONDITION, "status": status, "reason": reason, "message": message, "lastTransitionTime": now,
     }]}})
 }
 
 /// Writes `outcome` on the native PodGroup of gang `key`, unless it shows it already; other
-/// gangs have none. A failure is logged: the pods carry the same news.
+/// gangs have none. A failure is logged (the pods carry the same news) and retried at the
+/// next report.
 pub(crate) async fn report(ctx: &Context, key: &GangKey, outcome: Outcome<'_>) -> Result<()> {
     let GangSource::Native(name) = &key.source else { return Ok(()) };
-    let (scheduled, text) = match outcome {
-        Outcome::Scheduled(m) => (true, m),
-        Outcome::Unschedulable(m) => (false, m),
-    };
-    if !ctx.group_report_fresh(&format!("{}/{name}", key.namespace), text, scheduled)? {
+    let (scheduled, text) = outcome.parts();
+    let group = format!("{}/{name}", key.namespace);
+    if !ctx.group_report_fresh(&group, text, scheduled)? {
         return Ok(());
     }
     debug!(gang = %key, scheduled, "PodGroup status");
@@ -53,6 +60,8 @@ pub(crate) async fn report(ctx: &Context, key: &GangKey, outcome: Outcome<'_>) -
     ctx.wrote();
     if let Err(e) = api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
         warn!(gang = %key, error = %e, "cannot write the PodGroup's scheduling condition");
+        // Not written: the next report tries again rather than taking it as shown.
+        ctx.group_report_failed(&group)?;
     }
     Ok(())
 }

@@ -164,13 +164,14 @@ pub fn join(copy: &mut Pod, scheduler: GangScheduler, scheduler_name: &str, grou
             let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
             annotations.insert(keys::ANNOTATION_VOLCANO_GROUP.to_owned(), group.to_owned());
         }
-        GangScheduler::Kubernetes => {}
+        GangScheduler::Kubernetes => {
+            if let Some(spec) = copy.spec.as_mut() {
+                spec.scheduling_group = Some(PodSchedulingGroup { pod_group_name: Some(group.to_owned()) });
+            }
+        }
     }
     if let Some(spec) = copy.spec.as_mut() {
         spec.scheduler_name = Some(scheduler_name.to_owned());
-        if scheduler == GangScheduler::Kubernetes {
-            spec.scheduling_group = Some(PodSchedulingGroup { pod_group_name: Some(group.to_owned()) });
-        }
     }
 }
 
