@@ -218,6 +218,15 @@ pub const ANNOTATION_DELETION_COST: &str = "controller.kubernetes.io/pod-deletio
 pub const REASON_RECLAIMED: &str = "Reclaimed";
 /// Reason of the `tidepool.io/ReclaimRequested` condition of a pod under reclaim notice.
 pub const REASON_CAPACITY_RECLAIMED: &str = "CapacityReclaimed";
+/// Reason of the `tidepool.io/ReclaimRequested` condition of a pod whose copy a member actor
+/// asked to evict through an `EvictionRequest`.
+pub const REASON_EVICTION_REQUESTED: &str = "EvictionRequested";
+/// Reason (condition and Event) of a reclaim notice ended because every eviction request for
+/// the copy was withdrawn.
+pub const REASON_EVICTION_WITHDRAWN: &str = "EvictionWithdrawn";
+/// Condition tidepool keeps on a member's `EvictionRequest` for an offload copy: the
+/// checkpoint notice it relayed and how it ended.
+pub const CONDITION_CHECKPOINT_NOTICE: &str = "tidepool.io/CheckpointNotice";
 /// Event on a pod that a reclaim notice went out to.
 pub const REASON_RECLAIM_REQUESTED: &str = "ReclaimRequested";
 /// Event on the first core pod of a gang the dispatcher placed.

@@ -12,6 +12,7 @@
 mod context;
 pub mod controller;
 pub mod error;
+mod eviction;
 pub mod gang;
 pub mod order;
 pub mod plan;

@@ -129,6 +129,7 @@ pub(crate) async fn run(ctx: Arc<Context>, training_pods: tidepool_federation::T
         let (started, writes) = (std::time::Instant::now(), ctx.writes());
         let pods = ctx.pods.state();
         pick_victims(&ctx, &pods, &mut state, now).await;
+        crate::eviction::answer_all(&ctx, &pods, now).await;
         let preempting = match preempt(&ctx, &pods, now).await {
             Ok(preempting) => preempting,
             Err(e) => {
@@ -169,7 +170,7 @@ async fn any_changed(capacities: &mut [tokio::sync::watch::Receiver<PoolCapacity
 /// The band a pod on a virtual node is reclaimed as: the one the dispatcher gave it
 /// ([`tidepool_api::pod::band_of`]). A pod bound by hand is elastic (`low`), whatever its
 /// priority or labels: it was never admitted as any gang's core.
-fn reclaim_band(p: &PodLite) -> Band {
+pub(crate) fn reclaim_band(p: &PodLite) -> Band {
     tidepool_api::pod::band_of(&p.metadata, p.node_name()).unwrap_or(Band::Low)
 }
 
@@ -181,7 +182,7 @@ fn reclaim_band(p: &PodLite) -> Band {
 /// it. So an annotation without the condition is no notice (the pod stays a candidate), and
 /// one with it can bring the deadline forward but never past the condition's time plus the
 /// band's grace.
-fn deadline_of(p: &PodLite, grace: &BandSeconds) -> Option<jiff::Timestamp> {
+pub(crate) fn deadline_of(p: &PodLite, grace: &BandSeconds) -> Option<jiff::Timestamp> {
     let notice = p
         .status
         .tidepool_conditions()
@@ -225,11 +226,12 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             let freeing = freeing(pods, &node, &cap, grace);
             let candidates = candidates(&on_node, &cap, grace);
             let picked = state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis);
-            let cause = format!("member {} needs capacity back for online demand", member.name);
+            let cause =
+                Cause::online(format!("member {} needs capacity back for online demand", member.name), &deficit);
             // All at once: the online demand waits for the last of them.
             let notices = picked.iter().filter_map(|v| {
                 let p = on_node.iter().find(|p| key_of(p) == v.key)?;
-                Some(notice(ctx, p, &cause, &deficit, v.band, &v.reason, now))
+                Some(notice(ctx, p, &cause, v.band, &v.reason, now))
             });
             futures::future::join_all(notices).await;
         }
@@ -324,10 +326,11 @@ async fn preempt(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp
     for r in pending {
         let Some(chosen) = choose_pool(&pools, pods, &r.demand, r.band, grace) else { continue };
         let picked = victims(&chosen.need, &chosen.views);
-        let cause = format!("higher-band gang {} ({}) needs room on {}", r.gang, r.band.as_str(), chosen.node);
+        let text = format!("higher-band gang {} ({}) needs room on {}", r.gang, r.band.as_str(), chosen.node);
+        let cause = Cause::online(text, &chosen.need);
         let notices = picked.iter().filter_map(|v| {
             let p = chosen.pods.iter().find(|p| key_of(p) == v.key)?;
-            Some(notice(ctx, p, &cause, &chosen.need, v.band, &v.reason, now))
+            Some(notice(ctx, p, &cause, v.band, &v.reason, now))
         });
         futures::future::join_all(notices).await;
     }
@@ -411,9 +414,9 @@ struct Notice {
 }
 
 impl Notice {
-    fn new(message: String, now: jiff::Timestamp) -> Self {
+    fn new(reason: &str, message: String, now: jiff::Timestamp) -> Self {
         let condition = json!({
-            "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": keys::REASON_CAPACITY_RECLAIMED,
+            "type": keys::CONDITION_RECLAIM_REQUESTED, "status": "True", "reason": reason,
             "message": message, "lastTransitionTime": Time(now),
         });
         Self { conditions: [condition, disruption_target(now, &message)], message }
@@ -430,12 +433,29 @@ fn disruption_target(now: jiff::Timestamp, message: &str) -> serde_json::Value {
     })
 }
 
+/// Why a reclaim notice goes out: online demand in the member, or one of the member's
+/// eviction requests (see [`crate::eviction`]).
+pub(crate) struct Cause {
+    /// The reason of the `tidepool.io/ReclaimRequested` condition.
+    pub reason: &'static str,
+    /// Who needs the pod gone (`member a needs capacity back for online demand`).
+    pub text: String,
+    /// What it answers, for the messages and the final status: the demand
+    /// (`nvidia.com/gpu=2`) or the request (`EvictionRequest ns/name from acme.io/drain`).
+    pub demand: String,
+}
+
+impl Cause {
+    fn online(text: String, deficit: &Resources) -> Self {
+        Self { reason: keys::REASON_CAPACITY_RECLAIMED, text, demand: deficit.nonzero().to_string() }
+    }
+}
+
 /// Step 3: the checkpoint notice: deadline annotation, condition, Event.
-async fn notice(
+pub(crate) async fn notice(
     ctx: &Arc<Context>,
     pod: &PodLite,
-    cause: &str,
-    deficit: &Resources,
+    cause: &Cause,
     band: Band,
     why: &str,
     now: jiff::Timestamp,
@@ -448,26 +468,28 @@ async fn notice(
     let name = pod.name_any();
     let patch = json!({ "metadata": { "annotations": {
         keys::ANNOTATION_RECLAIM_DEADLINE: deadline_text,
-        keys::ANNOTATION_RECLAIM_DEMAND: deficit.nonzero().to_string(),
+        keys::ANNOTATION_RECLAIM_DEMAND: cause.demand,
     } } });
     let (pp, patch) = (PatchParams::default(), Patch::Merge(patch));
     let annotate = api.patch(&name, &pp, &patch);
     let message = format!(
-        "{cause} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
-        deficit.nonzero(),
+        "{} ({}); checkpoint and exit, or set annotation {} — deleted at {deadline_text} ({why})",
+        cause.text,
+        cause.demand,
         keys::ANNOTATION_CHECKPOINT_DONE
     );
-    info!(pod = %name, cause, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
+    info!(pod = %name, cause = cause.text, band = band.as_str(), deadline = %deadline_text, "reclaim notice sent");
     metrics().reclaim_notices.get_or_create(&BandLabels { band: band.as_str() }).inc();
-    let notice = Notice::new(message, now);
+    let notice = Notice::new(cause.reason, message, now);
     if grace == 0 {
         // No checkpoint time in this band: the pod goes now, not at the next check (which
         // would wait for the notice to come back through the watch). The notice, which
         // stays as the record, is written alongside the copy's deletion; the final status,
         // with the notice's condition in it, once the copy is gone (see [`mark_reclaimed`]).
-        let demand = deficit.nonzero().to_string();
-        let (annotated, ()) = tokio::join!(annotate, free_copy(ctx, pod));
-        record_reclaimed(ctx, pod, &demand, &ReclaimEnd::NoGrace(band), Some(&notice)).await;
+        let end = ReclaimEnd::NoGrace(band);
+        let (annotated, freed) = tokio::join!(annotate, free_copy(ctx, pod));
+        record_reclaimed(ctx, pod, (cause.reason, &cause.demand), &end, Some(&notice)).await;
+        crate::eviction::evicted(ctx, pod, freed, &end).await;
         if let Err(e) = annotated {
             warn!(pod = %name, error = %e, "cannot write reclaim notice on a pod reclaimed at once");
         }
@@ -537,7 +559,7 @@ async fn gang_ack(ctx: &Context, state: &mut State, gang: &GangKey) -> Option<St
 /// How a reclaim ended: its words in the pod's final message ([`Display`](std::fmt::Display))
 /// and the outcome its metric counts ([`ReclaimEnd::outcome`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum ReclaimEnd {
+pub(crate) enum ReclaimEnd {
     /// The operators' annotation on the gang's PodGroup (its kind and name).
     GroupAck(String),
     /// The operators' annotation on the pod.
@@ -554,7 +576,7 @@ enum ReclaimEnd {
 
 impl ReclaimEnd {
     /// The `outcome` label of `tidepool_reclaims_total`.
-    fn outcome(&self) -> &'static str {
+    pub(crate) fn outcome(&self) -> &'static str {
         match self {
             Self::GroupAck(_) | Self::Annotated | Self::ExitAck(_) => "acknowledged",
             Self::Exited => "exited",
@@ -630,10 +652,9 @@ async fn enforce_deadlines(
             let noticed = deadline - jiff::SignedDuration::from_secs(grace);
             metrics().checkpoint_ack_seconds.observe(now.duration_since(noticed).as_secs_f64().max(0.0));
         }
-        let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str).to_owned();
-        due.push((p, demand, end));
+        due.push((p, end));
     }
-    let ends = due.iter().map(|(p, demand, end)| mark_reclaimed(ctx, p, demand, end));
+    let ends = due.iter().map(|(p, end)| mark_reclaimed(ctx, p, end));
     futures::future::join_all(ends).await;
     noticed
 }
@@ -644,27 +665,46 @@ async fn enforce_deadlines(
 /// The capacity goes back first: online pods wait for the copy's deletion, nobody waits for
 /// the training pod's status. So the member's delete is not queued behind training writes
 /// in this process or at the API servers, and the status follows once the delete returns.
-async fn mark_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, end: &ReclaimEnd) {
-    free_copy(ctx, p).await;
-    record_reclaimed(ctx, p, demand, end, None).await;
+async fn mark_reclaimed(ctx: &Arc<Context>, p: &PodLite, end: &ReclaimEnd) {
+    let demand = p.annotations().get(keys::ANNOTATION_RECLAIM_DEMAND).map_or("capacity", String::as_str);
+    let reason = notice_reason(p).unwrap_or(keys::REASON_CAPACITY_RECLAIMED);
+    let freed = free_copy(ctx, p).await;
+    record_reclaimed(ctx, p, (reason, demand), end, None).await;
+    crate::eviction::evicted(ctx, p, freed, end).await;
+}
+
+/// The reason of `p`'s reclaim notice (its true `tidepool.io/ReclaimRequested` condition).
+pub(crate) fn notice_reason(p: &PodLite) -> Option<&str> {
+    p.status
+        .tidepool_conditions()
+        .iter()
+        .find(|c| c.type_ == keys::CONDITION_RECLAIM_REQUESTED && c.status == "True")
+        .and_then(|c| c.reason.as_deref())
 }
 
 /// The member handle of the pool `p` is placed on, if any.
-fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
+pub(crate) fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
     let node = p.node_name()?;
     ctx.members.borrow().values().find(|m| m.pool_for_node(node).is_some()).cloned()
 }
 
 /// Has vk-provider delete the copy of reclaimed pod `p` now, and waits for the member's
 /// answer. The pod sync would delete it too once the `Failed` status comes back through its
-/// watch; online pods waiting for the room should not wait for that.
-async fn free_copy(ctx: &Context, p: &PodLite) {
-    let (Some(member), Some(uid)) = (member_of(ctx, p), p.metadata.uid.as_deref()) else { return };
-    let copy_uid = p
-        .node_name()
-        .and_then(|n| member.pool_for_node(n))
-        .and_then(|pool| pool.capacity.borrow().placed.get(uid).and_then(|c| c.copy_uid.as_deref().map(str::to_owned)));
-    ctx.copies.free_copy(Arc::new(p.clone()), member, copy_uid).await;
+/// watch; online pods waiting for the room should not wait for that. The copy's member and
+/// UID, when known.
+async fn free_copy(ctx: &Context, p: &PodLite) -> Option<(Arc<MemberHandle>, String)> {
+    let member = member_of(ctx, p)?;
+    let copy_uid = copy_uid(&member, p);
+    ctx.copies.free_copy(Arc::new(p.clone()), member.clone(), copy_uid.clone()).await;
+    Some((member, copy_uid?))
+}
+
+/// The UID of `p`'s copy in `member`, as the member's pool shows it.
+pub(crate) fn copy_uid(member: &MemberHandle, p: &PodLite) -> Option<String> {
+    let uid = p.metadata.uid.as_deref()?;
+    let pool = member.pool_for_node(p.node_name()?)?;
+    let cap = pool.capacity.borrow();
+    cap.placed.get(uid).and_then(|c| c.copy_uid.as_deref().map(str::to_owned))
 }
 
 /// Writes the reclaimed end of pod `name` (see [`tidepool_api::terminal`]) over the version
@@ -684,10 +724,20 @@ async fn write_reclaimed(api: &Api<Pod>, name: &str, message: &str, extra: &[Pod
 }
 
 /// The training pod's end: `Failed`, reason `Reclaimed`, then its Events. A pod reclaimed at
-/// once brings its `notice` along.
-async fn record_reclaimed(ctx: &Arc<Context>, p: &PodLite, demand: &str, end: &ReclaimEnd, notice: Option<&Notice>) {
+/// once brings its `notice` along. `cause` is the notice's reason and what it answered.
+async fn record_reclaimed(
+    ctx: &Arc<Context>,
+    p: &PodLite,
+    (reason, demand): (&str, &str),
+    end: &ReclaimEnd,
+    notice: Option<&Notice>,
+) {
     let member = member_of(ctx, p).map_or_else(|| p.node_name().unwrap_or("?").to_owned(), |m| m.name.to_string());
-    let message = format!("reclaimed by member {member} for online demand ({demand}); {end}");
+    let message = if reason == keys::REASON_EVICTION_REQUESTED {
+        format!("evicted by member {member} at its {demand}; {end}")
+    } else {
+        format!("reclaimed by member {member} for online demand ({demand}); {end}")
+    };
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
     let name = p.name_any();
     let extra: Vec<PodCondition> = notice

@@ -512,6 +512,13 @@ async fn start_session(
     (dialed, namespaces): (Dialed, OffloadNamespaces),
     fingerprint: String,
 ) -> Result<Arc<MemberHandle>, Error> {
+    // A member that does not serve them (older than 1.37, or the gate off) has no requests
+    // to answer; its actors evict copies the older ways, which tidepool also turns into a
+    // disruption of the training pod.
+    let eviction_requests = crate::eviction_requests::served(&dialed.client).await.unwrap_or_else(|e| {
+        warn!(error = %e, "discovery of eviction requests failed; not answering them this session");
+        false
+    });
     let options = SessionOptions {
         namespaces: Arc::new(namespaces),
         copy_labels: mc.spec.copy_labels.clone(),
@@ -526,6 +533,7 @@ async fn start_session(
         loss_timeout: Duration::from_secs(ctx.config.member_loss_timeout_seconds),
         stats: dialed.stats,
         fence: dialed.fence,
+        eviction_requests,
     };
     let policy = crate::capacity::CapacityPolicy::from_spec(&mc.spec.capacity);
     let pools = mc.spec.effective_pools();

@@ -19,6 +19,7 @@ pub mod capacity_index;
 mod context;
 mod controller;
 pub mod drain;
+pub mod eviction_requests;
 pub mod fence;
 pub mod health;
 pub mod kubeconfig;

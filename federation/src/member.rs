@@ -172,6 +172,8 @@ pub struct MemberHandle {
     /// Set before the session ends because another replica owns the member now: its virtual
     /// nodes stay (the new owner keeps them), only this replica's tasks stop.
     pub handed_over: std::sync::atomic::AtomicBool,
+    /// The member's eviction requests, where it serves them (Kubernetes 1.37 with the gate).
+    pub eviction_requests: Option<crate::eviction_requests::EvictionAsks>,
 }
 
 /// One pool of a member: one virtual node.
@@ -248,6 +250,8 @@ pub(crate) struct SessionOptions {
     pub stats: Arc<crate::MemberStats>,
     /// The fence of the session's client (see [`crate::fence`]).
     pub fence: CancellationToken,
+    /// The member serves eviction requests: watch them.
+    pub eviction_requests: bool,
 }
 
 /// Owns the watch tasks of one member; dropping it stops them.
@@ -310,7 +314,7 @@ struct Caches {
 
 /// Set by the watches, taken by the capacity publisher.
 #[derive(Clone, Default)]
-struct Wakeups {
+pub(crate) struct Wakeups {
     /// Any event of any watch.
     changed: Arc<Notify>,
     /// Set with `changed` by a change of online demand (see [`coalesce_after`]).
@@ -320,7 +324,9 @@ struct Wakeups {
 }
 
 /// Every object of kind `K` in the member, watched with backoff.
-fn watch_all<K>(client: &Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+pub(crate) fn watch_all<K>(
+    client: &Client,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -611,6 +617,9 @@ impl Session {
         let signals = Signals { conflict, pod_network };
         // Windows open and close with the clock, not with events.
         let clock = if policy.windows.is_empty() { Duration::from_secs(3600) } else { Duration::from_secs(1) };
+        let eviction_requests = options
+            .eviction_requests
+            .then(|| crate::eviction_requests::EvictionAsks::watch(&client, &name, &cancelled));
         let (member, stop, wakeups) = (name.clone(), cancelled.clone(), caches.wakeups.clone());
         tokio::spawn(
             async move {
@@ -643,6 +652,7 @@ impl Session {
             declared_pod_network: options.declared_pod_network,
             wakeups,
             handed_over: std::sync::atomic::AtomicBool::new(false),
+            eviction_requests,
         };
         Session { handle: Arc::new(handle), fingerprint, health: health_tx, fence: options.fence }
     }
@@ -857,7 +867,7 @@ fn view_event<T, K, V>(event: watcher::Event<T>, view: fn(&T) -> Option<(K, V)>)
 /// Keeps `cache` in step with `events` until `cancelled`, waking the capacity publisher on
 /// every event that changes a view (and flagging `online_demand` changes). A poisoned cache ends the watch, with
 /// an error logged: the publisher meets the same lock and stops too.
-fn spawn_cache<T, K, V, D, S>(
+pub(crate) fn spawn_cache<T, K, V, D, S>(
     events: S,
     cache: &Arc<Mutex<ViewCache<K, V, D>>>,
     view: fn(&T) -> Option<(K, V)>,

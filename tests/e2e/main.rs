@@ -15,6 +15,7 @@ mod dispatcher;
 mod disruptions;
 mod drain;
 mod elastic;
+mod eviction_requests;
 mod failover;
 mod gang_scheduler;
 mod harness;

@@ -929,13 +929,12 @@ impl PodSync<'_> {
 }
 
 /// Copies the reclaim deadline from the training pod to its offload copy, once tidepool's
-/// notice condition is there ([`translate::notice_for_copy`]).
+/// notice condition is there ([`translate::notice_for_copy`]), and takes it off the copy once
+/// the notice is withdrawn (a member's eviction request withdrawn before the deadline).
 async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
     let key = keys::ANNOTATION_RECLAIM_DEADLINE;
-    let Some(want) = translate::notice_for_copy(pod.annotations(), pod.status.tidepool_conditions()) else {
-        return Ok(());
-    };
-    if copy.reclaim_deadline() == Some(want) {
+    let want = translate::notice_for_copy(pod.annotations(), pod.status.tidepool_conditions());
+    if copy.reclaim_deadline() == want {
         return Ok(());
     }
     let member = &watch.member;
@@ -945,7 +944,11 @@ async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> 
     api.patch(copy.name(), &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(|e| Error::member(&member.name, "copy reclaim notice to offload pod", e))?;
-    info!(member = %member.name, "reclaim notice copied to the offload pod");
+    if want.is_some() {
+        info!(member = %member.name, "reclaim notice copied to the offload pod");
+    } else {
+        info!(member = %member.name, "withdrawn reclaim notice taken off the offload pod");
+    }
     Ok(())
 }
 
