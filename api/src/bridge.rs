@@ -142,6 +142,10 @@ pub struct DispatcherConfig {
     /// A placed gang whose `minMember` pods are not all running within this time is rolled
     /// back whole: never a partial gang for longer.
     pub gang_timeout_seconds: u64,
+    /// Record each reclaim as an `EvictionRequest` (requester `tidepool.io/reclaim`) in the
+    /// training cluster, where it serves them (Kubernetes 1.37): off where an
+    /// evictionrequest-controller runs, which would evict the training pod at once.
+    pub reclaim_eviction_requests: bool,
 }
 
 /// A duration per band, in seconds.
@@ -176,6 +180,7 @@ impl Default for DispatcherConfig {
             deficit_hysteresis_seconds: 5,
             reclaim_grace_seconds: BandSeconds::default(),
             gang_timeout_seconds: 300,
+            reclaim_eviction_requests: true,
         }
     }
 }

@@ -102,6 +102,9 @@ pub(crate) struct Context {
     /// bound (kube-scheduler's assumed pods): a round that runs before the watch catches up
     /// sees its gang pinned and its room taken, and binds nothing twice.
     assumed: Mutex<Assumed>,
+    /// Whether the training cluster serves eviction requests, read once when first needed
+    /// ([`crate::reclaim_request`]).
+    pub(crate) training_eviction_requests: tokio::sync::OnceCell<bool>,
 }
 
 impl Context {
@@ -134,6 +137,7 @@ impl Context {
             writes: AtomicUsize::new(0),
             labels_on_binding: AtomicBool::new(false),
             assumed: Mutex::new(Assumed::default()),
+            training_eviction_requests: tokio::sync::OnceCell::new(),
         }
     }
 

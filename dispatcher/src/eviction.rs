@@ -170,6 +170,7 @@ async fn withdraw(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, told: 
         warn!(pod = %name, error = %e, "cannot remove the withdrawn reclaim deadline");
     }
     info!(pod = %name, "eviction requests withdrawn: reclaim notice withdrawn");
+    crate::reclaim_request::withdrawn(ctx, p, &message).await;
     publish(ctx, p, EventType::Normal, keys::REASON_EVICTION_WITHDRAWN, &message).await;
     let conditions = json!([
         { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "False", "reason": keys::REASON_EVICTION_WITHDRAWN,

@@ -18,6 +18,7 @@ pub mod order;
 pub mod plan;
 mod pod_group_status;
 mod reclaim;
+mod reclaim_request;
 pub mod restart;
 mod round;
 pub mod victims;

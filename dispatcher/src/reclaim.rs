@@ -488,6 +488,7 @@ pub(crate) async fn notice(
         // with the notice's condition in it, once the copy is gone (see [`mark_reclaimed`]).
         let end = ReclaimEnd::NoGrace(band);
         let (annotated, freed) = tokio::join!(annotate, free_copy(ctx, pod));
+        crate::reclaim_request::noticed(ctx, pod, &notice.message).await;
         record_reclaimed(ctx, pod, (cause.reason, &cause.demand), &end, Some(&notice)).await;
         crate::eviction::evicted(ctx, pod, freed, &end).await;
         if let Err(e) = annotated {
@@ -506,6 +507,7 @@ pub(crate) async fn notice(
     if let Err(e) = annotate.await {
         warn!(pod = %name, error = %e, "cannot write the reclaim deadline annotation");
     }
+    crate::reclaim_request::noticed(ctx, pod, &notice.message).await;
     publish_later(ctx, pod, vec![(EventType::Warning, keys::REASON_RECLAIM_REQUESTED, notice.message)]);
 }
 
@@ -746,6 +748,7 @@ async fn record_reclaimed(
     match write_reclaimed(&api, &name, &message, &extra).await {
         Ok(_) => {
             info!(pod = %name, how = %end, "reclaimed");
+            crate::reclaim_request::ended(ctx, p, end.outcome(), &message).await;
             let labels = ReclaimLabels { member, band: reclaim_band(p).as_str(), outcome: end.outcome() };
             metrics().reclaims.get_or_create(&labels).inc();
             let mut events = Vec::with_capacity(2);

@@ -3,13 +3,19 @@
 //! 1.37"): tidepool relays the checkpoint notice to the training pod, tells the request, and
 //! evicts the copy at the trainer's ack; the training pod ends `Failed` with
 //! `DisruptionTarget`, so its Job (`backoffLimit: 0`, ignoring disruptions) makes a new pod.
-//! A request withdrawn before the ack withdraws the notice: the pod and its copy stay.
+//! A request withdrawn before the ack withdraws the notice: the pod and its copy stay. Each
+//! reclaim is also tidepool's own `EvictionRequest` for the training pod (requester
+//! `tidepool.io/reclaim`), which a tenant's tool watching the training namespace sees.
 //!
 //! Kubernetes 1.37 ships no controller that acts on eviction requests: without tidepool's
 //! answer, the request sits there and the copy keeps running (nothing else in these clusters
 //! reads them).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::watcher;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -163,6 +169,8 @@ async fn a_members_eviction_request_for_a_copy_is_a_checkpoint_notice_then_a_dis
     let (pod, copy) = s.job(&job, script).await;
     let name = pod.name_any();
     let request = format!("drain-{}", run_id());
+    // A tenant's tool watching eviction requests in the training namespace.
+    let (seen, watch) = watch_requests(&s.training);
     s.ask(&request, &copy).await;
 
     // The notice, naming the request, on the training pod; the request told of it.
@@ -198,7 +206,44 @@ async fn a_members_eviction_request_for_a_copy_is_a_checkpoint_notice_then_a_dis
         }
     })
     .await;
+
+    // The tool saw the reclaim as tidepool's eviction request for the training pod, ending
+    // with the pod terminal.
+    let ours = wait_for(Duration::from_secs(30), "tidepool's eviction request, target evicted", || {
+        let seen = seen.clone();
+        let uid = pod.uid().unwrap();
+        async move {
+            let seen = seen.lock().unwrap();
+            let mine: Vec<&EvictionRequest> =
+                seen.iter().filter(|er| er.spec.target.pod.as_ref().is_some_and(|t| t.uid == uid)).collect();
+            let last = mine.last()?;
+            (request_condition(last, "TargetEvicted").map(|c| (c.0, c.1))
+                == Some(("True".into(), "PodTerminal".into())))
+            .then(|| (*last).clone())
+        }
+    })
+    .await;
+    watch.abort();
+    assert_eq!((ours.spec.requester.as_str(), ours.spec.intent.as_str()), ("tidepool.io/reclaim", "Eviction"));
+    let owner = ours.metadata.owner_references.clone().unwrap_or_default();
+    assert!(owner.iter().any(|o| o.kind == "Pod" && Some(&o.uid) == pod.uid().as_ref()), "owner: {owner:?}");
     s.finish(&job, &request).await;
+}
+
+/// Every version of every eviction request in the training namespace a watch sees from now on.
+fn watch_requests(training: &Client) -> (Arc<Mutex<Vec<EvictionRequest>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let api = Api::<EvictionRequest>::namespaced(training.clone(), NS);
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(er) | watcher::Event::InitApply(er)) = event {
+                sink.lock().unwrap().push(er);
+            }
+        }
+    });
+    (seen, task)
 }
 
 #[tokio::test]
@@ -224,8 +269,22 @@ async fn an_eviction_request_withdrawn_before_the_ack_withdraws_the_notice_and_t
     let withdraw = json!({"spec": {"intent": "Withdrawn"}});
     s.requests().patch(&request, &PatchParams::default(), &Patch::Merge(withdraw)).await.unwrap();
     let withdrawn = wait_notice(&s, &name, "False", "EvictionWithdrawn").await;
-    assert_eq!(pod_condition(&withdrawn, "DisruptionTarget").map(|c| c.0), Some("False".to_owned()));
+    // False as withdrawn, or gone with the copy's next status (tidepool keeps only its own).
+    let target = pod_condition(&withdrawn, "DisruptionTarget").map(|c| c.0);
+    assert_ne!(target.as_deref(), Some("True"), "a withdrawn notice left DisruptionTarget");
     wait_request(&s, &request, "Failed", "True", "CanceledDueToNoRequesters").await;
+    // tidepool's own request for the training pod is withdrawn with it.
+    let training_requests = Api::<EvictionRequest>::namespaced(s.training.clone(), NS);
+    let ours = format!("tidepool-reclaim-{}", pod.uid().unwrap());
+    let intent = wait_for(Duration::from_secs(30), "tidepool's eviction request withdrawn", || {
+        let (api, ours) = (training_requests.clone(), ours.clone());
+        async move {
+            let er = api.get(&ours).await.ok()?;
+            (er.spec.intent == "Withdrawn").then_some(er.spec.intent)
+        }
+    })
+    .await;
+    assert_eq!(intent, "Withdrawn");
     wait_for(Duration::from_secs(30), "the deadline off the copy", || {
         let (copies, name) = (copies.clone(), name.clone());
         async move {
