@@ -33,6 +33,8 @@ const NODE: &str = "tidepool-e2e-evreq-a-real";
 /// Each band's checkpoint grace: the withdrawn notice is watched past its deadline.
 const GRACE_SECONDS: u64 = 20;
 const REQUESTER: &str = "e2e.tidepool.io/drain";
+/// A member namespace that is not the copies'.
+const OTHER_NS: &str = "e2e-evreq-elsewhere";
 
 struct Setup {
     env: Env,
@@ -98,6 +100,11 @@ impl Setup {
 
     /// The member actor's request to evict `copy`, named `name`.
     async fn ask(&self, name: &str, copy: &Pod) -> EvictionRequest {
+        self.ask_in(&offload_ns(NS), name, copy).await
+    }
+
+    /// [`Setup::ask`], made in namespace `ns` of the member.
+    async fn ask_in(&self, ns: &str, name: &str, copy: &Pod) -> EvictionRequest {
         let er: EvictionRequest = serde_json::from_value(json!({
             "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "EvictionRequest",
             "metadata": {"name": name},
@@ -107,7 +114,7 @@ impl Setup {
             }
         }))
         .unwrap();
-        self.requests().create(&PostParams::default(), &er).await.unwrap()
+        Api::namespaced(self.member.clone(), ns).create(&PostParams::default(), &er).await.unwrap()
     }
 
     async fn finish(&self, job: &str, request: &str) {
@@ -252,6 +259,18 @@ async fn an_eviction_request_withdrawn_before_the_ack_withdraws_the_notice_and_t
     let job = format!("kept-{}", run_id());
     let (pod, copy) = s.job(&job, "exec sleep 3600").await;
     let name = pod.name_any();
+
+    // Someone who may make eviction requests only in another member namespace names the copy
+    // exactly: tidepool is nobody's deputy there, no notice.
+    ensure_namespace(&s.member, OTHER_NS).await;
+    let elsewhere = format!("elsewhere-{}", run_id());
+    s.ask_in(OTHER_NS, &elsewhere, &copy).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = Api::<Pod>::namespaced(s.training.clone(), NS).get(&name).await.unwrap();
+    assert_eq!(pod_condition(&p, "tidepool.io/ReclaimRequested"), None, "a request from {OTHER_NS} reached the copy");
+    let others = Api::<EvictionRequest>::namespaced(s.member.clone(), OTHER_NS);
+    let _ = others.delete(&elsewhere, &DeleteParams::default()).await;
+
     let request = format!("drain-{}", run_id());
     s.ask(&request, &copy).await;
     wait_notice(&s, &name, "True", "EvictionRequested").await;
