@@ -188,19 +188,7 @@ async fn check_reflected(training: Client, job: &str, pod: &Pod, seen: &Mutex<Ve
         failed.status.as_ref().unwrap().conditions.as_ref().unwrap().iter().find(|c| c.type_ == "DisruptionTarget");
     let target = target.and_then(|c| c.reason.clone()).unwrap_or_default();
     // The Job ignores it: not failed, and a new pod.
-    let jobs = Api::<Job>::namespaced(training.clone(), NS);
-    wait_for(Duration::from_secs(60), &format!("Job {job} makes a new pod"), || {
-        let (pods, jobs, old) = (pods.clone(), jobs.clone(), name.clone());
-        async move {
-            let j = jobs.get(job).await.ok()?;
-            let failed =
-                j.status.as_ref()?.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
-            assert!(!failed, "Job {job} failed: the disruption was counted");
-            let list = pods.list(&ListParams::default().labels(&format!("job={job}"))).await.ok()?.items;
-            list.iter().any(|p| p.name_any() != old).then_some(())
-        }
-    })
-    .await;
+    wait_job_replaced(&training, NS, job, &name).await;
     println!("{name}: Failed/{reason}, DisruptionTarget {target}; the Job made a new pod");
     target
 }

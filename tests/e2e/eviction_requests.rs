@@ -200,19 +200,7 @@ async fn a_members_eviction_request_for_a_copy_is_a_checkpoint_notice_then_a_dis
     assert_eq!((st.phase.as_deref(), st.reason.as_deref()), (Some("Failed"), Some("Reclaimed")), "{st:?}");
     assert!(st.message.as_deref().unwrap_or("").contains("evicted by member"), "{:?}", st.message);
     assert_eq!(pod_condition(&failed, "DisruptionTarget").map(|c| c.0), Some("True".to_owned()));
-    let jobs = Api::<Job>::namespaced(s.training.clone(), NS);
-    wait_for(Duration::from_secs(60), &format!("Job {job} makes a new pod"), || {
-        let (pods, jobs, job, old) = (pods.clone(), jobs.clone(), job.clone(), name.clone());
-        async move {
-            let j = jobs.get(&job).await.ok()?;
-            let failed =
-                j.status.as_ref()?.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
-            assert!(!failed, "Job {job} failed: the eviction was counted");
-            let list = pods.list(&ListParams::default().labels(&format!("job={job}"))).await.ok()?.items;
-            list.iter().any(|p| p.name_any() != old).then_some(())
-        }
-    })
-    .await;
+    wait_job_replaced(&s.training, NS, &job, &name).await;
 
     // The tool saw the reclaim as tidepool's eviction request for the training pod, ending
     // with the pod terminal.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::MemberCluster;
@@ -101,6 +101,25 @@ pub fn offload_ns(ns: &str) -> String {
 pub fn run_id() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()
+}
+
+/// Waits for Job `job` (pods labelled `job=<job>`) to make a pod other than `old` without
+/// failing: its pod's end was not counted against it.
+pub async fn wait_job_replaced(training: &Client, ns: &str, job: &str, old: &str) {
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(training.clone(), ns);
+    wait_for(Duration::from_secs(60), &format!("Job {job} makes a new pod"), || {
+        let (pods, jobs) = (pods.clone(), jobs.clone());
+        async move {
+            let j = jobs.get(job).await.ok()?;
+            let failed =
+                j.status.as_ref()?.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
+            assert!(!failed, "Job {job} failed: its pod's end was counted");
+            let list = pods.list(&ListParams::default().labels(&format!("job={job}"))).await.ok()?.items;
+            list.iter().any(|p| p.name_any() != old).then_some(())
+        }
+    })
+    .await;
 }
 
 /// Polls `probe` every 250 ms until it returns `Some`, or panics after `timeout`.
