@@ -103,6 +103,60 @@ pub fn run_id() -> String {
     format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()
 }
 
+/// One write of tidepool (user agent `tidepool/…`) to a member, from the member's audit log
+/// (`tests/controlplane/cluster.sh`: every write, metadata only): what the API server saw,
+/// not what tidepool counted.
+#[derive(Debug, Clone)]
+pub struct AuditedWrite {
+    pub agent: String,
+    pub verb: String,
+    pub resource: String,
+    /// The namespace it touched (a namespace's own name for namespaces).
+    pub namespace: String,
+    pub name: String,
+    /// The HTTP status the API server answered.
+    pub code: u16,
+    pub received: jiff::Timestamp,
+    pub completed: jiff::Timestamp,
+}
+
+impl AuditedWrite {
+    /// `verb resource/name -> code`, for failure messages.
+    pub fn what(&self) -> String {
+        format!("{} {}/{} -> {}", self.verb, self.resource, self.name, self.code)
+    }
+}
+
+/// Tidepool's writes since `since` in `cluster`'s audit log.
+pub fn audited_writes(env: &Env, cluster: &str, since: jiff::Timestamp) -> Vec<AuditedWrite> {
+    let key = format!("{}_AUDIT_LOG", cluster.to_uppercase().replace('-', "_"));
+    let text = std::fs::read_to_string(env.var(&key)).unwrap_or_else(|e| panic!("audit log of {cluster}: {e}"));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| {
+            let agent = e["userAgent"].as_str()?.to_owned();
+            let resource = e["objectRef"]["resource"].as_str().unwrap_or("?").to_owned();
+            let name = e["objectRef"]["name"].as_str().unwrap_or("").to_owned();
+            let namespace = e["objectRef"]["namespace"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| (resource == "namespaces").then(|| name.clone()))?;
+            let received: jiff::Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+            let completed: jiff::Timestamp = e["stageTimestamp"].as_str()?.parse().ok()?;
+            (agent.starts_with("tidepool/") && received >= since).then(|| AuditedWrite {
+                verb: e["verb"].as_str().unwrap_or("?").to_owned(),
+                namespace,
+                code: e["responseStatus"]["code"].as_u64().and_then(|c| u16::try_from(c).ok()).unwrap_or(0),
+                agent,
+                resource,
+                name,
+                received,
+                completed,
+            })
+        })
+        .collect()
+}
+
 /// Waits for Job `job` (pods labelled `job=<job>`) to make a pod other than `old` without
 /// failing: its pod's end was not counted against it.
 pub async fn wait_job_replaced(training: &Client, ns: &str, job: &str, old: &str) {

@@ -158,49 +158,6 @@ async fn served(training_pods: &Api<Pod>, clients: &BTreeMap<&str, Client>, i: u
     true
 }
 
-/// One write of a tidepool replica to a member, from the member's audit log.
-#[derive(Debug)]
-struct Write {
-    agent: String,
-    /// Offload namespace it touched.
-    namespace: String,
-    received: jiff::Timestamp,
-    completed: jiff::Timestamp,
-    /// `verb resource/name -> code`, for failure messages.
-    what: String,
-}
-
-/// Tidepool's writes since `since` in `cluster`'s audit log.
-fn audited_writes(env: &Env, cluster: &str, since: jiff::Timestamp) -> Vec<Write> {
-    let key = format!("{}_AUDIT_LOG", cluster.to_uppercase().replace('-', "_"));
-    let text = std::fs::read_to_string(env.var(&key)).unwrap_or_else(|e| panic!("audit log of {cluster}: {e}"));
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|e| {
-            let agent = e["userAgent"].as_str()?.to_owned();
-            let namespace = e["objectRef"]["namespace"].as_str().or_else(|| {
-                (e["objectRef"]["resource"] == "namespaces").then(|| e["objectRef"]["name"].as_str()).flatten()
-            })?;
-            let received: jiff::Timestamp = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
-            let completed: jiff::Timestamp = e["stageTimestamp"].as_str()?.parse().ok()?;
-            let what = format!(
-                "{} {}/{} -> {}",
-                e["verb"].as_str().unwrap_or("?"),
-                e["objectRef"]["resource"].as_str().unwrap_or("?"),
-                e["objectRef"]["name"].as_str().unwrap_or(""),
-                e["responseStatus"]["code"]
-            );
-            (agent.starts_with("tidepool/") && received >= since).then(|| Write {
-                agent,
-                namespace: namespace.to_owned(),
-                received,
-                completed,
-                what,
-            })
-        })
-        .collect()
-}
-
 /// One replica's unbroken run of writes to a member: from its first request received to its
 /// last completed.
 #[derive(Debug)]
@@ -213,17 +170,17 @@ struct Run {
 }
 
 /// The writes to one member in order of arrival, as runs of one writer each.
-fn runs(mut writes: Vec<Write>) -> Vec<Run> {
+fn runs(mut writes: Vec<AuditedWrite>) -> Vec<Run> {
     writes.sort_by_key(|w| w.received);
     let mut runs: Vec<Run> = Vec::new();
     for w in writes {
         match runs.last_mut() {
             Some(run) if run.agent == w.agent => {
                 run.until = run.until.max(w.completed);
-                run.writes.push(format!("{} {}", w.received, w.what));
+                run.writes.push(format!("{} {}", w.received, w.what()));
             }
             _ => runs.push(Run {
-                writes: vec![format!("{} {}", w.received, w.what)],
+                writes: vec![format!("{} {}", w.received, w.what())],
                 agent: w.agent,
                 from: w.received,
                 until: w.completed,
@@ -245,7 +202,7 @@ fn assert_one_writer_at_a_time(
     let mut writers = BTreeMap::new();
     for i in 0..MEMBERS {
         let ns = format!("{}{NS}", prefix(i));
-        let writes: Vec<Write> =
+        let writes: Vec<AuditedWrite> =
             audited_writes(env, cluster(i), since).into_iter().filter(|w| w.namespace == ns).collect();
         let runs = runs(writes);
         eprintln!("{}: writers in turn {runs:?}", member(i));
