@@ -32,22 +32,18 @@ const MEMBER: &str = "e2e-disruptions-a";
 const NODE: &str = "tidepool-e2e-disruptions-a-real";
 const ONLINE_NS: &str = "e2e-disruptions-online";
 
-struct Setup {
-    env: Env,
-    training: Client,
-    member: Client,
-    _tidepool: Tidepool,
+struct Setup(RealNodeJobs);
+
+impl std::ops::Deref for Setup {
+    type Target = RealNodeJobs;
+    fn deref(&self) -> &RealNodeJobs {
+        &self.0
+    }
 }
 
 impl Setup {
     async fn start() -> Setup {
-        let (env, training, member, tidepool) = real_node_setup((TEST, NS), MEMBER, NODE, "").await;
-        // An earlier test's Jobs (one that failed) would make pods as fast as they go.
-        let dp =
-            DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Background), ..Default::default() };
-        let _ = Api::<Job>::namespaced(training.clone(), NS).delete_collection(&dp, &ListParams::default()).await;
-        drain_pods(&training, NS).await;
-        Setup { env, training, member, _tidepool: tidepool }
+        Setup(RealNodeJobs::start((TEST, NS), MEMBER, NODE, "").await)
     }
 
     /// A Job of one pod running `script` on the real pool, `backoffLimit: 0`, ignoring

@@ -36,23 +36,20 @@ const REQUESTER: &str = "e2e.tidepool.io/drain";
 /// A member namespace that is not the copies'.
 const OTHER_NS: &str = "e2e-evreq-elsewhere";
 
-struct Setup {
-    env: Env,
-    training: Client,
-    member: Client,
-    _tidepool: Tidepool,
+struct Setup(RealNodeJobs);
+
+impl std::ops::Deref for Setup {
+    type Target = RealNodeJobs;
+    fn deref(&self) -> &RealNodeJobs {
+        &self.0
+    }
 }
 
 impl Setup {
     async fn start() -> Setup {
         let grace =
             format!("reclaimGraceSeconds: {{high: {GRACE_SECONDS}, medium: {GRACE_SECONDS}, low: {GRACE_SECONDS}}}");
-        let (env, training, member, tidepool) = real_node_setup((TEST, NS), MEMBER, NODE, &grace).await;
-        let dp =
-            DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Background), ..Default::default() };
-        let _ = Api::<Job>::namespaced(training.clone(), NS).delete_collection(&dp, &ListParams::default()).await;
-        drain_pods(&training, NS).await;
-        Setup { env, training, member, _tidepool: tidepool }
+        Setup(RealNodeJobs::start((TEST, NS), MEMBER, NODE, &grace).await)
     }
 
     /// A Job of one pod running `script` on the real pool (`backoffLimit: 0`, disruptions

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::MemberCluster;
@@ -372,6 +372,28 @@ pub async fn real_node_setup(
     mc.spec.pools = vec![real_pool(&env)];
     let tidepool = start_on_real_node(&env, &training, (test, ns), dispatcher, &mc, node).await;
     (env, training, member_a, tidepool)
+}
+
+/// [`real_node_setup`] for tests of Jobs: the clients and tidepool, the namespace's Jobs of an
+/// earlier run (one that failed makes pods as fast as they go) and their pods gone.
+pub struct RealNodeJobs {
+    pub env: Env,
+    pub training: Client,
+    pub member: Client,
+    /// Kept for its lifetime: dropping it stops tidepool.
+    _tidepool: Tidepool,
+}
+
+impl RealNodeJobs {
+    pub async fn start((test, ns): (&str, &str), member: &str, node: &str, dispatcher: &str) -> Self {
+        let (env, training, member, tidepool) = real_node_setup((test, ns), member, node, dispatcher).await;
+        let dp =
+            DeleteParams { propagation_policy: Some(kube::api::PropagationPolicy::Background), ..Default::default() };
+        let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(training.clone(), ns);
+        let _ = jobs.delete_collection(&dp, &ListParams::default()).await;
+        drain_pods(&training, ns).await;
+        Self { env, training, member, _tidepool: tidepool }
+    }
 }
 
 /// Pool `real`: the member's real node (label `tidepool.io/test-pool=real`), whose taint
