@@ -66,6 +66,36 @@ pub fn terminal_status(current: Option<&PodStatus>, end: &Ending<'_>, extra: &[P
     s
 }
 
+/// The status a kubelet writes for a pod deleted while it ran, before it lets the deletion
+/// complete: terminal, so controllers that wait for it (a Job with `podFailurePolicy` keeps
+/// its tracking finalizer on the pod until then) see the pod end. `Succeeded` when every
+/// container exited 0, else `Failed`; containers without a final state are ended as unknown;
+/// no pod-level reason (a plain deletion is nobody's failure reason).
+pub fn deleted_status(current: Option<&PodStatus>, now: &Time) -> PodStatus {
+    let mut s = current.cloned().unwrap_or_default();
+    for list in [&mut s.container_statuses, &mut s.init_container_statuses] {
+        for c in list.iter_mut().flatten() {
+            end_container(c, now);
+        }
+    }
+    let exited_0 =
+        |c: &ContainerStatus| c.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
+    let statuses = s.container_statuses.as_deref().unwrap_or_default();
+    let succeeded = !statuses.is_empty() && statuses.iter().all(exited_0);
+    let (phase, ready_reason) = if succeeded { ("Succeeded", "PodCompleted") } else { ("Failed", "PodFailed") };
+    s.phase = Some(phase.to_owned());
+    let conditions = s.conditions.get_or_insert_with(Vec::new);
+    for type_ in ["Ready", "ContainersReady"] {
+        let c = condition(type_, "False", ready_reason, None, now);
+        match conditions.iter_mut().find(|have| have.type_ == type_) {
+            Some(have) if have.status == "False" => have.reason = c.reason,
+            Some(have) => *have = c,
+            None => conditions.push(c),
+        }
+    }
+    s
+}
+
 fn condition(type_: &str, status: &str, reason: &str, message: Option<&str>, now: &Time) -> PodCondition {
     PodCondition {
         type_: type_.to_owned(),
@@ -105,6 +135,38 @@ mod tests {
 
     fn now() -> Time {
         Time("2026-12-04T12:00:00Z".parse().unwrap())
+    }
+
+    fn status(containers: serde_json::Value) -> PodStatus {
+        serde_json::from_value(json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": containers,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_deleted_while_it_ran_ends_failed_with_its_containers_ended_and_no_reason() {
+        let running = status(json!([{"name": "main", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "state": {"running": {"startedAt": "2026-12-04T11:00:00Z"}}}]));
+        let s = deleted_status(Some(&running), &now());
+        assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), None));
+        let c = &s.container_statuses.unwrap()[0];
+        let t = c.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref(), c.ready), (UNKNOWN_EXIT_CODE, Some(UNKNOWN_EXIT_REASON), false));
+        let ready = s.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("PodFailed")));
+    }
+
+    #[test]
+    fn a_pod_deleted_after_every_container_exited_0_ends_succeeded() {
+        let done = status(json!([{"name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]));
+        assert_eq!(deleted_status(Some(&done), &now()).phase.as_deref(), Some("Succeeded"));
+        let failed = status(json!([{"name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]));
+        assert_eq!(deleted_status(Some(&failed), &now()).phase.as_deref(), Some("Failed"));
     }
 
     fn running() -> PodStatus {

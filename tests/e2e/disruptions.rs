@@ -372,3 +372,34 @@ async fn a_preemption_by_the_members_scheduler_is_a_disruption_the_job_does_not_
     watch.abort();
     finish(&s, &job).await;
 }
+
+/// README: "Deleting the training pod deletes the member copy first, then finishes the
+/// training pod's deletion." The copy's process ignores SIGTERM (`sleep` as PID 1), so it
+/// lingers its 2 s grace: the first read that finds the training pod gone is followed by one
+/// that finds the copy gone from the member too.
+#[tokio::test]
+async fn deleting_a_training_pod_removes_its_copy_first_then_the_pod() {
+    let s = Setup::start().await;
+    let job = format!("delete-{}", run_id());
+    let (pod, _) = s.job(&job, "exec sleep 3600", json!({})).await;
+    let name = pod.name_any();
+    let copy_uid = s.copies().get(&name).await.unwrap().uid();
+    let pods = Api::<Pod>::namespaced(s.training.clone(), NS);
+    pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    // Read about every 0.3 s: the copy's 2 s of grace cannot fall between two reads.
+    wait_for(Duration::from_secs(60), &format!("training pod {name} deleted"), || {
+        let pods = pods.clone();
+        let (name, uid) = (name.clone(), pod.uid());
+        async move {
+            match pods.get_opt(&name).await {
+                Ok(None) => Some(()),
+                Ok(Some(p)) if p.uid() != uid => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    let copy = s.copies().get_opt(&name).await.unwrap();
+    assert!(copy.is_none_or(|c| c.uid() != copy_uid), "the training pod went while its copy was still in the member");
+    finish(&s, &job).await;
+}

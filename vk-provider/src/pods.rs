@@ -623,8 +623,13 @@ impl PodSync<'_> {
         fail_pod(self.ctx, self.pod, &end).await
     }
 
-    /// Step::FinishDeletion: the copy is gone; the training pod's deletion completes.
+    /// Step::FinishDeletion: the copy is gone; the training pod ends as a kubelet ends a
+    /// deleted pod (a terminal status first, [`tidepool_api::terminal::deleted_status`]), and
+    /// its deletion completes.
     async fn finish_deletion(&self) -> Result<Action, Error> {
+        if !matches!(self.pod.status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            self.write_deleted_status().await?;
+        }
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions { uid: self.pod.uid(), resource_version: None }),
@@ -641,6 +646,22 @@ impl PodSync<'_> {
         // Copies made for a pod that never ran are not freed by an offload pod going away.
         let _ = self.watch.collect.try_send(collect::Request::Copies(self.member_ns.clone()));
         Ok(Action::await_change())
+    }
+
+    /// The terminal status of a training pod whose deletion completes while it shows itself
+    /// running: without it, a Job with `podFailurePolicy` never removes its tracking
+    /// finalizer and the pod stays `Terminating`.
+    async fn write_deleted_status(&self) -> Result<(), Error> {
+        let Some(whole) = self.ctx.whole(self.pod).await? else { return Ok(()) };
+        let status = tidepool_api::terminal::deleted_status(whole.status.as_ref(), &Time(jiff::Timestamp::now()));
+        let api = Api::<Pod>::namespaced(self.ctx.training.clone(), &self.namespace);
+        let patch = json!({ "status": status });
+        let _slot = slot(&self.ctx.training_writes).await;
+        match api.patch_status(&self.pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if tidepool_federation::api_code(&e, &[404]) => Ok(()),
+            Err(e) => Err(Error::training("write a deleted pod's terminal status", e)),
+        }
     }
 
     /// Step::Offload: policy, translation, references, then the copy.
