@@ -14,7 +14,6 @@
 //! Whoever may create eviction requests in one member namespace thus reaches only the copies
 //! in that namespace, never another's through tidepool.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -70,15 +69,10 @@ fn answer<'a>(notice_reason: Option<&str>, acted: bool, asks: &'a [EvictionAsk])
     }
 }
 
-/// The requests of `asks` that name `p`'s copy in `member` exactly (namespace, name, UID): one
-/// made in another namespace, or naming another pod, is not for this copy.
-fn asks_for(
-    member: &MemberHandle,
-    p: &PodLite,
-    copy_uid: &str,
-    asks: &HashMap<String, Vec<EvictionAsk>>,
-) -> Vec<EvictionAsk> {
-    let Some(found) = asks.get(copy_uid) else { return Vec::new() };
+/// The requests of `found` (those naming `p`'s copy's UID) that name the copy in `member`
+/// exactly (namespace, name, UID): one made in another namespace, or naming another pod, is
+/// not for this copy.
+fn asks_for(member: &MemberHandle, p: &PodLite, found: &[EvictionAsk]) -> Vec<EvictionAsk> {
     let (ns, name) = (member.namespaces.member_ns(&p.namespace().unwrap_or_default()), p.name_any());
     found.iter().filter(|a| a.namespace == ns && a.target_name == name).cloned().collect()
 }
@@ -99,7 +93,7 @@ pub(crate) async fn answer_all(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: j
             }
             // A copy not known yet is left for a later pass (never read as "no request").
             let Some(copy_uid) = reclaim::copy_uid(member, p) else { continue };
-            let for_copy = asks_for(member, p, &copy_uid, &asks);
+            let for_copy = asks_for(member, p, asks.get(&copy_uid).map_or(&[], Vec::as_slice));
             let acted = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.containers_exited;
             let Some(todo) = answer(reason, acted, &for_copy) else { continue };
             match todo {
@@ -187,8 +181,8 @@ async fn withdraw(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, told: 
 /// that named the copy shows it evicted, and how the checkpoint went.
 pub(crate) async fn evicted(ctx: &Context, p: &PodLite, freed: Option<(Arc<MemberHandle>, String)>, end: &ReclaimEnd) {
     let Some((member, copy_uid)) = freed else { return };
-    let Some(asks) = member.eviction_requests.as_ref().and_then(|a| a.by_target()) else { return };
-    let asks = asks_for(&member, p, &copy_uid, &asks);
+    let Some(found) = member.eviction_requests.as_ref().and_then(|a| a.for_target(&copy_uid)) else { return };
+    let asks = asks_for(&member, p, &found);
     if asks.is_empty() {
         return;
     }
@@ -236,7 +230,6 @@ mod tests {
             target_name: "trainer-0".into(),
             target_uid: "copy-1".into(),
             wanted,
-            generation: 1,
             true_conditions: shows.iter().map(|s| (*s).to_owned()).collect(),
         }
     }

@@ -33,8 +33,6 @@ pub struct EvictionAsk {
     pub target_uid: String,
     /// `spec.intent` is `Eviction` (not `Withdrawn`).
     pub wanted: bool,
-    /// `metadata.generation`, for the status' `observedGeneration`.
-    pub generation: i64,
     /// The condition types already `True` in its status (`TargetEvicted`, tidepool's own).
     pub true_conditions: Vec<String>,
 }
@@ -57,7 +55,6 @@ impl EvictionAsk {
             target_name: pod.name.clone(),
             target_uid: pod.uid.clone(),
             wanted: er.spec.intent == "Eviction",
-            generation: er.metadata.generation.unwrap_or(1),
             true_conditions,
         })
     }
@@ -106,16 +103,17 @@ impl EvictionAsks {
         }
         Some(by_target)
     }
+
+    /// The requests naming the pod of UID `uid`, or `None` until the first list is complete.
+    pub fn for_target(&self, uid: &str) -> Option<Vec<EvictionAsk>> {
+        let cache = self.cache.locked("member eviction requests").ok()?;
+        cache.synced.then(|| cache.values().filter(|a| a.target_uid == uid).cloned().collect())
+    }
 }
 
-/// Whether the member serves eviction requests (1.37 with the gate and the API group on).
-/// Read through discovery, like [`crate::member::serves_pod_groups`].
+/// Whether the server serves eviction requests (1.37 with the gate and the API group on).
 pub async fn served(client: &Client) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources(API.0).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == API.1)),
-        Err(e) if crate::api_code(&e, &[404]) => Ok(false),
-        Err(e) => Err(e),
-    }
+    crate::member::serves(client, API.0, API.1).await
 }
 
 #[cfg(test)]
@@ -141,10 +139,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!((ask.target_uid.as_str(), ask.target_name.as_str(), ask.wanted), ("c-1", "copy", true));
-        assert_eq!(
-            (ask.key(), ask.requester.as_str(), ask.generation),
-            ("tp-team/drain-a".to_owned(), "acme.io/drain", 2)
-        );
+        assert_eq!((ask.key(), ask.requester.as_str()), ("tp-team/drain-a".to_owned(), "acme.io/drain"));
         assert!(ask.shows("tidepool.io/CheckpointNotice"));
         assert!(!ask.shows("TargetEvicted"));
         assert!(!EvictionAsk::of(&request("Withdrawn", serde_json::json!([]))).unwrap().wanted);
