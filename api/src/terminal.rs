@@ -37,33 +37,40 @@ pub fn terminal_status(current: Option<&PodStatus>, end: &Ending<'_>, extra: &[P
     s.phase = Some("Failed".to_owned());
     s.reason = Some(end.reason.to_owned());
     s.message = Some(end.message.to_owned());
-    let mut set = |c: PodCondition| {
-        let conditions = s.conditions.get_or_insert_with(Vec::new);
-        match conditions.iter_mut().find(|have| have.type_ == c.type_) {
-            // An unchanged status keeps its transition time.
-            Some(have) if have.status == c.status => {
-                have.reason = c.reason;
-                have.message = c.message;
-            }
-            Some(have) => *have = c,
-            None => conditions.push(c),
-        }
-    };
     for type_ in ["Ready", "ContainersReady"] {
-        set(condition(type_, "False", "PodFailed", None, now));
+        set_condition(&mut s, condition(type_, "False", "PodFailed", None, now));
     }
     if let Some(why) = end.disruption {
-        set(condition(keys::CONDITION_DISRUPTION_TARGET, "True", why, Some(end.message), now));
+        set_condition(&mut s, condition(keys::CONDITION_DISRUPTION_TARGET, "True", why, Some(end.message), now));
     }
     for c in extra {
-        set(c.clone());
+        set_condition(&mut s, c.clone());
     }
+    end_containers(&mut s, now);
+    s
+}
+
+/// Sets condition `c` in `s`, replacing one of its type; an unchanged status keeps its
+/// transition time.
+fn set_condition(s: &mut PodStatus, c: PodCondition) {
+    let conditions = s.conditions.get_or_insert_with(Vec::new);
+    match conditions.iter_mut().find(|have| have.type_ == c.type_) {
+        Some(have) if have.status == c.status => {
+            have.reason = c.reason;
+            have.message = c.message;
+        }
+        Some(have) => *have = c,
+        None => conditions.push(c),
+    }
+}
+
+/// Ends every container (and init container) of `s` that has no final state yet.
+fn end_containers(s: &mut PodStatus, now: &Time) {
     for list in [&mut s.container_statuses, &mut s.init_container_statuses] {
         for c in list.iter_mut().flatten() {
             end_container(c, now);
         }
     }
-    s
 }
 
 /// The status a kubelet writes for a pod deleted while it ran, before it lets the deletion
@@ -73,25 +80,15 @@ pub fn terminal_status(current: Option<&PodStatus>, end: &Ending<'_>, extra: &[P
 /// no pod-level reason (a plain deletion is nobody's failure reason).
 pub fn deleted_status(current: Option<&PodStatus>, now: &Time) -> PodStatus {
     let mut s = current.cloned().unwrap_or_default();
-    for list in [&mut s.container_statuses, &mut s.init_container_statuses] {
-        for c in list.iter_mut().flatten() {
-            end_container(c, now);
-        }
-    }
+    end_containers(&mut s, now);
     let exited_0 =
         |c: &ContainerStatus| c.state.as_ref().and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
     let statuses = s.container_statuses.as_deref().unwrap_or_default();
     let succeeded = !statuses.is_empty() && statuses.iter().all(exited_0);
     let (phase, ready_reason) = if succeeded { ("Succeeded", "PodCompleted") } else { ("Failed", "PodFailed") };
     s.phase = Some(phase.to_owned());
-    let conditions = s.conditions.get_or_insert_with(Vec::new);
     for type_ in ["Ready", "ContainersReady"] {
-        let c = condition(type_, "False", ready_reason, None, now);
-        match conditions.iter_mut().find(|have| have.type_ == type_) {
-            Some(have) if have.status == "False" => have.reason = c.reason,
-            Some(have) => *have = c,
-            None => conditions.push(c),
-        }
+        set_condition(&mut s, condition(type_, "False", ready_reason, None, now));
     }
     s
 }
