@@ -33,11 +33,60 @@ use crate::context::{Context, publish};
 use crate::reclaim::{self, Cause, ReclaimEnd};
 
 /// Condition types and reasons of the request's status that Kubernetes defines.
-const TARGET_EVICTED: &str = "TargetEvicted";
+pub(crate) const TARGET_EVICTED: &str = "TargetEvicted";
 const FAILED: &str = "Failed";
 const AWAITING: &str = "AwaitingEviction";
 const POD_DELETED: &str = "PodDeleted";
 const CANCELED: &str = "CanceledDueToNoRequesters";
+
+/// The status conditions of a request whose target is under notice (`message` says until
+/// when): tidepool's notice, the target not evicted yet, the request not failed.
+pub(crate) fn awaiting(message: &str, now: &Time) -> serde_json::Value {
+    json!([
+        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": "NoticeSent",
+          "message": message, "lastTransitionTime": now },
+        { "type": TARGET_EVICTED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
+        { "type": FAILED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
+    ])
+}
+
+/// The status conditions of a request whose notice was withdrawn (`message` says why).
+pub(crate) fn canceled(message: &str, now: &Time) -> serde_json::Value {
+    json!([
+        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "False", "reason": keys::REASON_EVICTION_WITHDRAWN,
+          "message": message, "lastTransitionTime": now },
+        { "type": FAILED, "status": "True", "reason": CANCELED, "message": message, "lastTransitionTime": now },
+    ])
+}
+
+/// The status conditions of a request whose target went (`target_reason`: `PodDeleted`,
+/// `PodTerminal`) as the reclaim `end`ed, in `message`'s words.
+pub(crate) fn ended(target_reason: &str, message: &str, end: &ReclaimEnd, now: &Time) -> serde_json::Value {
+    let reason = match end.outcome() {
+        "acknowledged" => "Acknowledged",
+        "exited" => "Exited",
+        _ => "DeadlinePassed",
+    };
+    json!([
+        { "type": TARGET_EVICTED, "status": "True", "reason": target_reason, "message": message, "lastTransitionTime": now },
+        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": reason,
+          "message": end.to_string(), "lastTransitionTime": now },
+    ])
+}
+
+/// Merges `conditions` into the status of request `name` (a strategic merge: by condition
+/// type); one deleted meanwhile has nobody to tell.
+pub(crate) async fn write_request_status(
+    api: &Api<EvictionRequest>,
+    name: &str,
+    conditions: serde_json::Value,
+) -> kube::Result<()> {
+    let patch = Patch::Strategic(json!({ "status": { "conditions": conditions } }));
+    match api.patch_status(name, &PatchParams::default(), &patch).await {
+        Err(e) if tidepool_federation::api_code(&e, &[404]) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
 
 /// What one copy's requests call for. Pure: from the reason of the training pod's notice,
 /// if any, and the requests that name the copy.
@@ -127,13 +176,7 @@ async fn report(ctx: &Context, member: &MemberHandle, p: &PodLite, asks: &[&Evic
         p.namespace().unwrap_or_default(),
         p.name_any()
     );
-    let now = Time(jiff::Timestamp::now());
-    let conditions = json!([
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": "NoticeSent",
-          "message": message, "lastTransitionTime": now },
-        { "type": TARGET_EVICTED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
-        { "type": FAILED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
-    ]);
+    let conditions = awaiting(&message, &Time(jiff::Timestamp::now()));
     for ask in asks {
         write_status(member, ask, &conditions).await;
     }
@@ -166,12 +209,7 @@ async fn withdraw(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, told: 
     info!(pod = %name, "eviction requests withdrawn: reclaim notice withdrawn");
     crate::reclaim_request::withdrawn(ctx, p, &message).await;
     publish(ctx, p, EventType::Normal, keys::REASON_EVICTION_WITHDRAWN, &message).await;
-    let conditions = json!([
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "False", "reason": keys::REASON_EVICTION_WITHDRAWN,
-          "message": "the notice was withdrawn with the request", "lastTransitionTime": now },
-        { "type": FAILED, "status": "True", "reason": CANCELED,
-          "message": "withdrawn before the copy was evicted", "lastTransitionTime": now },
-    ]);
+    let conditions = canceled("withdrawn before the copy was evicted", &now);
     for ask in told {
         write_status(member, ask, &conditions).await;
     }
@@ -187,34 +225,17 @@ pub(crate) async fn evicted(ctx: &Context, p: &PodLite, freed: Option<(Arc<Membe
         return;
     }
     ctx.wrote();
-    let now = Time(jiff::Timestamp::now());
-    let reason = match end.outcome() {
-        "acknowledged" => "Acknowledged",
-        "exited" => "Exited",
-        _ => "DeadlinePassed",
-    };
-    let conditions = json!([
-        { "type": TARGET_EVICTED, "status": "True", "reason": POD_DELETED,
-          "message": format!("copy deleted: {end}"), "lastTransitionTime": now },
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": reason,
-          "message": end.to_string(), "lastTransitionTime": now },
-    ]);
+    let conditions = ended(POD_DELETED, &format!("copy deleted: {end}"), end, &Time(jiff::Timestamp::now()));
     for ask in asks.iter().filter(|a| !a.shows(TARGET_EVICTED)) {
         write_status(&member, ask, &conditions).await;
     }
 }
 
-/// Merges `conditions` into the status of `ask` (a strategic merge: by condition type).
+/// Merges `conditions` into the status of member request `ask`.
 async fn write_status(member: &MemberHandle, ask: &EvictionAsk, conditions: &serde_json::Value) {
     let api = Api::<EvictionRequest>::namespaced(member.client.clone(), &ask.namespace);
-    let patch = Patch::Strategic(json!({ "status": { "conditions": conditions } }));
-    match api.patch_status(&ask.name, &PatchParams::default(), &patch).await {
-        Ok(_) => {}
-        // Deleted meanwhile: nobody to tell.
-        Err(e) if tidepool_federation::api_code(&e, &[404]) => {}
-        Err(e) => {
-            warn!(member = %member.name, request = %ask.key(), error = %e, "cannot write eviction request status")
-        }
+    if let Err(e) = write_request_status(&api, &ask.name, conditions.clone()).await {
+        warn!(member = %member.name, request = %ask.key(), error = %e, "cannot write eviction request status");
     }
 }
 

@@ -685,7 +685,7 @@ pub(crate) fn notice_reason(p: &PodLite) -> Option<&str> {
 }
 
 /// The member handle of the pool `p` is placed on, if any.
-pub(crate) fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
+fn member_of(ctx: &Context, p: &PodLite) -> Option<Arc<MemberHandle>> {
     let node = p.node_name()?;
     ctx.members.borrow().values().find(|m| m.pool_for_node(node).is_some()).cloned()
 }
@@ -748,7 +748,7 @@ async fn record_reclaimed(
     match write_reclaimed(&api, &name, &message, &extra).await {
         Ok(_) => {
             info!(pod = %name, how = %end, "reclaimed");
-            crate::reclaim_request::ended(ctx, p, end.outcome(), &message).await;
+            crate::reclaim_request::ended(ctx, p, end, &message).await;
             let labels = ReclaimLabels { member, band: reclaim_band(p).as_str(), outcome: end.outcome() };
             metrics().reclaims.get_or_create(&labels).inc();
             let mut events = Vec::with_capacity(2);

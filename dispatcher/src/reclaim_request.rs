@@ -22,6 +22,8 @@ use tidepool_api::pod::PodLite;
 use tracing::warn;
 
 use crate::context::Context;
+use crate::eviction;
+use crate::reclaim::ReclaimEnd;
 
 /// `spec.requester` of tidepool's requests.
 pub(crate) const REQUESTER: &str = "tidepool.io/reclaim";
@@ -76,28 +78,15 @@ pub(crate) async fn noticed(ctx: &Context, p: &PodLite, message: &str) {
         warn!(pod = %p.name_any(), error = %e, "cannot record the reclaim as an eviction request");
         return;
     }
-    let now = Time(jiff::Timestamp::now());
-    write_status(ctx, p, json!([
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": "NoticeSent",
-          "message": message, "lastTransitionTime": now },
-        { "type": "TargetEvicted", "status": "False", "reason": "AwaitingEviction", "message": "", "lastTransitionTime": now },
-        { "type": "Failed", "status": "False", "reason": "AwaitingEviction", "message": "", "lastTransitionTime": now },
-    ]))
-    .await;
+    write_status(ctx, p, eviction::awaiting(message, &Time(jiff::Timestamp::now()))).await;
 }
 
-/// `p` ended `Failed` with `message`, its checkpoint `outcome` (`acknowledged`, …).
-pub(crate) async fn ended(ctx: &Context, p: &PodLite, outcome: &str, message: &str) {
+/// `p` ended `Failed` with `message`, its reclaim as `end` says.
+pub(crate) async fn ended(ctx: &Context, p: &PodLite, end: &ReclaimEnd, message: &str) {
     if !recorded(ctx, p).await {
         return;
     }
-    let now = Time(jiff::Timestamp::now());
-    write_status(ctx, p, json!([
-        { "type": "TargetEvicted", "status": "True", "reason": "PodTerminal", "message": message, "lastTransitionTime": now },
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": outcome, "message": message,
-          "lastTransitionTime": now },
-    ]))
-    .await;
+    write_status(ctx, p, eviction::ended("PodTerminal", message, end, &Time(jiff::Timestamp::now()))).await;
 }
 
 /// `p`'s notice was withdrawn: so is the request.
@@ -114,28 +103,14 @@ pub(crate) async fn withdrawn(ctx: &Context, p: &PodLite, message: &str) {
         }
         return;
     }
-    let now = Time(jiff::Timestamp::now());
-    write_status(
-        ctx,
-        p,
-        json!([
-            { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "False", "reason": keys::REASON_EVICTION_WITHDRAWN,
-              "message": message, "lastTransitionTime": now },
-            { "type": "Failed", "status": "True", "reason": "CanceledDueToNoRequesters", "message": message,
-              "lastTransitionTime": now },
-        ]),
-    )
-    .await;
+    write_status(ctx, p, eviction::canceled(message, &Time(jiff::Timestamp::now()))).await;
 }
 
 async fn write_status(ctx: &Context, p: &PodLite, conditions: serde_json::Value) {
     let Some(name) = name_of(p) else { return };
     ctx.wrote();
     let api = Api::<EvictionRequest>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-    let patch = Patch::Strategic(json!({ "status": { "conditions": conditions } }));
-    match api.patch_status(&name, &PatchParams::default(), &patch).await {
-        Ok(_) => {}
-        Err(e) if tidepool_federation::api_code(&e, &[404]) => {}
-        Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot write the reclaim's eviction request status"),
+    if let Err(e) = eviction::write_request_status(&api, &name, conditions).await {
+        warn!(pod = %p.name_any(), error = %e, "cannot write the reclaim's eviction request status");
     }
 }
