@@ -33,6 +33,10 @@ echo "== fetching the member gang schedulers' PodGroup CRDs (cached after the fi
 TIDEPOOL_GANG_CRDS=$(bash tests/gang/crds.sh | tail -n 1)
 export TIDEPOOL_GANG_CRDS
 
+echo "== building Volcano (vc-controller-manager, vc-scheduler; cached after the first run)" >&2
+TIDEPOOL_VOLCANO=$(bash tests/gang/volcano.sh | tail -n 1)
+export TIDEPOOL_VOLCANO
+
 echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
 TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)
 export TIDEPOOL_OPERATORS_BIN

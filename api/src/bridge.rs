@@ -146,6 +146,12 @@ pub struct DispatcherConfig {
     /// training cluster, where it serves them (Kubernetes 1.37): off where an
     /// evictionrequest-controller runs, which would evict the training pod at once.
     pub reclaim_eviction_requests: bool,
+    /// Act as Volcano's gang scheduler for the Volcano PodGroups (`scheduling.volcano.sh`) of
+    /// jobs whose pod templates all name [`Self::scheduler_name`]: move them through
+    /// `Pending`/`Inqueue`/`Running` as Volcano's scheduler would, so Volcano's job controller
+    /// (and the training-operator's volcano gang path) makes their pods. Off where Volcano's
+    /// own scheduler is to enqueue every group of the training cluster.
+    pub volcano_pod_groups: bool,
 }
 
 /// A duration per band, in seconds.
@@ -181,6 +187,7 @@ impl Default for DispatcherConfig {
             reclaim_grace_seconds: BandSeconds::default(),
             gang_timeout_seconds: 300,
             reclaim_eviction_requests: true,
+            volcano_pod_groups: true,
         }
     }
 }

@@ -363,6 +363,17 @@ pub(crate) fn workload_api(
 
 /// Publishes an Event on `pod`; a failure is logged (an Event is a record, not a step).
 pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
+    publish_on(ctx, &pod.object_ref(&()), type_, reason, note).await;
+}
+
+/// Publishes an Event on the object `on`; a failure is logged.
+pub(crate) async fn publish_on(
+    ctx: &Context,
+    on: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
     ctx.wrote();
     let event = Event {
         type_,
@@ -371,7 +382,7 @@ pub(crate) async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reas
         action: "Schedule".to_owned(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&event, on).await {
         warn!(error = %e, reason, "cannot publish event");
     }
 }

@@ -22,6 +22,8 @@ mod reclaim_request;
 pub mod restart;
 mod round;
 pub mod victims;
+mod volcano;
+mod volcano_group;
 pub mod workload;
 
 use std::sync::Arc;
@@ -81,8 +83,16 @@ impl Dispatcher {
     }
 
     /// The scheduling loop; sharded, only the replica holding the leader Lease runs it.
+    /// With it, tidepool's part as Volcano's gang scheduler (`volcano`): the two end together.
     pub fn schedule(&self) -> impl Future<Output = ()> + Send + 'static {
-        controller::run(self.ctx.clone(), self.pods.clone())
+        let rounds = controller::run(self.ctx.clone(), self.pods.clone());
+        let volcano = volcano::run(self.ctx.clone(), self.pods.clone());
+        async move {
+            tokio::select! {
+                () = rounds => {}
+                () = volcano => {}
+            }
+        }
     }
 
     /// One replica: reclaim, and the scheduling loop as task `dispatcher`.

@@ -45,3 +45,4 @@ mod trainjob;
 mod validation;
 mod version_skew;
 mod vk_features;
+mod volcano;

@@ -36,7 +36,7 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `operator` (`training-operator`, `mpi-operator`, `jobset`, `trainer`) with
+    /// Starts `operator` (`training-operator`, `mpi-operator`, `jobset`, `trainer`, `volcano`) with
     /// `flags` and waits until it answers on its health port.
     pub async fn start(env: &Env, operator: &str, flags: &[&str]) -> Operator {
         Operator::start_on(env, operator, "training", flags).await
@@ -45,7 +45,7 @@ impl Operator {
     /// [`Operator::start`] against `cluster` (`training`, `member-a`, `member-b`): its CRDs and
     /// webhooks go there, and its ports are that cluster's.
     pub async fn start_on(env: &Env, operator: &str, cluster: &str, flags: &[&str]) -> Operator {
-        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS"] {
+        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_VOLCANO"] {
             assert!(
                 std::env::var(needed).is_ok(),
                 "{needed} is not set: tests/run.sh builds the operators and exports it"
@@ -73,9 +73,10 @@ impl Operator {
                 "training-operator" => 22250,
                 "mpi-operator" => 23250,
                 "jobset" => 27250,
+                "volcano" => 32250,
                 _ => 30250,
             };
-        let path = if operator == "mpi-operator" { "healthz" } else { "readyz" };
+        let path = if matches!(operator, "mpi-operator" | "volcano") { "healthz" } else { "readyz" };
         let url = format!("http://127.0.0.1:{port}/{path}");
         let ready = async {
             loop {

@@ -8,7 +8,7 @@
 #
 # Usage:
 #   tests/operators/start.sh OPERATOR STATE_DIR CLUSTER [-- OPERATOR FLAGS...]
-#     OPERATOR   training-operator | mpi-operator | jobset | trainer
+#     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano
 #     STATE_DIR  a cluster set's state dir (its cluster.env is read)
 #     CLUSTER    training | member-a | member-b
 #   Flags after `--` go to the operator after the ones given here (the last one wins), e.g.
@@ -21,6 +21,7 @@
 #   run when unset).
 #
 # Environment: TIDEPOOL_OPERATORS_BIN (tests/operators/build.sh's output; built when unset),
+# TIDEPOOL_VOLCANO (tests/gang/volcano.sh's output; built when unset),
 # TIDEPOOL_GANG_CRDS (see above).
 #
 # Ports (k = 0 training, 1 member-a, 2 member-b; plus CP_PORT_OFFSET, one thousand apart per
@@ -35,6 +36,7 @@
 #   trainer            webhook <real node IP>:28250+k, metrics 127.0.0.1:29250+k (http),
 #                      health 127.0.0.1:30250+k, status server 31250+k (all addresses; only
 #                      with --feature-gates=TrainJobStatus=true)
+#   volcano            vc-controller-manager: health 127.0.0.1:32250+k (/healthz)
 #
 # Webhooks: the API servers have no route to ClusterIPs (no kube-proxy), but run with
 # --enable-aggregator-routing=true, which makes them resolve a webhook's Service reference to
@@ -495,14 +497,51 @@ EOF
   exec "$BIN/trainer-controller-manager" --config="$DIR/config.yaml" "${EXTRA[@]}"
 }
 
+# ---------------------------------------------------------------------------------------
+# Volcano
+
+resolve_volcano() {
+  if [[ -z ${TIDEPOOL_VOLCANO:-} ]]; then
+    log "TIDEPOOL_VOLCANO not set: running tests/gang/volcano.sh (a cold build takes minutes)"
+    TIDEPOOL_VOLCANO=$(bash "$here/../gang/volcano.sh" | tail -n 1) || die "tests/gang/volcano.sh failed"
+  fi
+  [[ -x $TIDEPOOL_VOLCANO/bin/vc-controller-manager ]] || die "$TIDEPOOL_VOLCANO/bin/vc-controller-manager is missing"
+}
+
+# Its cmd/controller-manager: Volcano Jobs, their PodGroups (made before any pod; the job's pods
+# are made once the group leaves Pending, which a gang scheduler does), queues and the job
+# plugins (svc, env, tensorflow, ...). Without its admission webhooks (vc-webhook-manager),
+# which only default and validate, so a Job names its queue, minAvailable, task names and
+# maxRetry itself. The queue `default` is made here, as a Volcano install makes it (its
+# scheduler creates it at start): the controller refuses a Job whose queue does not exist.
+# Leader election off: one process, restarted at once. The jobflow controllers are off (their
+# CRDs are not installed). Health on 127.0.0.1:32250+k (/healthz).
+start_volcano() {
+  local health
+  health=$(port 32250)
+  check_ports "$health"
+  apply_crds "$TIDEPOOL_VOLCANO/crds"
+  "${KC[@]}" apply --server-side --field-manager=tidepool-operators -f - >&2 <<'EOF' || die "creating the default queue failed"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: default}
+spec: {weight: 1, reclaimable: true}
+EOF
+  log "vc-controller-manager on $CLUSTER: health 127.0.0.1:$health; flags: ${EXTRA[*]}"
+  exec "$TIDEPOOL_VOLCANO/bin/vc-controller-manager" --kubeconfig="$KUBECONFIG" --leader-elect=false \
+    --controllers=job-controller,pg-controller,queue-controller,gc-controller \
+    --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
+}
+
 case $OPERATOR in
-  training-operator|mpi-operator|jobset|trainer) ;;
-  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset or trainer)" ;;
+  training-operator|mpi-operator|jobset|trainer) resolve_bin ;;
+  volcano) resolve_volcano ;;
+  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer or volcano)" ;;
 esac
-resolve_bin
 case $OPERATOR in
   training-operator) start_training_operator ;;
   mpi-operator) start_mpi_operator ;;
   jobset) start_jobset ;;
   trainer) start_trainer ;;
+  volcano) start_volcano ;;
 esac
