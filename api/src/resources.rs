@@ -287,6 +287,16 @@ impl Resources {
         self.merge(other, i64::max);
     }
 
+    /// As a person reads it: `cpu=4,memory=8Gi` (sizes in kubectl's units, unlike `Display`,
+    /// which writes milli-bytes as bytes).
+    pub fn readable(&self) -> String {
+        let parts: Vec<String> = self
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if is_bytes(k) { format_bytes(v) } else { format_milli(v) }))
+            .collect();
+        parts.join(",")
+    }
+
     /// True when every amount in `self` is at most the same amount in `other`.
     pub fn fits_in(&self, other: &Resources) -> bool {
         self.iter().all(|(k, v)| v <= other.get(k))

@@ -5,7 +5,7 @@
 //! Volcano's PodGroups; off with `dispatcher.volcanoPodGroups: false`. Runs beside the
 //! scheduling loop (on the leader, sharded): one writer of the groups' status.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
@@ -58,13 +58,22 @@ pub(crate) async fn run(ctx: std::sync::Arc<Context>, pods: TrainingPods) {
         Some(((), ()))
     });
     let mut changes = std::pin::pin!(futures::stream::select(futures::stream::select(watch, pod_changes), ticks));
-    let mut claims = Claims::default();
+    let mut state = State::default();
     let pod_store = pods.store();
     while changes.next().await.is_some() {
         tokio::time::sleep(SETTLE).await;
         while let Some(Some(())) = changes.next().now_or_never() {}
-        pass(&ctx, &groups, &pod_store, &mut claims).await;
+        pass(&ctx, &groups, &pod_store, &mut state).await;
     }
+}
+
+/// What the loop remembers between passes.
+#[derive(Debug, Default)]
+struct State {
+    claims: Claims,
+    /// Group UID → the resourceVersion a write of ours was made over: until the watch brings
+    /// a newer one, the cached group is older than what we wrote, and is left alone.
+    written_over: HashMap<String, String>,
 }
 
 fn in_a_volcano_group(e: &PodEvent) -> bool {
@@ -107,7 +116,7 @@ fn members(pods: &Store<PodLite>, scheduler: &str) -> HashMap<String, Members> {
     by_group
 }
 
-async fn pass(ctx: &Context, groups: &Store<DynamicObject>, pods: &Store<PodLite>, claims: &mut Claims) {
+async fn pass(ctx: &Context, groups: &Store<DynamicObject>, pods: &Store<PodLite>, state: &mut State) {
     let objects = groups.state();
     if objects.is_empty() {
         return;
@@ -115,20 +124,25 @@ async fn pass(ctx: &Context, groups: &Store<DynamicObject>, pods: &Store<PodLite
     let scheduler = ctx.config.dispatcher.scheduler_name.as_str();
     let members = members(pods, scheduler);
     let pools = ctx.pools();
-    let mut seen = Vec::with_capacity(objects.len());
+    let mut seen = HashSet::with_capacity(objects.len());
     for obj in objects {
         let Some(g) = serde_json::to_value(&*obj).ok().as_ref().and_then(Group::read) else { continue };
-        seen.push(g.uid.clone());
+        seen.insert(g.uid.clone());
+        if state.written_over.get(&g.uid) == Some(&g.resource_version) {
+            continue;
+        }
+        state.written_over.remove(&g.uid);
         let of_group = members.get(&g.key());
-        if !claims.ours(ctx, &g, of_group).await {
+        if !state.claims.ours(ctx, &g, of_group).await {
             continue;
         }
         let n = vg::next(&g, of_group.map(|m| m.tally).unwrap_or_default(), &vg::room(&g.min_resources, &pools));
-        if !vg::shows(&g, &n) {
-            write(ctx, &g, &n).await;
+        if !vg::shows(&g, &n) && write(ctx, &g, &n).await {
+            state.written_over.insert(g.uid.clone(), g.resource_version.clone());
         }
     }
-    claims.keep(&seen);
+    state.claims.keep(&seen);
+    state.written_over.retain(|uid, _| seen.contains(uid));
 }
 
 /// Which groups are tidepool's, by group UID: read from the job that controls the group (its
@@ -162,11 +176,8 @@ impl Claims {
     }
 
     /// Forgets the groups not in `uids` (deleted).
-    fn keep(&mut self, uids: &[String]) {
-        if self.0.len() > uids.len() {
-            let live: std::collections::HashSet<&String> = uids.iter().collect();
-            self.0.retain(|uid, _| live.contains(uid));
-        }
+    fn keep(&mut self, uids: &HashSet<String>) {
+        self.0.retain(|uid, _| uids.contains(uid));
     }
 }
 
@@ -179,22 +190,23 @@ async fn owner_schedulers(ctx: &Context, ns: &str, o: &vg::Owner) -> Result<Vec<
 }
 
 /// Writes `n` on `g` (a merge patch: Volcano's PodGroups have no status subresource) and, when
-/// the phase changes, an Event on the group as Volcano's scheduler records them.
-async fn write(ctx: &Context, g: &Group, n: &Next) {
+/// the phase changes, an Event on the group as Volcano's scheduler records them. Whether the
+/// write went through.
+async fn write(ctx: &Context, g: &Group, n: &Next) -> bool {
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(vg::GROUP, vg::VERSION, "PodGroup"), vg::PLURAL);
     let api = Api::<DynamicObject>::namespaced_with(ctx.training.clone(), &g.namespace, &ar);
-    let now = jiff::Timestamp::now().to_string();
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = vg::patch(g, n, &now);
     ctx.wrote();
     let params =
         PatchParams { field_manager: Some(ctx.config.dispatcher.scheduler_name.clone()), ..PatchParams::default() };
     if let Err(e) = api.patch(&g.name, &params, &Patch::Merge(&patch)).await {
         warn!(group = %g.key(), error = %e, "cannot write a Volcano PodGroup's status; retried at the next pass");
-        return;
+        return false;
     }
     info!(group = %g.key(), from = %g.phase, to = n.phase, counts = ?n.counts, "Volcano PodGroup");
     if g.phase == n.phase {
-        return;
+        return true;
     }
     let on = ObjectReference {
         api_version: Some(format!("{}/{}", vg::GROUP, vg::VERSION)),
@@ -210,6 +222,7 @@ async fn write(ctx: &Context, g: &Group, n: &Next) {
         _ => (EventType::Normal, vg::INQUEUE, inqueue_note(n)),
     };
     publish_on(ctx, &on, type_, reason, &note).await;
+    true
 }
 
 fn inqueue_note(n: &Next) -> String {

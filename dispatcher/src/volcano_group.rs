@@ -53,6 +53,7 @@ pub(crate) struct Group {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    pub resource_version: String,
     /// `spec.minMember`, at least 1.
     pub min_member: u32,
     /// `spec.minResources` (what `minMember` pods request together), empty when absent.
@@ -76,13 +77,14 @@ impl Group {
         let status = obj.get("status");
         let count = |k: &str| status.and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(0) as u32;
         let min_resources = match spec.and_then(|s| s.get("minResources")) {
-            Some(list) => Resources::from_quantities(&serde_json::from_value(list.clone()).ok()?).ok()?,
+            Some(list) => requests(&Resources::from_quantities(&serde_json::from_value(list.clone()).ok()?).ok()?),
             None => Resources::new(),
         };
         Some(Group {
             namespace: text(meta.get("namespace"))?,
             name: text(meta.get("name"))?,
             uid: text(meta.get("uid"))?,
+            resource_version: text(meta.get("resourceVersion")).unwrap_or_default(),
             min_member: spec.and_then(|s| s.get("minMember")).and_then(Value::as_u64).unwrap_or(1).max(1) as u32,
             min_resources,
             phase: text(status.and_then(|s| s.get("phase"))).unwrap_or_default(),
@@ -96,6 +98,21 @@ impl Group {
     pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+}
+
+/// What a node must hold of `min_resources`, written as Volcano writes them: in a quota's
+/// names (`requests.cpu`, `count/pods`, `limits.memory`) beside the plain ones (`cpu`, `pods`).
+/// `requests.X` is `X`; counts of objects and limits are not what a node holds.
+fn requests(min_resources: &Resources) -> Resources {
+    let mut out = Resources::new();
+    for (name, amount) in min_resources.iter() {
+        if name.starts_with("count/") || name.starts_with("limits.") {
+            continue;
+        }
+        let name = name.strip_prefix("requests.").unwrap_or(name);
+        out.set(name, out.get(name).max(amount));
+    }
+    out
 }
 
 fn controller_of(meta: &Value) -> Option<Owner> {
@@ -184,9 +201,16 @@ pub(crate) fn room(min: &Resources, pools: &[Pool]) -> Room {
     let Some(largest) = usable.iter().max_by_key(|p| p.capacity.capacity.get("cpu")) else {
         return Room::Short("no member pool takes new pods (none is ready, or every member is paused)".into());
     };
+    let mut lends = Resources::new();
+    for (name, _) in min.iter() {
+        lends.set(name, largest.capacity.capacity.get(name));
+    }
     Room::Short(format!(
-        "the gang's minResources ({min}) are more than any member pool lends; the most is pool {} of member {} ({})",
-        largest.name, largest.member, largest.capacity.capacity
+        "the gang's minResources ({}) are more than any member pool lends; the most is pool {} of member {} ({})",
+        min.readable(),
+        largest.name,
+        largest.member,
+        lends.readable()
     ))
 }
 
@@ -264,7 +288,7 @@ mod tests {
         Group::read(&json!({
             "metadata": {"namespace": "ns", "name": "g", "uid": "u1",
                 "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "j", "controller": true}]},
-            "spec": {"minMember": min, "minResources": {"cpu": "4", "memory": "8Gi"}},
+            "spec": {"minMember": min, "minResources": {"cpu": "4", "requests.cpu": "4", "count/pods": "4", "requests.memory": "8Gi", "limits.memory": "16Gi"}},
             "status": {"phase": phase},
         }))
         .unwrap()
@@ -318,7 +342,7 @@ mod tests {
         assert_eq!(n.phase, PENDING);
         let (type_, reason, message) = n.condition.clone().unwrap();
         assert_eq!((type_, reason), (UNSCHEDULABLE, NOT_ENOUGH_RESOURCES));
-        assert!(message.contains("cpu=4") && message.contains("cpu=2"), "{message}");
+        assert!(message.contains("(cpu=4,memory=8Gi)") && message.ends_with("(cpu=2,memory=64Gi)"), "{message}");
         let p = patch(&g, &n, "2026-12-05T00:00:00Z");
         assert_eq!(p["status"]["phase"], "Pending");
         assert_eq!(p["status"]["conditions"][0]["reason"], NOT_ENOUGH_RESOURCES);

@@ -11,7 +11,9 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::json;
@@ -569,6 +571,61 @@ async fn training_writes_are_held_to_tidepools(env: &Env, training: &Client, lp_
     refused_by_policy(nodes.delete(env.var("TRAINING_REAL_NODE"), &delete).await, "training: delete a real node");
     nodes.patch(NODE, &dry, &label).await.expect("training: its virtual node");
     Api::<Pod>::namespaced(training.clone(), NS).delete(&bystander, &Default::default()).await.unwrap();
+    volcano_groups_only_in_status(env, training, lp_training).await;
+}
+
+/// Volcano's PodGroups have no status subresource, and the training identity patches them as
+/// their gang scheduler: the policy lets it change their status alone. Tried as a holder of its
+/// token (dry runs) on a group it may write: its minimum, its labels, a new group.
+async fn volcano_groups_only_in_status(env: &Env, training: &Client, lp_training: &Client) {
+    let crd =
+        std::fs::read_to_string(format!("{}/volcano.yaml", std::env::var("TIDEPOOL_GANG_CRDS").unwrap())).unwrap();
+    let apply = ["apply", "--server-side", "--force-conflicts", "--field-manager=tidepool-operators", "-f", "-"];
+    kubectl_with(env, "training", &apply, &crd).await.unwrap();
+    kubectl_with(
+        env,
+        "training",
+        &["wait", "--for", "condition=Established", "crd/podgroups.scheduling.volcano.sh"],
+        "",
+    )
+    .await
+    .unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        "podgroups",
+    );
+    let name = format!("e2e-group-{}", run_id());
+    let group: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name}, "spec": {"minMember": 4}
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(training.clone(), NS, &ar)
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap();
+    let groups = Api::<DynamicObject>::namespaced_with(lp_training.clone(), NS, &ar);
+    let dry = PatchParams { dry_run: true, ..Default::default() };
+    let patch = |v: serde_json::Value| Patch::Merge(v);
+    refused_by_policy(
+        groups.patch(&name, &dry, &patch(json!({"spec": {"minMember": 1}}))).await,
+        "training: shrink a Volcano PodGroup's minMember",
+    );
+    refused_by_policy(
+        groups.patch(&name, &dry, &patch(json!({"metadata": {"labels": {"e2e-touched": "yes"}}}))).await,
+        "training: relabel a Volcano PodGroup",
+    );
+    let mut other = group.clone();
+    other.metadata.name = Some(format!("{name}-forged"));
+    refused_by_policy(
+        groups.create(&PostParams { dry_run: true, ..Default::default() }, &other).await,
+        "training: create a Volcano PodGroup",
+    );
+    groups
+        .patch(&name, &dry, &patch(json!({"status": {"phase": "Inqueue"}})))
+        .await
+        .expect("training: a Volcano PodGroup's status");
+    Api::<DynamicObject>::namespaced_with(training.clone(), NS, &ar).delete(&name, &Default::default()).await.unwrap();
 }
 
 #[tokio::test]
