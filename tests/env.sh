@@ -37,6 +37,10 @@ echo "== building Volcano (vc-controller-manager, vc-scheduler; cached after the
 TIDEPOOL_VOLCANO=$(bash tests/gang/volcano.sh | tail -n 1)
 export TIDEPOOL_VOLCANO
 
+echo "== building scheduler-plugins' Coscheduling scheduler (cached after the first run)" >&2
+TIDEPOOL_SCHEDULER_PLUGINS=$(bash tests/gang/scheduler-plugins.sh | tail -n 1)
+export TIDEPOOL_SCHEDULER_PLUGINS
+
 echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
 TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)
 export TIDEPOOL_OPERATORS_BIN

@@ -576,7 +576,8 @@ async fn training_writes_are_held_to_tidepools(env: &Env, training: &Client, lp_
 
 /// Volcano's PodGroups have no status subresource, and the training identity patches them as
 /// their gang scheduler: the policy lets it change their status alone. Tried as a holder of its
-/// token (dry runs) on a group it may write: its minimum, its labels, a new group.
+/// token (dry runs) on a group it may write: its minimum and its labels (the policy refuses),
+/// a new group (RBAC refuses), its status (allowed).
 async fn volcano_groups_only_in_status(env: &Env, training: &Client, lp_training: &Client) {
     let crd =
         std::fs::read_to_string(format!("{}/volcano.yaml", std::env::var("TIDEPOOL_GANG_CRDS").unwrap())).unwrap();
@@ -617,9 +618,9 @@ async fn volcano_groups_only_in_status(env: &Env, training: &Client, lp_training
     );
     let mut other = group.clone();
     other.metadata.name = Some(format!("{name}-forged"));
-    refused_by_policy(
+    forbidden(
         groups.create(&PostParams { dry_run: true, ..Default::default() }, &other).await,
-        "training: create a Volcano PodGroup",
+        "training: create a Volcano PodGroup (RBAC grants no create)",
     );
     groups
         .patch(&name, &dry, &patch(json!({"status": {"phase": "Inqueue"}})))

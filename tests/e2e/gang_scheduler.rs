@@ -419,3 +419,149 @@ async fn a_member_without_the_native_pod_group_api_is_not_ready_for_kubernetes_g
     let message = wait_reason(&training, &name, "False", keys::REASON_GANG_SCHEDULER_MISSING).await;
     assert!(message.contains("podgroups.scheduling.k8s.io/v1beta1"), "{message}");
 }
+
+/// A pod of `cpu` CPU for a kwok node, with `meta` and `spec` as [`pod`] takes them.
+fn sized(name: &str, meta: serde_json::Value, spec: serde_json::Value, cpu: &str) -> Pod {
+    let mut p = pod(name, meta, spec);
+    let c = &mut p.spec.as_mut().unwrap().containers[0];
+    c.resources = Some(serde_json::from_value(json!({"requests": {"cpu": cpu, "memory": "64Mi"}})).unwrap());
+    p
+}
+
+/// A gang of three 8-CPU pods of `test`'s scheduler in `ns`.
+async fn gang_of_three(pods: &Api<Pod>, test: &str, gang: &str) -> Vec<String> {
+    let names: Vec<String> = (0..3).map(|i| format!("{gang}-{i}")).collect();
+    for n in &names {
+        let meta = json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: "3"}});
+        pods.create(&PostParams::default(), &sized(n, meta, json!({"schedulerName": scheduler_name(test)}), "8"))
+            .await
+            .unwrap();
+    }
+    names
+}
+
+/// Issue "Volcano, Kueue and member gang schedulers", item 2, with scheduler-plugins'
+/// Coscheduling running in member-a as its gang scheduler (tests/gang/scheduler-plugins.sh),
+/// over a pool of one 32-CPU node. A gang that fits is placed whole by that scheduler. Then
+/// online pods take half the node between tidepool's plan and the member's scheduling (the
+/// member's scheduler is down while the copies are made, so the window is sure to be open):
+/// the member's scheduler holds the gang's copies all or none, none ever bound (a watch on the
+/// member's API server), its reason on the training pods, the gang rolled back whole at its
+/// timeout, and the online pods untouched (no preemption).
+#[tokio::test]
+async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_rolled_back() {
+    let env = Env::load();
+    let (test, ns, node) = ("gang-cosched-run", "e2e-gang-cosched-run", "member-a-cpu-0");
+    let training = env.client("training").await;
+    let member = env.client("member-a").await;
+    prepare(&env, &training, test, ns).await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
+    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
+    let mc_name = format!("{test}-member-a");
+    let mut mc = member_cluster(&mc_name, test, ns, "member-a");
+    mc.spec.gang_scheduler = Some(GangScheduler::Coscheduling);
+    mc.spec.pools = vec![tidepool_api::crd::PoolSpec {
+        name: "one".into(),
+        node_selector: BTreeMap::from([("kubernetes.io/hostname".to_owned(), node.to_owned())]),
+        ..Default::default()
+    }];
+    apply_member_cluster(&training, &mc).await;
+    let scheduler = crate::operators::Operator::start_on(&env, "coscheduling", "member-a", &[]).await;
+    let _tidepool = Tidepool::start_with(&env, test, ns, "gangTimeoutSeconds: 45");
+    wait_node(&training, &format!("tidepool-{mc_name}-one")).await;
+    let pods = Api::<Pod>::namespaced(training.clone(), ns);
+    let member_ns = offload_ns(ns);
+    let member_pods = Api::<Pod>::namespaced(member.clone(), &member_ns);
+    let id = run_id();
+
+    // 1. A gang that fits: the member's Coscheduling binds its copies, all three.
+    let fits = gang_of_three(&pods, test, &format!("fits-{id}")).await;
+    for n in &fits {
+        let copy = wait_for(Duration::from_secs(60), &format!("{n}'s copy bound by the member's scheduler"), || {
+            let (member_pods, n) = (member_pods.clone(), n.clone());
+            async move { member_pods.get(&n).await.ok().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())) }
+        })
+        .await;
+        assert_eq!(copy.spec.unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+    }
+    clear_pods(&training, ns).await;
+    wait_for(Duration::from_secs(60), "the fitting gang's copies gone", || {
+        let member_pods = member_pods.clone();
+        async move { member_pods.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+    })
+    .await;
+
+    // 2. The member's scheduler is down; a gang is placed (24 of the node's 32 CPU) and its
+    //    copies made; online pods then take 16 CPU of that node.
+    drop(scheduler);
+    let names = gang_of_three(&pods, test, &format!("job-{id}")).await;
+    copies(&member, &member_ns, &names).await;
+    let bound = member_watch_bound(&member_pods);
+    let online = online_pods(&member, node, &id).await;
+    let _scheduler = crate::operators::Operator::start_on(&env, "coscheduling", "member-a", &[]).await;
+    for n in &names {
+        let reason = wait_for(Duration::from_secs(60), &format!("{n} shows the member's reason"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move {
+                let st = pods.get(&n).await.ok()?.status?;
+                let c = st.conditions?.into_iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+                c.message.filter(|m| !m.is_empty())
+            }
+        })
+        .await;
+        println!("{n}: {reason}");
+    }
+    for n in &names {
+        let msg = wait_rolled_back(&pods, n).await;
+        assert!(msg.contains("0 of its 3 pods running"), "{msg}");
+    }
+    let ever_bound = bound.lock().unwrap().clone();
+    assert!(ever_bound.is_empty(), "copies bound without their gang: {ever_bound:?}");
+    let still = Api::<Pod>::namespaced(member.clone(), "e2e-online");
+    for (name, uid) in &online {
+        let p = still.get(name).await.unwrap();
+        assert_eq!(p.metadata.uid.as_ref(), Some(uid), "online pod {name} was replaced");
+        assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"), "online pod {name}");
+    }
+    clear_pods(&training, ns).await;
+}
+
+/// The names of the copies in `member_pods` a watch sees bound to a node, from now on.
+fn member_watch_bound(member_pods: &Api<Pod>) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use futures::StreamExt;
+    let bound = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (api, sink) = (member_pods.clone(), bound.clone());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(kube::runtime::watcher(api, kube::runtime::watcher::Config::default()));
+        while let Some(Ok(
+            kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p),
+        )) = stream.next().await
+        {
+            if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+                sink.lock().unwrap().push(p.name_any());
+            }
+        }
+    });
+    bound
+}
+
+/// Two 8-CPU online pods bound to `node` in member namespace `e2e-online`, Running; their
+/// names and UIDs.
+async fn online_pods(member: &Client, node: &str, id: &str) -> Vec<(String, String)> {
+    ensure_namespace(member, "e2e-online").await;
+    let api = Api::<Pod>::namespaced(member.clone(), "e2e-online");
+    let mut made = Vec::new();
+    for i in 0..2 {
+        let name = format!("online-{id}-{i}");
+        let p = api.create(&PostParams::default(), &sized(&name, json!({}), json!({"nodeName": node}), "8")).await.unwrap();
+        made.push((name, p.metadata.uid.unwrap()));
+    }
+    for (name, _) in &made {
+        wait_for(Duration::from_secs(60), &format!("online pod {name} Running"), || {
+            let (api, name) = (api.clone(), name.clone());
+            async move { (api.get(&name).await.ok()?.status?.phase.as_deref() == Some("Running")).then_some(()) }
+        })
+        .await;
+    }
+    made
+}

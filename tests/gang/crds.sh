@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fetches the PodGroup CRDs of the member gang schedulers tidepool hands gangs to
 # (`spec.gangScheduler`), for the e2e tests, which install them in member-b:
-#   coscheduling.yaml  podgroups.scheduling.x-k8s.io, as scheduler-plugins ships it
-#                      (config/crd/bases of its module);
+#   coscheduling.yaml  podgroups.scheduling.x-k8s.io, as scheduler-plugins v0.33.5 ships it
+#                      (config/crd/bases of its module; tests/gang/scheduler-plugins.sh builds
+#                      that scheduler);
 #   volcano.yaml       podgroups.scheduling.volcano.sh, as Volcano v1.10.0 ships it
 #                      (config/crd/volcano/bases of its module; tests/gang/volcano.sh builds
 #                      that Volcano).
@@ -10,10 +11,6 @@
 # Everything comes from the Go module proxy, each module pinned by the h1: hash of its zip and
 # checked against what `go mod download -json` reports before anything is read or built; no
 # checksum database is asked (GONOSUMDB='*'). Nothing is written into the repository.
-#
-# The scheduler-plugins kube-scheduler itself is not built: its dependencies include
-# k8s.io/csi-translation-lib at the same version as its k8s.io/kubernetes, which the proxy
-# refuses (403) for v0.34.7; the e2e tests check the objects instead.
 #
 # The output is cached outside the repo in $TIDEPOOL_CACHE/gang-crds-<key>, <key> being the
 # sha256 of this script. Prints the output directory on its last line of stdout.
@@ -36,8 +33,8 @@ command -v go >/dev/null || { log "go is not installed: it fetches the PodGroup 
 command -v jq >/dev/null || { log "jq is not installed (bash deploy/prereqs.sh)"; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GONOSUMDB='*' GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
 
-SP=sigs.k8s.io/scheduler-plugins@v0.34.7
-SP_SUM=h1:GENSA4rKpCKBrPvNSo2AV2QHU7j3a6LT14kNlHhXfeg=
+SP=sigs.k8s.io/scheduler-plugins@v0.33.5
+SP_SUM=h1:9u4QAYbuoxa59aStrJKP4Bii2EQrZmGPN2tzvfs2gL0=
 VC=volcano.sh/volcano@v1.10.0
 VC_SUM=h1:+GzQinGgeV0j58WpWpxByOXgF+YfUPW55zghM8GqjF0=
 

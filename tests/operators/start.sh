@@ -8,7 +8,7 @@
 #
 # Usage:
 #   tests/operators/start.sh OPERATOR STATE_DIR CLUSTER [-- OPERATOR FLAGS...]
-#     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano
+#     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano | coscheduling
 #     STATE_DIR  a cluster set's state dir (its cluster.env is read)
 #     CLUSTER    training | member-a | member-b
 #   Flags after `--` go to the operator after the ones given here (the last one wins), e.g.
@@ -21,7 +21,8 @@
 #   run when unset).
 #
 # Environment: TIDEPOOL_OPERATORS_BIN (tests/operators/build.sh's output; built when unset),
-# TIDEPOOL_VOLCANO (tests/gang/volcano.sh's output; built when unset),
+# TIDEPOOL_VOLCANO (tests/gang/volcano.sh's output; built when unset), TIDEPOOL_SCHEDULER_PLUGINS
+# (tests/gang/scheduler-plugins.sh's output; built when unset),
 # TIDEPOOL_GANG_CRDS (see above).
 #
 # Ports (k = 0 training, 1 member-a, 2 member-b; plus CP_PORT_OFFSET, one thousand apart per
@@ -37,6 +38,7 @@
 #                      health 127.0.0.1:30250+k, status server 31250+k (all addresses; only
 #                      with --feature-gates=TrainJobStatus=true)
 #   volcano            vc-controller-manager: health 127.0.0.1:32250+k (/healthz)
+#   coscheduling       scheduler-plugins' scheduler: https://127.0.0.1:33250+k (/healthz)
 #
 # Webhooks: the API servers have no route to ClusterIPs (no kube-proxy), but run with
 # --enable-aggregator-routing=true, which makes them resolve a webhook's Service reference to
@@ -533,10 +535,53 @@ EOF
     --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
 }
 
+# ---------------------------------------------------------------------------------------
+# scheduler-plugins' Coscheduling, a member's gang scheduler
+
+resolve_coscheduling() {
+  if [[ -z ${TIDEPOOL_SCHEDULER_PLUGINS:-} ]]; then
+    log "TIDEPOOL_SCHEDULER_PLUGINS not set: running tests/gang/scheduler-plugins.sh (a cold build takes minutes)"
+    TIDEPOOL_SCHEDULER_PLUGINS=$(bash "$here/../gang/scheduler-plugins.sh" | tail -n 1) ||
+      die "tests/gang/scheduler-plugins.sh failed"
+  fi
+  [[ -x $TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler ]] ||
+    die "$TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler is missing"
+}
+
+# scheduler-plugins' kube-scheduler as a second scheduler, as its manifests/coscheduling
+# configure it but under its own name (`scheduler-plugins-scheduler`, tidepool's default
+# gangSchedulerName for coscheduling) beside the cluster's default scheduler: the Coscheduling
+# plugin sorts, holds (Permit, 10 s) and lets go a PodGroup's pods all or none. Its PodGroup
+# CRD from the same module. Serves HTTPS on 127.0.0.1:33250+k (/healthz, anonymous).
+start_coscheduling() {
+  local health config=$DIR/scheduler-config.yaml
+  health=$(port 33250)
+  check_ports "$health"
+  apply_crds "$TIDEPOOL_SCHEDULER_PLUGINS/crds"
+  cat >"$config" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: false}
+clientConnection: {kubeconfig: "$KUBECONFIG"}
+profiles:
+- schedulerName: scheduler-plugins-scheduler
+  plugins:
+    multiPoint: {enabled: [{name: Coscheduling}]}
+    queueSort: {enabled: [{name: Coscheduling}], disabled: [{name: "*"}]}
+  pluginConfig:
+  - {name: Coscheduling, args: {permitWaitingTimeSeconds: 10}}
+EOF
+  log "coscheduling scheduler on $CLUSTER: https://127.0.0.1:$health/healthz; flags: ${EXTRA[*]}"
+  exec "$TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler" --config="$config" \
+    --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
+    --bind-address=127.0.0.1 --secure-port="$health" "${EXTRA[@]}"
+}
+
 case $OPERATOR in
   training-operator|mpi-operator|jobset|trainer) resolve_bin ;;
   volcano) resolve_volcano ;;
-  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer or volcano)" ;;
+  coscheduling) resolve_coscheduling ;;
+  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano or coscheduling)" ;;
 esac
 case $OPERATOR in
   training-operator) start_training_operator ;;
@@ -544,4 +589,5 @@ case $OPERATOR in
   jobset) start_jobset ;;
   trainer) start_trainer ;;
   volcano) start_volcano ;;
+  coscheduling) start_coscheduling ;;
 esac
