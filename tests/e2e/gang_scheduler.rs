@@ -4,9 +4,9 @@
 //! scheduler; the group goes with the last copy, a group a restart left is collected, a tenant
 //! cannot join a group of another namespace, and a member without the CRD is not Ready.
 //!
-//! The scheduler-plugins scheduler does not build from the module proxy (see
-//! `tests/gang/crds.sh`), so no gang scheduler runs: the copies stay Pending, which is all the
-//! object checks need.
+//! The object checks run without a gang scheduler (the copies stay Pending, which is all they
+//! need); `member_gang_holds` runs the members' real gang schedulers (scheduler-plugins'
+//! Coscheduling, Volcano's scheduler) and shows what they do with the copies.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -428,45 +428,87 @@ fn sized(name: &str, meta: serde_json::Value, spec: serde_json::Value, cpu: &str
     p
 }
 
-/// A gang of three 8-CPU pods of `test`'s scheduler in `ns`.
-async fn gang_of_three(pods: &Api<Pod>, test: &str, gang: &str) -> Vec<String> {
+/// A gang of three pods of `cpu` CPU each, of `test`'s scheduler.
+async fn gang_of_three(pods: &Api<Pod>, test: &str, gang: &str, cpu: &str) -> Vec<String> {
     let names: Vec<String> = (0..3).map(|i| format!("{gang}-{i}")).collect();
     for n in &names {
         let meta = json!({"annotations": {keys::ANNOTATION_GANG: gang, keys::ANNOTATION_MIN_MEMBER: "3"}});
-        pods.create(&PostParams::default(), &sized(n, meta, json!({"schedulerName": scheduler_name(test)}), "8"))
+        pods.create(&PostParams::default(), &sized(n, meta, json!({"schedulerName": scheduler_name(test)}), cpu))
             .await
             .unwrap();
     }
     names
 }
 
-/// Issue "Volcano, Kueue and member gang schedulers", item 2, with scheduler-plugins'
-/// Coscheduling running in member-a as its gang scheduler (tests/gang/scheduler-plugins.sh),
-/// over a pool of one 32-CPU node. A gang that fits is placed whole by that scheduler. Then
-/// online pods take half the node between tidepool's plan and the member's scheduling (the
-/// member's scheduler is down while the copies are made, so the window is sure to be open):
-/// the member's scheduler holds the gang's copies all or none, none ever bound (a watch on the
-/// member's API server), its reason on the training pods, the gang rolled back whole at its
-/// timeout, and the online pods untouched (no preemption).
+/// Issue "Volcano, Kueue and member gang schedulers", item 2: the member's gang scheduler
+/// running, over a pool of one 32-CPU node of the member. A gang that fits is placed whole by
+/// that scheduler. Then online pods take half the node between tidepool's plan and the
+/// member's scheduling (the member's scheduler is down while the copies are made, so the window
+/// is sure to be open): the member's scheduler holds the gang's copies all or none, none ever
+/// bound (a watch on the member's API server), its reason on the training pods, the gang rolled
+/// back whole at its timeout, and the online pods untouched (no preemption).
+struct MemberGang {
+    scheduler: GangScheduler,
+    /// tests/operators/start.sh's name for the member's scheduler.
+    operator: &'static str,
+    cluster: &'static str,
+    /// The pool's one node, and a quarter of its CPU: each of the gang's three pods and of the
+    /// two online pods asks for that much.
+    node: &'static str,
+    quarter: &'static str,
+    test: &'static str,
+}
+
+/// scheduler-plugins' Coscheduling in member-a (1.37; tests/gang/scheduler-plugins.sh).
 #[tokio::test]
 async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_rolled_back() {
+    let g = MemberGang {
+        scheduler: GangScheduler::Coscheduling,
+        operator: "coscheduling",
+        cluster: "member-a",
+        node: "member-a-cpu-0",
+        quarter: "8",
+        test: "gang-cosched-run",
+    };
+    member_gang_holds(g).await;
+}
+
+/// Volcano's scheduler in member-b (1.36; tests/gang/volcano.sh).
+#[tokio::test]
+async fn a_gang_the_members_volcano_cannot_hold_whole_waits_whole_and_is_rolled_back() {
+    let g = MemberGang {
+        scheduler: GangScheduler::Volcano,
+        operator: "volcano-scheduler",
+        cluster: "member-b",
+        node: "member-b-gpu-0",
+        quarter: "16",
+        test: "gang-volcano-run",
+    };
+    member_gang_holds(g).await;
+}
+
+async fn member_gang_holds(g: MemberGang) {
     let env = Env::load();
-    let (test, ns, node) = ("gang-cosched-run", "e2e-gang-cosched-run", "member-a-cpu-0");
+    let (test, ns, node) = (g.test, format!("e2e-{}", g.test), g.node.to_owned());
+    let ns = ns.as_str();
     let training = env.client("training").await;
-    let member = env.client("member-a").await;
+    let member = env.client(g.cluster).await;
     prepare(&env, &training, test, ns).await;
-    let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
-    put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
-    let mc_name = format!("{test}-member-a");
-    let mut mc = member_cluster(&mc_name, test, ns, "member-a");
-    mc.spec.gang_scheduler = Some(GangScheduler::Coscheduling);
+    // Online pods an earlier run left would hold the node.
+    ensure_namespace(&member, "e2e-online").await;
+    clear_pods(&member, "e2e-online").await;
+    let kubeconfig = std::fs::read(env.kubeconfig_path(g.cluster)).unwrap();
+    put_kubeconfig_secret(&training, ns, g.cluster, &kubeconfig).await;
+    let mc_name = format!("{test}-member");
+    let mut mc = member_cluster(&mc_name, test, ns, g.cluster);
+    mc.spec.gang_scheduler = Some(g.scheduler);
     mc.spec.pools = vec![tidepool_api::crd::PoolSpec {
         name: "one".into(),
-        node_selector: BTreeMap::from([("kubernetes.io/hostname".to_owned(), node.to_owned())]),
+        node_selector: BTreeMap::from([("kubernetes.io/hostname".to_owned(), node.clone())]),
         ..Default::default()
     }];
+    let scheduler = crate::operators::Operator::start_on(&env, g.operator, g.cluster, &[]).await;
     apply_member_cluster(&training, &mc).await;
-    let scheduler = crate::operators::Operator::start_on(&env, "coscheduling", "member-a", &[]).await;
     let _tidepool = Tidepool::start_with(&env, test, ns, "gangTimeoutSeconds: 45");
     wait_node(&training, &format!("tidepool-{mc_name}-one")).await;
     let pods = Api::<Pod>::namespaced(training.clone(), ns);
@@ -475,14 +517,17 @@ async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_ro
     let id = run_id();
 
     // 1. A gang that fits: the member's Coscheduling binds its copies, all three.
-    let fits = gang_of_three(&pods, test, &format!("fits-{id}")).await;
+    let fits = gang_of_three(&pods, test, &format!("fits-{id}"), g.quarter).await;
     for n in &fits {
-        let copy = wait_for(Duration::from_secs(60), &format!("{n}'s copy bound by the member's scheduler"), || {
-            let (member_pods, n) = (member_pods.clone(), n.clone());
-            async move { member_pods.get(&n).await.ok().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())) }
-        })
-        .await;
-        assert_eq!(copy.spec.unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+        let copy =
+            wait_for(Duration::from_secs(60), &format!("{n}'s copy bound by the member's scheduler"), || {
+                let (member_pods, n) = (member_pods.clone(), n.clone());
+                async move {
+                    member_pods.get(&n).await.ok().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                }
+            })
+            .await;
+        assert_eq!(copy.spec.unwrap().scheduler_name.as_deref(), Some(g.scheduler.default_scheduler_name()));
     }
     clear_pods(&training, ns).await;
     wait_for(Duration::from_secs(60), "the fitting gang's copies gone", || {
@@ -494,11 +539,11 @@ async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_ro
     // 2. The member's scheduler is down; a gang is placed (24 of the node's 32 CPU) and its
     //    copies made; online pods then take 16 CPU of that node.
     drop(scheduler);
-    let names = gang_of_three(&pods, test, &format!("job-{id}")).await;
+    let names = gang_of_three(&pods, test, &format!("job-{id}"), g.quarter).await;
     copies(&member, &member_ns, &names).await;
     let bound = member_watch_bound(&member_pods);
-    let online = online_pods(&member, node, &id).await;
-    let _scheduler = crate::operators::Operator::start_on(&env, "coscheduling", "member-a", &[]).await;
+    let online = online_pods(&member, &node, &id, g.quarter).await;
+    let _scheduler = crate::operators::Operator::start_on(&env, g.operator, g.cluster, &[]).await;
     for n in &names {
         let reason = wait_for(Duration::from_secs(60), &format!("{n} shows the member's reason"), || {
             let (pods, n) = (pods.clone(), n.clone());
@@ -524,6 +569,7 @@ async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_ro
         assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"), "online pod {name}");
     }
     clear_pods(&training, ns).await;
+    clear_pods(&member, "e2e-online").await;
 }
 
 /// The names of the copies in `member_pods` a watch sees bound to a node, from now on.
@@ -533,9 +579,8 @@ fn member_watch_bound(member_pods: &Api<Pod>) -> std::sync::Arc<std::sync::Mutex
     let (api, sink) = (member_pods.clone(), bound.clone());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(kube::runtime::watcher(api, kube::runtime::watcher::Config::default()));
-        while let Some(Ok(
-            kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p),
-        )) = stream.next().await
+        while let Some(Ok(kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p))) =
+            stream.next().await
         {
             if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
                 sink.lock().unwrap().push(p.name_any());
@@ -545,15 +590,15 @@ fn member_watch_bound(member_pods: &Api<Pod>) -> std::sync::Arc<std::sync::Mutex
     bound
 }
 
-/// Two 8-CPU online pods bound to `node` in member namespace `e2e-online`, Running; their
-/// names and UIDs.
-async fn online_pods(member: &Client, node: &str, id: &str) -> Vec<(String, String)> {
-    ensure_namespace(member, "e2e-online").await;
+/// Two online pods of `cpu` CPU each bound to `node` in member namespace `e2e-online`, Running;
+/// their names and UIDs.
+async fn online_pods(member: &Client, node: &str, id: &str, cpu: &str) -> Vec<(String, String)> {
     let api = Api::<Pod>::namespaced(member.clone(), "e2e-online");
     let mut made = Vec::new();
     for i in 0..2 {
         let name = format!("online-{id}-{i}");
-        let p = api.create(&PostParams::default(), &sized(&name, json!({}), json!({"nodeName": node}), "8")).await.unwrap();
+        let p =
+            api.create(&PostParams::default(), &sized(&name, json!({}), json!({"nodeName": node}), cpu)).await.unwrap();
         made.push((name, p.metadata.uid.unwrap()));
     }
     for (name, _) in &made {

@@ -45,7 +45,8 @@ impl Operator {
     /// [`Operator::start`] against `cluster` (`training`, `member-a`, `member-b`): its CRDs and
     /// webhooks go there, and its ports are that cluster's.
     pub async fn start_on(env: &Env, operator: &str, cluster: &str, flags: &[&str]) -> Operator {
-        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_VOLCANO", "TIDEPOOL_SCHEDULER_PLUGINS"] {
+        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_VOLCANO", "TIDEPOOL_SCHEDULER_PLUGINS"]
+        {
             assert!(
                 std::env::var(needed).is_ok(),
                 "{needed} is not set: tests/run.sh builds the operators and exports it"
@@ -74,10 +75,15 @@ impl Operator {
                 "mpi-operator" => 23250,
                 "jobset" => 27250,
                 "volcano" => 32250,
-                "coscheduling" => 33250,
+                "coscheduling" => 12250,
+                "volcano-scheduler" => 24250,
                 _ => 30250,
             };
-        let path = if matches!(operator, "mpi-operator" | "volcano" | "coscheduling") { "healthz" } else { "readyz" };
+        let path = if matches!(operator, "mpi-operator" | "volcano" | "volcano-scheduler" | "coscheduling") {
+            "healthz"
+        } else {
+            "readyz"
+        };
         // A kube-scheduler serves its health over HTTPS only, with its own certificate.
         let scheme = if operator == "coscheduling" { "https" } else { "http" };
         let url = format!("{scheme}://127.0.0.1:{port}/{path}");

@@ -8,7 +8,8 @@
 #
 # Usage:
 #   tests/operators/start.sh OPERATOR STATE_DIR CLUSTER [-- OPERATOR FLAGS...]
-#     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano | coscheduling
+#     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano | volcano-scheduler |
+#                coscheduling
 #     STATE_DIR  a cluster set's state dir (its cluster.env is read)
 #     CLUSTER    training | member-a | member-b
 #   Flags after `--` go to the operator after the ones given here (the last one wins), e.g.
@@ -38,7 +39,10 @@
 #                      health 127.0.0.1:30250+k, status server 31250+k (all addresses; only
 #                      with --feature-gates=TrainJobStatus=true)
 #   volcano            vc-controller-manager: health 127.0.0.1:32250+k (/healthz)
-#   coscheduling       scheduler-plugins' scheduler: https://127.0.0.1:33250+k (/healthz)
+#   coscheduling       scheduler-plugins' scheduler: https://127.0.0.1:12250+k (/healthz)
+#   volcano-scheduler  vc-scheduler: health 127.0.0.1:24250+k (/healthz)
+# (All below 32768, where the kernel's ephemeral ports start: a port there can be taken by
+# any outgoing connection.)
 #
 # Webhooks: the API servers have no route to ClusterIPs (no kube-proxy), but run with
 # --enable-aggregator-routing=true, which makes them resolve a webhook's Service reference to
@@ -535,6 +539,28 @@ EOF
     --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
 }
 
+# Its cmd/scheduler, a member's gang scheduler, with Volcano's default scheduling configuration
+# written out: actions enqueue, allocate, backfill (no preempt or reclaim action, so it never
+# evicts a pod), plugins priority, gang, conformance, then overcommit, drf, predicates,
+# proportion, nodeorder. It handles pods of schedulerName `volcano` and makes the queue
+# `default` at its start. CSI storage tracking and metrics stay off (their defaults). Health on
+# 127.0.0.1:24250+k (/healthz).
+start_volcano_scheduler() {
+  local health conf=$DIR/scheduler.conf
+  health=$(port 24250)
+  check_ports "$health"
+  apply_crds "$TIDEPOOL_VOLCANO/crds"
+  cat >"$conf" <<'EOF'
+actions: "enqueue, allocate, backfill"
+tiers:
+- plugins: [{name: priority}, {name: gang}, {name: conformance}]
+- plugins: [{name: overcommit}, {name: drf}, {name: predicates}, {name: proportion}, {name: nodeorder}]
+EOF
+  log "vc-scheduler on $CLUSTER: health 127.0.0.1:$health; flags: ${EXTRA[*]}"
+  exec "$TIDEPOOL_VOLCANO/bin/vc-scheduler" --kubeconfig="$KUBECONFIG" --leader-elect=false \
+    --scheduler-conf="$conf" --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
+}
+
 # ---------------------------------------------------------------------------------------
 # scheduler-plugins' Coscheduling, a member's gang scheduler
 
@@ -552,10 +578,10 @@ resolve_coscheduling() {
 # configure it but under its own name (`scheduler-plugins-scheduler`, tidepool's default
 # gangSchedulerName for coscheduling) beside the cluster's default scheduler: the Coscheduling
 # plugin sorts, holds (Permit, 10 s) and lets go a PodGroup's pods all or none. Its PodGroup
-# CRD from the same module. Serves HTTPS on 127.0.0.1:33250+k (/healthz, anonymous).
+# CRD from the same module. Serves HTTPS on 127.0.0.1:12250+k (/healthz, anonymous).
 start_coscheduling() {
   local health config=$DIR/scheduler-config.yaml
-  health=$(port 33250)
+  health=$(port 12250)
   check_ports "$health"
   apply_crds "$TIDEPOOL_SCHEDULER_PLUGINS/crds"
   cat >"$config" <<EOF
@@ -579,9 +605,9 @@ EOF
 
 case $OPERATOR in
   training-operator|mpi-operator|jobset|trainer) resolve_bin ;;
-  volcano) resolve_volcano ;;
+  volcano|volcano-scheduler) resolve_volcano ;;
   coscheduling) resolve_coscheduling ;;
-  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano or coscheduling)" ;;
+  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano, volcano-scheduler or coscheduling)" ;;
 esac
 case $OPERATOR in
   training-operator) start_training_operator ;;
@@ -589,5 +615,6 @@ case $OPERATOR in
   jobset) start_jobset ;;
   trainer) start_trainer ;;
   volcano) start_volcano ;;
+  volcano-scheduler) start_volcano_scheduler ;;
   coscheduling) start_coscheduling ;;
 esac
