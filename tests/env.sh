@@ -41,6 +41,10 @@ echo "== building scheduler-plugins' Coscheduling scheduler (cached after the fi
 TIDEPOOL_SCHEDULER_PLUGINS=$(bash tests/gang/scheduler-plugins.sh | tail -n 1)
 export TIDEPOOL_SCHEDULER_PLUGINS
 
+echo "== building Kueue (cached after the first run)" >&2
+TIDEPOOL_KUEUE=$(bash tests/kueue/build.sh | tail -n 1)
+export TIDEPOOL_KUEUE
+
 echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
 TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)
 export TIDEPOOL_OPERATORS_BIN

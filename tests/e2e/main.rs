@@ -20,6 +20,7 @@ mod failover;
 mod gang_scheduler;
 mod harness;
 mod kubelet_api;
+mod kueue;
 mod member_disruption;
 mod member_status;
 mod membership;

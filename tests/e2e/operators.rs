@@ -77,6 +77,7 @@ impl Operator {
                 "volcano" => 32250,
                 "coscheduling" => 12250,
                 "volcano-scheduler" => 24250,
+                "kueue" => 8250,
                 _ => 30250,
             };
         let path = if matches!(operator, "mpi-operator" | "volcano" | "volcano-scheduler" | "coscheduling") {

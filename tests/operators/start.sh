@@ -9,7 +9,7 @@
 # Usage:
 #   tests/operators/start.sh OPERATOR STATE_DIR CLUSTER [-- OPERATOR FLAGS...]
 #     OPERATOR   training-operator | mpi-operator | jobset | trainer | volcano | volcano-scheduler |
-#                coscheduling
+#                coscheduling | kueue
 #     STATE_DIR  a cluster set's state dir (its cluster.env is read)
 #     CLUSTER    training | member-a | member-b
 #   Flags after `--` go to the operator after the ones given here (the last one wins), e.g.
@@ -23,7 +23,8 @@
 #
 # Environment: TIDEPOOL_OPERATORS_BIN (tests/operators/build.sh's output; built when unset),
 # TIDEPOOL_VOLCANO (tests/gang/volcano.sh's output; built when unset), TIDEPOOL_SCHEDULER_PLUGINS
-# (tests/gang/scheduler-plugins.sh's output; built when unset),
+# (tests/gang/scheduler-plugins.sh's output; built when unset), TIDEPOOL_KUEUE
+# (tests/kueue/build.sh's output; built when unset),
 # TIDEPOOL_GANG_CRDS (see above).
 #
 # Ports (k = 0 training, 1 member-a, 2 member-b; plus CP_PORT_OFFSET, one thousand apart per
@@ -41,6 +42,7 @@
 #   volcano            vc-controller-manager: health 127.0.0.1:32250+k (/healthz)
 #   coscheduling       scheduler-plugins' scheduler: https://127.0.0.1:12250+k (/healthz)
 #   volcano-scheduler  vc-scheduler: health 127.0.0.1:24250+k (/healthz)
+#   kueue              webhook <real node IP>:9250+k, health 127.0.0.1:8250+k (/readyz)
 # (All below 32768, where the kernel's ephemeral ports start: a port there can be taken by
 # any outgoing connection.)
 #
@@ -603,11 +605,88 @@ EOF
     --bind-address=127.0.0.1 --secure-port="$health" "${EXTRA[@]}"
 }
 
+# ---------------------------------------------------------------------------------------
+# Kueue
+
+resolve_kueue() {
+  if [[ -z ${TIDEPOOL_KUEUE:-} ]]; then
+    log "TIDEPOOL_KUEUE not set: running tests/kueue/build.sh (a cold build takes minutes)"
+    TIDEPOOL_KUEUE=$(bash "$here/../kueue/build.sh" | tail -n 1) || die "tests/kueue/build.sh failed"
+  fi
+  [[ -x $TIDEPOOL_KUEUE/bin/kueue ]] || die "$TIDEPOOL_KUEUE/bin/kueue is missing"
+}
+
+# Its cmd/kueue with its batch/v1 Job integration: a Job naming a LocalQueue
+# (kueue.x-k8s.io/queue-name) is suspended at creation by Kueue's mutating webhook and let go
+# once its Workload is admitted by quota. Kueue's own certificate management stays on (with it
+# off Kueue insists on metrics certificates under /etc): it keeps its serving certificate in
+# Secret kueue-webhook-server-cert and writes the CA into its webhook configurations and into
+# the CRDs whose versions it converts (their conversion is pointed at its webhook Service here,
+# as its install does). Its webhooks
+# for Jobs would call it for every Job of the cluster: here only for namespaces labelled
+# tidepool.io/e2e-kueue=true, so the Jobs of other tests never wait on a Kueue that is not
+# running. Visibility server and metrics off. Webhook <real node IP>:9250+k, health
+# 127.0.0.1:8250+k (/readyz).
+start_kueue() {
+  local ns=kueue-system svc=kueue-webhook-service webhook health ip hooks sel crd conversion
+  webhook=$(port 9250) health=$(port 8250)
+  check_ports "$webhook" "$health"
+  apply_crds "$TIDEPOOL_KUEUE/crds"
+  conversion='{"spec":{"conversion":{"strategy":"Webhook","webhook":{"conversionReviewVersions":["v1"],
+    "clientConfig":{"service":{"name":"'$svc'","namespace":"'$ns'","path":"/convert","port":443}}}}}}'
+  for crd in localqueues clusterqueues workloads cohorts multikueueclusters; do
+    "${KC[@]}" patch crd "$crd.kueue.x-k8s.io" --type merge -p "$conversion" >/dev/null ||
+      die "pointing the conversion of $crd at Kueue failed"
+  done
+  namespace "$ns"
+  # The Secret Kueue's certificate rotator reads (it must exist, as Kueue's install makes it),
+  # filled with this script's CA and serving certificate in the shape the rotator accepts as
+  # they are (webhook_pki): the webhook configurations carry that CA from the start, and Kueue
+  # serves with that certificate at once.
+  webhook_pki "$svc" "$ns" kueue-ca kueue
+  "${KC[@]}" apply --server-side --force-conflicts --field-manager=tidepool-operators -f - >/dev/null <<EOF ||
+apiVersion: v1
+kind: Secret
+metadata: {name: kueue-webhook-server-cert, namespace: $ns}
+type: Opaque
+data:
+  ca.crt: $(b64 "$DIR/pki/ca.crt")
+  ca.key: $(b64 "$DIR/pki/ca.key")
+  tls.crt: $(b64 "$DIR/pki/tls.crt")
+  tls.key: $(b64 "$DIR/pki/tls.key")
+EOF
+    die "applying Kueue's webhook Secret failed"
+  ip=$(webhook_ip)
+  webhook_service "$svc" "$ns" webhook-server "$webhook"
+  sel='
+  namespaceSelector: {matchLabels: {tidepool.io/e2e-kueue: "true"}}'
+  hooks=$(webhook mjob.kb.io "$svc" "$ns" /mutate-batch-v1-job batch v1 jobs "[CREATE]")$sel
+  webhook_configuration Mutating kueue-mutating-webhook-configuration "$hooks"
+  hooks=$(webhook vjob.kb.io "$svc" "$ns" /validate-batch-v1-job batch v1 jobs "[CREATE, UPDATE]")$sel
+  webhook_configuration Validating kueue-validating-webhook-configuration "$hooks"
+  cat >"$DIR/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: $ns
+health: {healthProbeBindAddress: "127.0.0.1:$health"}
+metrics: {bindAddress: "0"}
+webhook: {port: $webhook, host: "$ip", certDir: "$DIR/certs"}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: true, webhookServiceName: $svc, webhookSecretName: kueue-webhook-server-cert}
+manageJobsWithoutQueueName: false
+integrations: {frameworks: ["batch/job"]}
+EOF
+  log "kueue on $CLUSTER: webhook $ip:$webhook, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
+  exec "$TIDEPOOL_KUEUE/bin/kueue" --config="$DIR/config.yaml" --kubeconfig="$KUBECONFIG" \
+    --feature-gates=VisibilityOnDemand=false "${EXTRA[@]}"
+}
+
 case $OPERATOR in
   training-operator|mpi-operator|jobset|trainer) resolve_bin ;;
   volcano|volcano-scheduler) resolve_volcano ;;
   coscheduling) resolve_coscheduling ;;
-  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano, volcano-scheduler or coscheduling)" ;;
+  kueue) resolve_kueue ;;
+  *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano, volcano-scheduler, coscheduling or kueue)" ;;
 esac
 case $OPERATOR in
   training-operator) start_training_operator ;;
@@ -617,4 +696,5 @@ case $OPERATOR in
   volcano) start_volcano ;;
   volcano-scheduler) start_volcano_scheduler ;;
   coscheduling) start_coscheduling ;;
+  kueue) start_kueue ;;
 esac

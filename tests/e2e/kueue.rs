@@ -1,0 +1,136 @@
+//! Kueue in front of tidepool (issue "Volcano, Kueue and member gang schedulers", item 3, its
+//! first part): the real Kueue (v0.17.0, tests/kueue/build.sh) in the training cluster queues
+//! tenants' batch Jobs by quota; what it admits, tidepool places. One ResourceFlavor for the
+//! lent capacity, described by the virtual nodes' own label (`type: virtual-kubelet`), so Kueue
+//! steers admitted pods to lent capacity and tidepool picks the member.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::harness::*;
+use crate::operators::*;
+
+const TEST: &str = "kueue";
+const NS: &str = "e2e-kueue";
+
+fn kueue_api(b: &Bridge, kind: &str, plural: &str, namespaced: bool) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind), plural);
+    if namespaced { Api::namespaced_with(b.training.clone(), NS, &ar) } else { Api::all_with(b.training.clone(), &ar) }
+}
+
+/// Applies `obj` (server-side, forced) through `api`.
+async fn apply(api: &Api<DynamicObject>, obj: Value) {
+    let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+    api.patch(&obj.name_any(), &PatchParams::apply("tidepool-e2e").force(), &Patch::Apply(&obj)).await.unwrap();
+}
+
+/// A batch Job of `pods` pods of 100m CPU for 15 s, queued in LocalQueue `team`.
+fn queued_job(name: &str, scheduler: &str, pods: u32) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+        "spec": {
+            "parallelism": pods, "completions": pods, "backoffLimit": 0,
+            "template": {"spec": {
+                "schedulerName": scheduler, "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": FRAMEWORKS_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["sleep", "15"], "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+            }}
+        }
+    }))
+    .unwrap()
+}
+
+/// Kueue's queue, a ClusterQueue of 300m CPU over the lent-capacity flavor, for the test's
+/// namespace (labelled so Kueue's Job webhooks run there).
+async fn queues(b: &Bridge) {
+    let label = Patch::Merge(json!({"metadata": {"labels": {"tidepool.io/e2e-kueue": "true"}}}));
+    Api::<Namespace>::all(b.training.clone()).patch(NS, &PatchParams::default(), &label).await.unwrap();
+    apply(
+        &kueue_api(b, "ResourceFlavor", "resourceflavors", false),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+               "metadata": {"name": "e2e-kueue-lent"}, "spec": {"nodeLabels": {"type": "virtual-kubelet"}}}),
+    )
+    .await;
+    apply(
+        &kueue_api(b, "ClusterQueue", "clusterqueues", false),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "e2e-kueue"},
+               "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                        "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "e2e-kueue-lent",
+                            "resources": [{"name": "cpu", "nominalQuota": "300m"}, {"name": "memory", "nominalQuota": "1Gi"}]}]}]}}),
+    )
+    .await;
+    apply(
+        &kueue_api(b, "LocalQueue", "localqueues", true),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team"},
+               "spec": {"clusterQueue": "e2e-kueue"}}),
+    )
+    .await;
+}
+
+/// The pods of Job `job`.
+async fn pods_of(b: &Bridge, job: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    b.pods().list(&ListParams::default().labels(&format!("job-name={job}"))).await.unwrap().items
+}
+
+async fn await_complete(jobs: &Api<Job>, name: &str) {
+    wait_for(Duration::from_secs(180), &format!("Job {name} Complete"), || async move {
+        let j = jobs.get(name).await.ok()?;
+        j.status?.conditions?.iter().any(|c| c.type_ == "Complete" && c.status == "True").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
+    let env = Env::load();
+    let _kueue = Operator::start(&env, "kueue", &[]).await;
+    let b = Bridge::start(TEST, NS).await;
+    b.lend(1, Some(0)).await;
+    queues(&b).await;
+    let jobs = Api::<Job>::namespaced(b.training.clone(), NS);
+    jobs.delete_collection(&Default::default(), &ListParams::default()).await.unwrap();
+    let id = run_id();
+    let (first, second) = (format!("first-{id}"), format!("second-{id}"));
+    let scheduler = scheduler_name(TEST);
+    for name in [&first, &second] {
+        let made = jobs.create(&PostParams::default(), &queued_job(name, &scheduler, 2)).await.unwrap();
+        assert_eq!(made.spec.unwrap().suspend, Some(true), "Kueue's webhook suspends a queued Job at creation");
+    }
+
+    // 200m of 300m: the first is admitted and placed by tidepool on member-a; the second waits
+    // in Kueue (no pod of it exists), not in tidepool.
+    let on_a = real_node(TEST, 0);
+    let running = b.await_running(&format!("job-name={first}"), 2, &on_a).await;
+    for p in &running {
+        let selector = p.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default();
+        assert_eq!(
+            selector.get("type").map(String::as_str),
+            Some("virtual-kubelet"),
+            "the flavor's label, set by Kueue"
+        );
+    }
+    let workloads = kueue_api(&b, "Workload", "workloads", true);
+    let waiting = wait_for(Duration::from_secs(30), "the second Job's Workload pending for quota", || {
+        let (workloads, second) = (workloads.clone(), second.clone());
+        async move {
+            let list = workloads.list(&ListParams::default()).await.ok()?;
+            let w = list.items.into_iter().find(|w| w.name_any().contains(&second))?;
+            let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "QuotaReserved")?.clone();
+            (c["status"] == "False").then_some(c)
+        }
+    })
+    .await;
+    println!("{second}: {waiting}");
+    assert!(pods_of(&b, &second).await.is_empty(), "Kueue holds the second Job: no pod of it exists yet");
+    assert_eq!(jobs.get(&second).await.unwrap().spec.unwrap().suspend, Some(true));
+
+    // The first ends, its quota comes back, the second is admitted and tidepool places it.
+    await_complete(&jobs, &first).await;
+    b.await_running(&format!("job-name={second}"), 2, &on_a).await;
+    await_complete(&jobs, &second).await;
+}
