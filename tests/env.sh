@@ -29,21 +29,11 @@ echo "== building metrics-server, run in each local cluster (cached after the fi
 CP_METRICS_BIN=$(bash tests/metrics/build.sh | tail -n 1)
 export CP_METRICS_BIN
 
-echo "== fetching the member gang schedulers' PodGroup CRDs (cached after the first run)" >&2
-TIDEPOOL_GANG_CRDS=$(bash tests/gang/crds.sh | tail -n 1)
-export TIDEPOOL_GANG_CRDS
-
-echo "== building Volcano (vc-controller-manager, vc-scheduler; cached after the first run)" >&2
-TIDEPOOL_VOLCANO=$(bash tests/gang/volcano.sh | tail -n 1)
-export TIDEPOOL_VOLCANO
-
-echo "== building scheduler-plugins' Coscheduling scheduler (cached after the first run)" >&2
-TIDEPOOL_SCHEDULER_PLUGINS=$(bash tests/gang/scheduler-plugins.sh | tail -n 1)
-export TIDEPOOL_SCHEDULER_PLUGINS
-
-echo "== building Kueue (cached after the first run)" >&2
-TIDEPOOL_KUEUE=$(bash tests/kueue/build.sh | tail -n 1)
-export TIDEPOOL_KUEUE
+echo "== building the schedulers and queues around tidepool: Volcano, scheduler-plugins' Coscheduling, Kueue (cached after the first run)" >&2
+TIDEPOOL_SCHEDULERS=$(bash tests/schedulers/build.sh | tail -n 1)
+export TIDEPOOL_SCHEDULERS
+# The member gang schedulers' PodGroup CRDs, for the tests that only install them.
+export TIDEPOOL_GANG_CRDS=$TIDEPOOL_SCHEDULERS/gang-crds
 
 echo "== building the field's training operators (training-operator, mpi-operator, JobSet, Trainer; cached after the first run)" >&2
 TIDEPOOL_OPERATORS_BIN=$(bash tests/operators/build.sh | tail -n 1)

@@ -3,7 +3,7 @@
 # against real local clusters (one training and two member control planes, built from source
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
 # real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
-# metrics-server from tests/metrics/build.sh, the PodGroup CRDs from tests/gang/crds.sh, images
+# metrics-server from tests/metrics/build.sh, the schedulers and queues around tidepool (Volcano, Coscheduling, Kueue) and the PodGroup CRDs from tests/schedulers/build.sh, images
 # from tests/images/build.sh, tidepool's own image from its release binary, the frameworks
 # image the operators' jobs run from tests/images/frameworks.sh; the training
 # operators tests/operators/start.sh runs from tests/operators/build.sh). The clusters are

@@ -1,5 +1,5 @@
 //! The member's own gang scheduler (`spec.gangScheduler`) end to end, against the real
-//! PodGroup CRDs (fetched by `tests/gang/crds.sh`, installed in member-b): a gang's copies join
+//! PodGroup CRDs (from `tests/schedulers/build.sh`, installed in member-b): a gang's copies join
 //! a PodGroup made before them with the gang's core as `minMember` and go to the gang
 //! scheduler; the group goes with the last copy, a group a restart left is collected, a tenant
 //! cannot join a group of another namespace, and a member without the CRD is not Ready.
@@ -23,11 +23,11 @@ use tidepool_vk::gang_group;
 
 use crate::harness::*;
 
-/// The PodGroup CRD of `scheduler`, from the directory `tests/gang/crds.sh` printed
+/// The PodGroup CRD of `scheduler`, from `tests/schedulers/build.sh`'s gang-crds
 /// (`TIDEPOOL_GANG_CRDS`), applied to `client`'s cluster and Established.
 async fn install_pod_group_crd(client: &Client, scheduler: GangScheduler) {
     let dir = std::env::var("TIDEPOOL_GANG_CRDS").unwrap_or_else(|_| {
-        panic!("TIDEPOOL_GANG_CRDS is not set: run tests/run.sh, or export it to the directory bash tests/gang/crds.sh prints")
+        panic!("TIDEPOOL_GANG_CRDS is not set: run tests/run.sh, or export it to the gang-crds directory of the one bash tests/schedulers/build.sh prints")
     });
     let path = std::path::Path::new(&dir).join(format!("{}.yaml", scheduler.as_str()));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -459,7 +459,7 @@ struct MemberGang {
     test: &'static str,
 }
 
-/// scheduler-plugins' Coscheduling in member-a (1.37; tests/gang/scheduler-plugins.sh).
+/// scheduler-plugins' Coscheduling in member-a (1.37; built by tests/schedulers/build.sh).
 #[tokio::test]
 async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_rolled_back() {
     let g = MemberGang {
@@ -473,7 +473,7 @@ async fn a_gang_the_members_coscheduling_cannot_hold_whole_waits_whole_and_is_ro
     member_gang_holds(g).await;
 }
 
-/// Volcano's scheduler in member-b (1.36; tests/gang/volcano.sh).
+/// Volcano's scheduler in member-b (1.36; built by tests/schedulers/build.sh).
 #[tokio::test]
 async fn a_gang_the_members_volcano_cannot_hold_whole_waits_whole_and_is_rolled_back() {
     let g = MemberGang {

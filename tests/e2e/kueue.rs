@@ -1,5 +1,5 @@
 //! Kueue in front of tidepool (issue "Volcano, Kueue and member gang schedulers", item 3, its
-//! first part): the real Kueue (v0.17.0, tests/kueue/build.sh) in the training cluster queues
+//! first part): the real Kueue (v0.17.0, tests/schedulers/build.sh) in the training cluster queues
 //! tenants' batch Jobs by quota; what it admits, tidepool places. One ResourceFlavor for the
 //! lent capacity, described by the virtual nodes' own label (`type: virtual-kubelet`), so Kueue
 //! steers admitted pods to lent capacity and tidepool picks the member.

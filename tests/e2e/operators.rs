@@ -45,8 +45,7 @@ impl Operator {
     /// [`Operator::start`] against `cluster` (`training`, `member-a`, `member-b`): its CRDs and
     /// webhooks go there, and its ports are that cluster's.
     pub async fn start_on(env: &Env, operator: &str, cluster: &str, flags: &[&str]) -> Operator {
-        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_VOLCANO", "TIDEPOOL_SCHEDULER_PLUGINS"]
-        {
+        for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_SCHEDULERS"] {
             assert!(
                 std::env::var(needed).is_ok(),
                 "{needed} is not set: tests/run.sh builds the operators and exports it"

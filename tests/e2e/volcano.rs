@@ -1,5 +1,5 @@
 //! Volcano in the training cluster (issue "Volcano, Kueue and member gang schedulers", item 1):
-//! Volcano's real job controller (vc-controller-manager v1.10.0, tests/gang/volcano.sh) makes a
+//! Volcano's real job controller (vc-controller-manager v1.10.0, tests/schedulers/build.sh) makes a
 //! job's PodGroup first and its pods only once a gang scheduler moves the group out of
 //! `Pending`; no Volcano scheduler runs here, so for `schedulerName: tidepool` tidepool is that
 //! scheduler. Also the training-operator's `--gang-scheduler-name=volcano` path, which waits on

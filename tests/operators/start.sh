@@ -18,13 +18,12 @@
 #     mpi-operator:      --gang-scheduling=tidepool --namespace=NS
 #     jobset, trainer:   --feature-gates=..., --zap-log-level=...
 #   A gang flag also installs the PodGroup CRD it needs (scheduling.x-k8s.io, or
-#   scheduling.volcano.sh for `volcano`) from TIDEPOOL_GANG_CRDS (tests/gang/crds.sh's output;
+#   scheduling.volcano.sh for `volcano`) from TIDEPOOL_GANG_CRDS (tests/schedulers/build.sh's gang-crds;
 #   run when unset).
 #
 # Environment: TIDEPOOL_OPERATORS_BIN (tests/operators/build.sh's output; built when unset),
-# TIDEPOOL_VOLCANO (tests/gang/volcano.sh's output; built when unset), TIDEPOOL_SCHEDULER_PLUGINS
-# (tests/gang/scheduler-plugins.sh's output; built when unset), TIDEPOOL_KUEUE
-# (tests/kueue/build.sh's output; built when unset),
+# TIDEPOOL_SCHEDULERS (tests/schedulers/build.sh's output: Volcano, Coscheduling, Kueue; built
+# when unset),
 # TIDEPOOL_GANG_CRDS (see above).
 #
 # Ports (k = 0 training, 1 member-a, 2 member-b; plus CP_PORT_OFFSET, one thousand apart per
@@ -175,7 +174,8 @@ gang_crds() {
   local scheduler=$1 dir
   [[ -n $scheduler ]] || return 0
   if [[ -z ${TIDEPOOL_GANG_CRDS:-} ]]; then
-    TIDEPOOL_GANG_CRDS=$(bash "$here/../gang/crds.sh" | tail -n 1) || die "tests/gang/crds.sh failed"
+    resolve_schedulers
+    TIDEPOOL_GANG_CRDS=$TIDEPOOL_SCHEDULERS/gang-crds
   fi
   dir=$(mktemp -d)
   if [[ $scheduler == volcano ]]; then
@@ -508,12 +508,12 @@ EOF
 # ---------------------------------------------------------------------------------------
 # Volcano
 
-resolve_volcano() {
-  if [[ -z ${TIDEPOOL_VOLCANO:-} ]]; then
-    log "TIDEPOOL_VOLCANO not set: running tests/gang/volcano.sh (a cold build takes minutes)"
-    TIDEPOOL_VOLCANO=$(bash "$here/../gang/volcano.sh" | tail -n 1) || die "tests/gang/volcano.sh failed"
+resolve_schedulers() {
+  if [[ -z ${TIDEPOOL_SCHEDULERS:-} ]]; then
+    log "TIDEPOOL_SCHEDULERS not set: running tests/schedulers/build.sh (a cold build takes minutes)"
+    TIDEPOOL_SCHEDULERS=$(bash "$here/../schedulers/build.sh" | tail -n 1) || die "tests/schedulers/build.sh failed"
   fi
-  [[ -x $TIDEPOOL_VOLCANO/bin/vc-controller-manager ]] || die "$TIDEPOOL_VOLCANO/bin/vc-controller-manager is missing"
+  [[ -x $TIDEPOOL_SCHEDULERS/bin/kueue ]] || die "$TIDEPOOL_SCHEDULERS/bin/kueue is missing"
 }
 
 # Its cmd/controller-manager: Volcano Jobs, their PodGroups (made before any pod; the job's pods
@@ -528,7 +528,7 @@ start_volcano() {
   local health
   health=$(port 32250)
   check_ports "$health"
-  apply_crds "$TIDEPOOL_VOLCANO/crds"
+  apply_crds "$TIDEPOOL_SCHEDULERS/crds/volcano"
   "${KC[@]}" apply --server-side --field-manager=tidepool-operators -f - >&2 <<'EOF' || die "creating the default queue failed"
 apiVersion: scheduling.volcano.sh/v1beta1
 kind: Queue
@@ -536,7 +536,7 @@ metadata: {name: default}
 spec: {weight: 1, reclaimable: true}
 EOF
   log "vc-controller-manager on $CLUSTER: health 127.0.0.1:$health; flags: ${EXTRA[*]}"
-  exec "$TIDEPOOL_VOLCANO/bin/vc-controller-manager" --kubeconfig="$KUBECONFIG" --leader-elect=false \
+  exec "$TIDEPOOL_SCHEDULERS/bin/vc-controller-manager" --kubeconfig="$KUBECONFIG" --leader-elect=false \
     --controllers=job-controller,pg-controller,queue-controller,gc-controller \
     --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
 }
@@ -551,7 +551,7 @@ start_volcano_scheduler() {
   local health conf=$DIR/scheduler.conf
   health=$(port 24250)
   check_ports "$health"
-  apply_crds "$TIDEPOOL_VOLCANO/crds"
+  apply_crds "$TIDEPOOL_SCHEDULERS/crds/volcano"
   cat >"$conf" <<'EOF'
 actions: "enqueue, allocate, backfill"
 tiers:
@@ -559,22 +559,13 @@ tiers:
 - plugins: [{name: overcommit}, {name: drf}, {name: predicates}, {name: proportion}, {name: nodeorder}]
 EOF
   log "vc-scheduler on $CLUSTER: health 127.0.0.1:$health; flags: ${EXTRA[*]}"
-  exec "$TIDEPOOL_VOLCANO/bin/vc-scheduler" --kubeconfig="$KUBECONFIG" --leader-elect=false \
+  exec "$TIDEPOOL_SCHEDULERS/bin/vc-scheduler" --kubeconfig="$KUBECONFIG" --leader-elect=false \
     --scheduler-conf="$conf" --enable-healthz --healthz-address="127.0.0.1:$health" "${EXTRA[@]}"
 }
 
 # ---------------------------------------------------------------------------------------
 # scheduler-plugins' Coscheduling, a member's gang scheduler
 
-resolve_coscheduling() {
-  if [[ -z ${TIDEPOOL_SCHEDULER_PLUGINS:-} ]]; then
-    log "TIDEPOOL_SCHEDULER_PLUGINS not set: running tests/gang/scheduler-plugins.sh (a cold build takes minutes)"
-    TIDEPOOL_SCHEDULER_PLUGINS=$(bash "$here/../gang/scheduler-plugins.sh" | tail -n 1) ||
-      die "tests/gang/scheduler-plugins.sh failed"
-  fi
-  [[ -x $TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler ]] ||
-    die "$TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler is missing"
-}
 
 # scheduler-plugins' kube-scheduler as a second scheduler, as its manifests/coscheduling
 # configure it but under its own name (`scheduler-plugins-scheduler`, tidepool's default
@@ -585,7 +576,7 @@ start_coscheduling() {
   local health config=$DIR/scheduler-config.yaml
   health=$(port 12250)
   check_ports "$health"
-  apply_crds "$TIDEPOOL_SCHEDULER_PLUGINS/crds"
+  apply_crds "$TIDEPOOL_SCHEDULERS/crds/scheduler-plugins"
   cat >"$config" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -600,7 +591,7 @@ profiles:
   - {name: Coscheduling, args: {permitWaitingTimeSeconds: 10}}
 EOF
   log "coscheduling scheduler on $CLUSTER: https://127.0.0.1:$health/healthz; flags: ${EXTRA[*]}"
-  exec "$TIDEPOOL_SCHEDULER_PLUGINS/bin/coscheduling-scheduler" --config="$config" \
+  exec "$TIDEPOOL_SCHEDULERS/bin/coscheduling-scheduler" --config="$config" \
     --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
     --bind-address=127.0.0.1 --secure-port="$health" "${EXTRA[@]}"
 }
@@ -608,13 +599,6 @@ EOF
 # ---------------------------------------------------------------------------------------
 # Kueue
 
-resolve_kueue() {
-  if [[ -z ${TIDEPOOL_KUEUE:-} ]]; then
-    log "TIDEPOOL_KUEUE not set: running tests/kueue/build.sh (a cold build takes minutes)"
-    TIDEPOOL_KUEUE=$(bash "$here/../kueue/build.sh" | tail -n 1) || die "tests/kueue/build.sh failed"
-  fi
-  [[ -x $TIDEPOOL_KUEUE/bin/kueue ]] || die "$TIDEPOOL_KUEUE/bin/kueue is missing"
-}
 
 # Its cmd/kueue with its batch/v1 Job integration: a Job naming a LocalQueue
 # (kueue.x-k8s.io/queue-name) is suspended at creation by Kueue's mutating webhook and let go
@@ -631,7 +615,7 @@ start_kueue() {
   local ns=kueue-system svc=kueue-webhook-service webhook health ip hooks sel crd conversion
   webhook=$(port 9250) health=$(port 8250)
   check_ports "$webhook" "$health"
-  apply_crds "$TIDEPOOL_KUEUE/crds"
+  apply_crds "$TIDEPOOL_SCHEDULERS/crds/kueue"
   conversion='{"spec":{"conversion":{"strategy":"Webhook","webhook":{"conversionReviewVersions":["v1"],
     "clientConfig":{"service":{"name":"'$svc'","namespace":"'$ns'","path":"/convert","port":443}}}}}}'
   for crd in localqueues clusterqueues workloads cohorts multikueueclusters; do
@@ -677,15 +661,13 @@ manageJobsWithoutQueueName: false
 integrations: {frameworks: ["batch/job"]}
 EOF
   log "kueue on $CLUSTER: webhook $ip:$webhook, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
-  exec "$TIDEPOOL_KUEUE/bin/kueue" --config="$DIR/config.yaml" --kubeconfig="$KUBECONFIG" \
+  exec "$TIDEPOOL_SCHEDULERS/bin/kueue" --config="$DIR/config.yaml" --kubeconfig="$KUBECONFIG" \
     --feature-gates=VisibilityOnDemand=false "${EXTRA[@]}"
 }
 
 case $OPERATOR in
   training-operator|mpi-operator|jobset|trainer) resolve_bin ;;
-  volcano|volcano-scheduler) resolve_volcano ;;
-  coscheduling) resolve_coscheduling ;;
-  kueue) resolve_kueue ;;
+  volcano|volcano-scheduler|coscheduling|kueue) resolve_schedulers ;;
   *) die "unknown operator $OPERATOR (training-operator, mpi-operator, jobset, trainer, volcano, volcano-scheduler, coscheduling or kueue)" ;;
 esac
 case $OPERATOR in
