@@ -257,11 +257,17 @@ async fn a_member_without_the_podgroup_crd_is_not_ready_with_the_reason() {
     let ns = "e2e-gang-no-crd";
     let training = env.client("training").await;
     let member_a = env.client("member-a").await;
+    // The test needs member-a without the coscheduling CRD, which the test running
+    // Coscheduling there installed.
     let crds = Api::<CustomResourceDefinition>::all(member_a);
-    assert!(
-        crds.get_opt("podgroups.scheduling.x-k8s.io").await.unwrap().is_none(),
-        "this test needs member-a without the coscheduling CRD"
-    );
+    if crds.get_opt("podgroups.scheduling.x-k8s.io").await.unwrap().is_some() {
+        crds.delete("podgroups.scheduling.x-k8s.io", &DeleteParams::default()).await.unwrap();
+    }
+    wait_for(Duration::from_secs(60), "member-a without the coscheduling CRD", || {
+        let crds = crds.clone();
+        async move { crds.get_opt("podgroups.scheduling.x-k8s.io").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
     prepare(&env, &training, test, ns).await;
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, ns, "member-a", &kubeconfig).await;
@@ -368,18 +374,7 @@ async fn a_gang_under_the_members_own_kubernetes_gang_scheduling_runs_all_or_not
     .await;
     println!("member PodGroup {group}: {said}");
     assert_eq!(said["reason"], "Unschedulable", "the member's scheduler tried the gang and found no room: {said}");
-    for n in &names {
-        let reason = wait_for(Duration::from_secs(30), &format!("{n} shows the member's reason"), || {
-            let (pods, n) = (pods.clone(), n.clone());
-            async move {
-                let st = pods.get(&n).await.ok()?.status?;
-                let c = st.conditions?.into_iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-                c.message.filter(|m| !m.is_empty())
-            }
-        })
-        .await;
-        println!("{n}: {reason}");
-    }
+    shows_members_reason(&pods, &names, Duration::from_secs(30)).await;
     let member_pods = Api::<Pod>::namespaced(member.clone(), &member_ns);
     for n in &names {
         let copy = member_pods.get(n).await.unwrap();
@@ -418,6 +413,23 @@ async fn a_member_without_the_native_pod_group_api_is_not_ready_for_kubernetes_g
     let _tidepool = Tidepool::start(&env, test, ns);
     let message = wait_reason(&training, &name, "False", keys::REASON_GANG_SCHEDULER_MISSING).await;
     assert!(message.contains("podgroups.scheduling.k8s.io/v1beta1"), "{message}");
+}
+
+/// Waits until each training pod of `names` shows the member's reason for not placing its copy
+/// (`PodScheduled` `False` with a message), and prints it.
+async fn shows_members_reason(pods: &Api<Pod>, names: &[String], within: Duration) {
+    for n in names {
+        let reason = wait_for(within, &format!("{n} shows the member's reason"), || {
+            let (pods, n) = (pods.clone(), n.clone());
+            async move {
+                let st = pods.get(&n).await.ok()?.status?;
+                let c = st.conditions?.into_iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+                c.message.filter(|m| !m.is_empty())
+            }
+        })
+        .await;
+        println!("{n}: {reason}");
+    }
 }
 
 /// A pod of `cpu` CPU for a kwok node, with `meta` and `spec` as [`pod`] takes them.
@@ -536,26 +548,15 @@ async fn member_gang_holds(g: MemberGang) {
     })
     .await;
 
-    // 2. The member's scheduler is down; a gang is placed (24 of the node's 32 CPU) and its
-    //    copies made; online pods then take 16 CPU of that node.
+    // 2. The member's scheduler is down; a gang is placed (three quarters of the node) and its
+    //    copies made; online pods then take half of that node.
     drop(scheduler);
     let names = gang_of_three(&pods, test, &format!("job-{id}"), g.quarter).await;
     copies(&member, &member_ns, &names).await;
     let bound = member_watch_bound(&member_pods);
     let online = online_pods(&member, &node, &id, g.quarter).await;
     let _scheduler = crate::operators::Operator::start_on(&env, g.operator, g.cluster, &[]).await;
-    for n in &names {
-        let reason = wait_for(Duration::from_secs(60), &format!("{n} shows the member's reason"), || {
-            let (pods, n) = (pods.clone(), n.clone());
-            async move {
-                let st = pods.get(&n).await.ok()?.status?;
-                let c = st.conditions?.into_iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-                c.message.filter(|m| !m.is_empty())
-            }
-        })
-        .await;
-        println!("{n}: {reason}");
-    }
+    shows_members_reason(&pods, &names, Duration::from_secs(60)).await;
     for n in &names {
         let msg = wait_rolled_back(&pods, n).await;
         assert!(msg.contains("0 of its 3 pods running"), "{msg}");

@@ -92,8 +92,11 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
     let b = Bridge::start(TEST, NS).await;
     b.lend(1, Some(0)).await;
     queues(&b).await;
+    // An earlier run's Jobs and Workloads (a rerun on the same clusters) would hold the quota.
     let jobs = Api::<Job>::namespaced(b.training.clone(), NS);
-    jobs.delete_collection(&Default::default(), &ListParams::default()).await.unwrap();
+    let background = kube::api::DeleteParams::background();
+    jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
+    kueue_api(&b, "Workload", "workloads", true).delete_collection(&background, &ListParams::default()).await.unwrap();
     let id = run_id();
     let (first, second) = (format!("first-{id}"), format!("second-{id}"));
     let scheduler = scheduler_name(TEST);

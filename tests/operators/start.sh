@@ -187,6 +187,23 @@ gang_crds() {
   rm -rf "$dir"
 }
 
+# webhook_secret NAME NAMESPACE: Secret NAME holding webhook_pki's CA (with its key) and serving
+# certificate, as an operator's cert rotator keeps them: it finds them valid and leaves them.
+webhook_secret() {
+  "${KC[@]}" apply --server-side --force-conflicts --field-manager=tidepool-operators -f - >/dev/null <<EOF ||
+apiVersion: v1
+kind: Secret
+metadata: {name: $1, namespace: $2}
+type: Opaque
+data:
+  ca.crt: $(b64 "$DIR/pki/ca.crt")
+  ca.key: $(b64 "$DIR/pki/ca.key")
+  tls.crt: $(b64 "$DIR/pki/tls.crt")
+  tls.key: $(b64 "$DIR/pki/tls.key")
+EOF
+    die "applying the webhook Secret $2/$1 failed"
+}
+
 # The address the API server dials for webhooks: the cluster's real node IP (on lo).
 webhook_ip() {
   local node=${!nodev:-} ip
@@ -339,18 +356,7 @@ start_training_operator() {
   gang_crds "$(flag_value gang-scheduler-name)"
   namespace "$ns"
   webhook_pki "$svc" "$ns" training-operator-ca training-operator
-  "${KC[@]}" apply --server-side --force-conflicts --field-manager=tidepool-operators -f - >/dev/null <<EOF ||
-apiVersion: v1
-kind: Secret
-metadata: {name: training-operator-webhook-cert, namespace: $ns}
-type: Opaque
-data:
-  ca.crt: $(b64 "$DIR/pki/ca.crt")
-  ca.key: $(b64 "$DIR/pki/ca.key")
-  tls.crt: $(b64 "$DIR/pki/tls.crt")
-  tls.key: $(b64 "$DIR/pki/tls.key")
-EOF
-    die "applying the webhook Secret failed"
+  webhook_secret training-operator-webhook-cert "$ns"
   webhook_service "$svc" "$ns" webhook-server "$webhook"
 
   # One validating webhook per enabled kind, at the path controller-runtime registers for it
@@ -628,18 +634,7 @@ start_kueue() {
   # they are (webhook_pki): the webhook configurations carry that CA from the start, and Kueue
   # serves with that certificate at once.
   webhook_pki "$svc" "$ns" kueue-ca kueue
-  "${KC[@]}" apply --server-side --force-conflicts --field-manager=tidepool-operators -f - >/dev/null <<EOF ||
-apiVersion: v1
-kind: Secret
-metadata: {name: kueue-webhook-server-cert, namespace: $ns}
-type: Opaque
-data:
-  ca.crt: $(b64 "$DIR/pki/ca.crt")
-  ca.key: $(b64 "$DIR/pki/ca.key")
-  tls.crt: $(b64 "$DIR/pki/tls.crt")
-  tls.key: $(b64 "$DIR/pki/tls.key")
-EOF
-    die "applying Kueue's webhook Secret failed"
+  webhook_secret kueue-webhook-server-cert "$ns"
   ip=$(webhook_ip)
   webhook_service "$svc" "$ns" webhook-server "$webhook"
   sel='
