@@ -33,7 +33,8 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// owner is read again.
 const RECHECK_AFTER: Duration = Duration::from_secs(60);
 
-/// The loop; returns only if it is turned off.
+/// The loop. Never returns: turned off, it idles (its end would end the scheduling loop beside
+/// it, see `Dispatcher::schedule`).
 pub(crate) async fn run(ctx: std::sync::Arc<Context>, pods: TrainingPods) {
     if !ctx.config.dispatcher.volcano_pod_groups {
         info!("dispatcher.volcanoPodGroups is off: Volcano PodGroups are left to Volcano's scheduler");
