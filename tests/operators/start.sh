@@ -622,19 +622,23 @@ start_kueue() {
   webhook=$(port 9250) health=$(port 8250)
   check_ports "$webhook" "$health"
   apply_crds "$TIDEPOOL_SCHEDULERS/crds/kueue"
+  namespace "$ns"
+  # The Secret Kueue's certificate rotator reads (it must exist, as Kueue's install makes it),
+  # filled with this script's CA and serving certificate in the shape the rotator accepts as
+  # they are (webhook_pki): the webhook configurations and the CRDs' conversion carry that CA
+  # from the start, and Kueue serves with that certificate at once.
+  webhook_pki "$svc" "$ns" kueue-ca kueue
+  webhook_secret kueue-webhook-server-cert "$ns"
+  # Where the Secret's volume would put it in a pod: Kueue's rotator waits for the files to match
+  # the Secret before it reports ready.
+  serving_certs "$DIR/certs"
   conversion='{"spec":{"conversion":{"strategy":"Webhook","webhook":{"conversionReviewVersions":["v1"],
-    "clientConfig":{"service":{"name":"'$svc'","namespace":"'$ns'","path":"/convert","port":443}}}}}}'
+    "clientConfig":{"caBundle":"'$(b64 "$DIR/pki/ca.crt")'",
+    "service":{"name":"'$svc'","namespace":"'$ns'","path":"/convert","port":443}}}}}}'
   for crd in localqueues clusterqueues workloads cohorts multikueueclusters; do
     "${KC[@]}" patch crd "$crd.kueue.x-k8s.io" --type merge -p "$conversion" >/dev/null ||
       die "pointing the conversion of $crd at Kueue failed"
   done
-  namespace "$ns"
-  # The Secret Kueue's certificate rotator reads (it must exist, as Kueue's install makes it),
-  # filled with this script's CA and serving certificate in the shape the rotator accepts as
-  # they are (webhook_pki): the webhook configurations carry that CA from the start, and Kueue
-  # serves with that certificate at once.
-  webhook_pki "$svc" "$ns" kueue-ca kueue
-  webhook_secret kueue-webhook-server-cert "$ns"
   ip=$(webhook_ip)
   webhook_service "$svc" "$ns" webhook-server "$webhook"
   sel='
