@@ -31,14 +31,20 @@ async fn apply(api: &Api<DynamicObject>, obj: Value) {
 
 /// A batch Job of `pods` pods of 100m CPU for 15 s, queued in LocalQueue `team`.
 fn queued_job(name: &str, scheduler: &str, pods: u32) -> Job {
+    job_in(name, scheduler, "team", pods, 15)
+}
+
+/// A batch Job of `pods` pods of 100m CPU for `seconds`, queued in LocalQueue `queue`.
+fn job_in(name: &str, scheduler: &str, queue: &str, pods: u32, seconds: u32) -> Job {
     serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": queue}},
         "spec": {
             "parallelism": pods, "completions": pods, "backoffLimit": 0,
             "template": {"spec": {
                 "schedulerName": scheduler, "restartPolicy": "Never",
                 "containers": [{"name": "main", "image": FRAMEWORKS_IMAGE, "imagePullPolicy": "Never",
-                                "command": ["sleep", "15"], "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+                                "command": ["sleep", seconds.to_string()],
+                                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
             }}
         }
     }))
@@ -136,4 +142,69 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
     await_complete(&jobs, &first).await;
     b.await_running(&format!("job-name={second}"), 2, &on_a).await;
     await_complete(&jobs, &second).await;
+}
+
+/// Two tenants (two ClusterQueues of 200m each in one cohort over the lent-capacity flavor):
+/// tenant a, alone, borrows b's unused share and runs two Jobs; tenant b then submits one, and
+/// Kueue takes its share back from a (a's borrowed Job suspended, its pods gone from the bridge),
+/// so each runs its share of what is lent, both placed by tidepool.
+#[tokio::test]
+async fn two_tenants_share_the_lent_capacity_by_their_queues() {
+    let env = Env::load();
+    let _kueue = Operator::start(&env, "kueue", &[]).await;
+    let b = Bridge::start(TEST, NS).await;
+    b.lend(1, Some(0)).await;
+    queues(&b).await;
+    let background = kube::api::DeleteParams::background();
+    let jobs = Api::<Job>::namespaced(b.training.clone(), NS);
+    jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
+    kueue_api(&b, "Workload", "workloads", true).delete_collection(&background, &ListParams::default()).await.unwrap();
+    for tenant in ["a", "b"] {
+        apply(
+            &kueue_api(&b, "ClusterQueue", "clusterqueues", false),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": format!("e2e-kueue-{tenant}")},
+                   "spec": {"cohortName": "e2e-kueue-lent", "preemption": {"reclaimWithinCohort": "Any"},
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "e2e-kueue-lent",
+                                "resources": [{"name": "cpu", "nominalQuota": "200m"}, {"name": "memory", "nominalQuota": "1Gi"}]}]}]}}),
+        )
+        .await;
+        apply(
+            &kueue_api(&b, "LocalQueue", "localqueues", true),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": format!("tenant-{tenant}")},
+                   "spec": {"clusterQueue": format!("e2e-kueue-{tenant}")}}),
+        )
+        .await;
+    }
+    let id = run_id();
+    let scheduler = scheduler_name(TEST);
+    let on_a = real_node(TEST, 0);
+    let a_jobs: Vec<String> = (0..2).map(|i| format!("a{i}-{id}")).collect();
+    for name in &a_jobs {
+        jobs.create(&PostParams::default(), &job_in(name, &scheduler, "tenant-a", 2, 600)).await.unwrap();
+    }
+    for name in &a_jobs {
+        b.await_running(&format!("job-name={name}"), 2, &on_a).await;
+    }
+    println!("tenant a runs {a_jobs:?}: its 200m and b's unused 200m");
+    let b_job = format!("b0-{id}");
+    jobs.create(&PostParams::default(), &job_in(&b_job, &scheduler, "tenant-b", 2, 600)).await.unwrap();
+    b.await_running(&format!("job-name={b_job}"), 2, &on_a).await;
+    let mut still = Vec::new();
+    for name in &a_jobs {
+        let suspended = jobs.get(name).await.unwrap().spec.unwrap().suspend == Some(true);
+        if !suspended {
+            still.push(name.clone());
+        }
+    }
+    println!("after tenant b's Job: tenant a runs {still:?}");
+    assert_eq!(still.len(), 1, "Kueue took b's share back from a: one of a's Jobs suspended");
+    let preempted: Vec<&String> = a_jobs.iter().filter(|n| !still.contains(n)).collect();
+    wait_for(Duration::from_secs(60), "the suspended Job's pods gone", || {
+        let name = preempted[0].clone();
+        let b = &b;
+        async move { b.live(&format!("job-name={name}")).await.is_empty().then_some(()) }
+    })
+    .await;
+    jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
 }
