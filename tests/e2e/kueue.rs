@@ -200,10 +200,11 @@ async fn two_tenants_share_the_lent_capacity_by_their_queues() {
     println!("after tenant b's Job: tenant a runs {still:?}");
     assert_eq!(still.len(), 1, "Kueue took b's share back from a: one of a's Jobs suspended");
     let preempted: Vec<&String> = a_jobs.iter().filter(|n| !still.contains(n)).collect();
+    // Gone, not just terminating: tidepool removes their copies and ends their deletion.
     wait_for(Duration::from_secs(60), "the suspended Job's pods gone", || {
         let name = preempted[0].clone();
         let b = &b;
-        async move { b.live(&format!("job-name={name}")).await.is_empty().then_some(()) }
+        async move { pods_of(b, &name).await.is_empty().then_some(()) }
     })
     .await;
     jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
