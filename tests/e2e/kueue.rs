@@ -91,18 +91,25 @@ async fn await_complete(jobs: &Api<Job>, name: &str) {
     .await;
 }
 
-#[tokio::test]
-async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
+/// Kueue in the training cluster, the test's bridge (member-a alone lending) and queues, and its
+/// Jobs' API, with an earlier run's Jobs and Workloads (a rerun on the same clusters) gone: they
+/// would hold the quota.
+async fn start() -> (Operator, Bridge, Api<Job>) {
     let env = Env::load();
-    let _kueue = Operator::start(&env, "kueue", &[]).await;
+    let kueue = Operator::start(&env, "kueue", &[]).await;
     let b = Bridge::start(TEST, NS).await;
     b.lend(1, Some(0)).await;
     queues(&b).await;
-    // An earlier run's Jobs and Workloads (a rerun on the same clusters) would hold the quota.
     let jobs = Api::<Job>::namespaced(b.training.clone(), NS);
     let background = kube::api::DeleteParams::background();
     jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
     kueue_api(&b, "Workload", "workloads", true).delete_collection(&background, &ListParams::default()).await.unwrap();
+    (kueue, b, jobs)
+}
+
+#[tokio::test]
+async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
+    let (_kueue, b, jobs) = start().await;
     let id = run_id();
     let (first, second) = (format!("first-{id}"), format!("second-{id}"));
     let scheduler = scheduler_name(TEST);
@@ -150,15 +157,7 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
 /// so each runs its share of what is lent, both placed by tidepool.
 #[tokio::test]
 async fn two_tenants_share_the_lent_capacity_by_their_queues() {
-    let env = Env::load();
-    let _kueue = Operator::start(&env, "kueue", &[]).await;
-    let b = Bridge::start(TEST, NS).await;
-    b.lend(1, Some(0)).await;
-    queues(&b).await;
-    let background = kube::api::DeleteParams::background();
-    let jobs = Api::<Job>::namespaced(b.training.clone(), NS);
-    jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
-    kueue_api(&b, "Workload", "workloads", true).delete_collection(&background, &ListParams::default()).await.unwrap();
+    let (_kueue, b, jobs) = start().await;
     for tenant in ["a", "b"] {
         apply(
             &kueue_api(&b, "ClusterQueue", "clusterqueues", false),
@@ -207,5 +206,5 @@ async fn two_tenants_share_the_lent_capacity_by_their_queues() {
         async move { pods_of(b, &name).await.is_empty().then_some(()) }
     })
     .await;
-    jobs.delete_collection(&background, &ListParams::default()).await.unwrap();
+    jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
 }
