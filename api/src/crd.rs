@@ -206,6 +206,15 @@ impl GangScheduler {
             Self::Kubernetes => ("scheduling.k8s.io", "v1beta1", "podgroups"),
         }
     }
+
+    /// The API resource of its PodGroups, for dynamic clients.
+    pub fn pod_group_resource(self) -> kube::api::ApiResource {
+        let (group, version, plural) = self.pod_group_api();
+        kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(group, version, "PodGroup"),
+            plural,
+        )
+    }
 }
 
 impl MemberClusterSpec {

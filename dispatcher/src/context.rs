@@ -12,6 +12,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
+use tidepool_api::crd::GangScheduler;
 use tidepool_api::keys::Band;
 use tidepool_api::pod::PodLite;
 use tidepool_api::{BridgeConfig, Resources};
@@ -340,12 +341,13 @@ pub(crate) fn requests(p: &PodLite) -> Resources {
 /// The API of the PodGroups a gang source names (Kubernetes', Volcano's or sig-scheduling's),
 /// with their kind for messages.
 pub(crate) fn pod_group_api(training: Client, source: &GangSource, ns: &str) -> (Api<DynamicObject>, GroupVersionKind) {
-    let gvk = match source {
-        GangSource::Native(_) => GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup"),
-        GangSource::Volcano(_) => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
-        _ => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
+    let scheduler = match source {
+        GangSource::Native(_) => GangScheduler::Kubernetes,
+        GangSource::Volcano(_) => GangScheduler::Volcano,
+        _ => GangScheduler::Coscheduling,
     };
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "podgroups");
+    let ar = scheduler.pod_group_resource();
+    let gvk = GroupVersionKind::gvk(&ar.group, &ar.version, &ar.kind);
     (Api::<DynamicObject>::namespaced_with(training, ns, &ar), gvk)
 }
 

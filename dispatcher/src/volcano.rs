@@ -15,6 +15,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
+use tidepool_api::crd::GangScheduler;
 use tidepool_api::keys;
 use tidepool_api::pod::PodLite;
 use tidepool_federation::training::{PodEvent, TrainingPods};
@@ -42,7 +43,7 @@ pub(crate) async fn run(ctx: std::sync::Arc<Context>, pods: TrainingPods) {
     }
     served(&ctx).await;
     info!("the training cluster serves Volcano PodGroups: tidepool schedules those of its jobs");
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(vg::GROUP, vg::VERSION, "PodGroup"), vg::PLURAL);
+    let ar = GangScheduler::Volcano.pod_group_resource();
     let writer = reflector::store::Writer::new(ar.clone());
     let groups = writer.as_reader();
     let watch = watcher(Api::<DynamicObject>::all_with(ctx.training.clone(), &ar), watcher::Config::default())
@@ -86,9 +87,8 @@ fn in_a_volcano_group(e: &PodEvent) -> bool {
 
 /// Until the training cluster serves Volcano's PodGroups.
 async fn served(ctx: &Context) {
-    let group_version = format!("{}/{}", vg::GROUP, vg::VERSION);
     loop {
-        match tidepool_federation::member::serves(&ctx.training, &group_version, vg::PLURAL).await {
+        match tidepool_federation::member::serves_pod_groups(&ctx.training, GangScheduler::Volcano).await {
             Ok(true) => return,
             Ok(false) => debug!("the training cluster serves no Volcano PodGroups (yet)"),
             Err(e) => warn!(error = %e, "cannot ask the training cluster whether it serves Volcano PodGroups"),
@@ -194,7 +194,7 @@ async fn owner_schedulers(ctx: &Context, ns: &str, o: &vg::Owner) -> Result<Vec<
 /// the phase changes, an Event on the group as Volcano's scheduler records them. Whether the
 /// write went through.
 async fn write(ctx: &Context, g: &Group, n: &Next) -> bool {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(vg::GROUP, vg::VERSION, "PodGroup"), vg::PLURAL);
+    let ar = GangScheduler::Volcano.pod_group_resource();
     let api = Api::<DynamicObject>::namespaced_with(ctx.training.clone(), &g.namespace, &ar);
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = vg::patch(g, n, &now);
@@ -210,8 +210,8 @@ async fn write(ctx: &Context, g: &Group, n: &Next) -> bool {
         return true;
     }
     let on = ObjectReference {
-        api_version: Some(format!("{}/{}", vg::GROUP, vg::VERSION)),
-        kind: Some("PodGroup".into()),
+        api_version: Some(ar.api_version.clone()),
+        kind: Some(ar.kind.clone()),
         namespace: Some(g.namespace.clone()),
         name: Some(g.name.clone()),
         uid: Some(g.uid.clone()),

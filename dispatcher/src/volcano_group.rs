@@ -23,11 +23,6 @@ use tidepool_api::pod::PodLite;
 
 use crate::context::Pool;
 
-/// The API of Volcano's PodGroups.
-pub(crate) const GROUP: &str = "scheduling.volcano.sh";
-pub(crate) const VERSION: &str = "v1beta1";
-pub(crate) const PLURAL: &str = "podgroups";
-
 /// Volcano's group phases tidepool writes.
 pub(crate) const PENDING: &str = "Pending";
 pub(crate) const INQUEUE: &str = "Inqueue";

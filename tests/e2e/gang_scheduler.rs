@@ -57,7 +57,7 @@ fn pod(name: &str, meta: serde_json::Value, spec: serde_json::Value) -> Pod {
 
 /// Member-side PodGroups of `scheduler` in `ns`.
 fn groups(member: &Client, scheduler: GangScheduler, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(member.clone(), ns, &gang_group::api_resource(scheduler))
+    Api::namespaced_with(member.clone(), ns, &scheduler.pod_group_resource())
 }
 
 /// The copies of `names` once all exist in member namespace `ns`.
@@ -218,7 +218,7 @@ async fn gang_path(scheduler: GangScheduler, test: &str) {
         (keys::LABEL_ORIGIN_CLUSTER.to_owned(), "training".to_owned()),
         (keys::LABEL_ORIGIN_MEMBER.to_owned(), mc_name.clone()),
     ]);
-    let mut left = DynamicObject::new(&stray, &gang_group::api_resource(scheduler)).within(&member_ns);
+    let mut left = DynamicObject::new(&stray, &scheduler.pod_group_resource()).within(&member_ns);
     left.metadata.labels = Some(labels);
     left.data = json!({"spec": {"minMember": 2}});
     groups(&member, scheduler, &member_ns).create(&PostParams::default(), &left).await.unwrap();

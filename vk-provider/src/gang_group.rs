@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, PodSchedulingGroup};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tidepool_api::crd::GangScheduler;
@@ -117,12 +117,6 @@ pub fn member_group(meta: &ObjectMeta, native: Option<&str>, cluster: &str, node
     })
 }
 
-/// The API of `scheduler`'s PodGroups.
-pub fn api_resource(scheduler: GangScheduler) -> ApiResource {
-    let (group, version, plural) = scheduler.pod_group_api();
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, "PodGroup"), plural)
-}
-
 /// The PodGroup object of `group` in member namespace `namespace`, labelled like every
 /// object tidepool makes in a member (managed-by, origin cluster, member), which is what the
 /// collector selects by.
@@ -138,7 +132,7 @@ pub fn pod_group(
         (keys::LABEL_ORIGIN_CLUSTER.to_owned(), cluster.to_owned()),
         (keys::LABEL_ORIGIN_MEMBER.to_owned(), member.to_owned()),
     ]);
-    let mut object = DynamicObject::new(&group.name, &api_resource(scheduler)).within(namespace);
+    let mut object = DynamicObject::new(&group.name, &scheduler.pod_group_resource()).within(namespace);
     object.metadata.labels = Some(labels);
     object.data = match scheduler {
         // Its pods never preempt (they are guests): the group says the same, as it must.
@@ -220,7 +214,7 @@ pub(crate) async fn ensure(
     namespace: &str,
     cluster: &str,
 ) -> Result<Ensured, Error> {
-    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &api_resource(scheduler));
+    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &scheduler.pod_group_resource());
     let object = pod_group(scheduler, group, namespace, cluster, member.name.as_str());
     let pp = PostParams { field_manager: Some(keys::MANAGER_VK.to_owned()), ..Default::default() };
     match api.create(&pp, &object).await {
@@ -241,7 +235,7 @@ pub(crate) async fn list(
     namespace: &str,
     cluster: &str,
 ) -> Result<Vec<(String, String)>, Error> {
-    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &api_resource(scheduler));
+    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &scheduler.pod_group_resource());
     let selector = format!(
         "{}={},{}={},{}={}",
         keys::LABEL_MANAGED_BY,
@@ -265,7 +259,7 @@ pub(crate) async fn delete(
     namespace: &str,
     name: &str,
 ) -> Result<(), Error> {
-    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &api_resource(scheduler));
+    let api = Api::<DynamicObject>::namespaced_with(member.client.clone(), namespace, &scheduler.pod_group_resource());
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {
             tracing::info!(member = %member.name, namespace, group = name, "PodGroup deleted: no copy needs it");
