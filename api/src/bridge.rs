@@ -152,6 +152,11 @@ pub struct DispatcherConfig {
     /// (and the training-operator's volcano gang path) makes their pods. Off where Volcano's
     /// own scheduler is to enqueue every group of the training cluster.
     pub volcano_pod_groups: bool,
+    /// Keep the `nominalQuota` of lent flavors in the Kueue ClusterQueues and Cohorts
+    /// annotated `tidepool.io/lent-quota: "<share>%"` equal to that share of what the members
+    /// lend (the flavors' virtual nodes' allocatable), so Kueue admits no more than tidepool
+    /// can place. Marked queues only; off where Kueue's quotas are managed otherwise.
+    pub kueue_lent_quota: bool,
 }
 
 /// A duration per band, in seconds.
@@ -188,6 +193,7 @@ impl Default for DispatcherConfig {
             gang_timeout_seconds: 300,
             reclaim_eviction_requests: true,
             volcano_pod_groups: true,
+            kueue_lent_quota: true,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! two loops that share a `context` and import nothing from each other; gang identity and
 //! bands ([`gang`]); and the pure decisions: a round's writes (`round`), placement
 //! ([`plan`]), admission order ([`order`]), reclaim victims ([`victims`]) and gang restarts
-//! ([`restart`]). Errors are [`error::Error`]. Does not own: capacity (federation) or offload
+//! ([`restart`]), Kueue's quota over lent capacity ([`kueue_quota`]). Errors are [`error::Error`]. Does not own: capacity (federation) or offload
 //! pods (vk-provider): a pod bound to a virtual node is the hand-off. Start at
 //! [`Dispatcher::start`].
 
@@ -14,6 +14,8 @@ pub mod controller;
 pub mod error;
 mod eviction;
 pub mod gang;
+mod kueue;
+pub mod kueue_quota;
 pub mod order;
 pub mod plan;
 mod pod_group_status;
@@ -83,14 +85,17 @@ impl Dispatcher {
     }
 
     /// The scheduling loop; sharded, only the replica holding the leader Lease runs it.
-    /// With it, tidepool's part as Volcano's gang scheduler (`volcano`): the two end together.
+    /// With it, tidepool's part as Volcano's gang scheduler (`volcano`) and the keeper of
+    /// Kueue's quota over lent capacity (`kueue`): they end together.
     pub fn schedule(&self) -> impl Future<Output = ()> + Send + 'static {
         let rounds = controller::run(self.ctx.clone(), self.pods.clone());
         let volcano = volcano::run(self.ctx.clone(), self.pods.clone());
+        let kueue = kueue::run(self.ctx.clone());
         async move {
             tokio::select! {
                 () = rounds => {}
                 () = volcano => {}
+                () = kueue => {}
             }
         }
     }

@@ -572,6 +572,7 @@ async fn training_writes_are_held_to_tidepools(env: &Env, training: &Client, lp_
     nodes.patch(NODE, &dry, &label).await.expect("training: its virtual node");
     Api::<Pod>::namespaced(training.clone(), NS).delete(&bystander, &Default::default()).await.unwrap();
     volcano_groups_only_in_status(env, training, lp_training).await;
+    kueue_queues_only_their_lent_quota(env, training, lp_training).await;
 }
 
 /// Volcano's PodGroups have no status subresource, and the training identity patches them as
@@ -627,6 +628,77 @@ async fn volcano_groups_only_in_status(env: &Env, training: &Client, lp_training
         .await
         .expect("training: a Volcano PodGroup's status");
     Api::<DynamicObject>::namespaced_with(training.clone(), NS, &ar).delete(&name, &Default::default()).await.unwrap();
+}
+
+/// Kueue's ClusterQueues: the training identity may patch them (to keep the quota over lent
+/// capacity), and the policy holds it to the nominalQuota of the queues an admin marked
+/// `tidepool.io/lent-quota`. Tried as a holder of its token (dry runs): an unmarked queue's
+/// quota, a marked one's cohort, borrowing limit, flavor and mark (the policy refuses), a new
+/// queue (RBAC refuses), the marked queue's quota (allowed).
+async fn kueue_queues_only_their_lent_quota(env: &Env, training: &Client, lp_training: &Client) {
+    let crd = format!("{}/crds/kueue/kueue.x-k8s.io_clusterqueues.yaml", std::env::var("TIDEPOOL_SCHEDULERS").unwrap());
+    let crd = std::fs::read_to_string(crd).unwrap();
+    let apply = ["apply", "--server-side", "--force-conflicts", "--field-manager=tidepool-operators", "-f", "-"];
+    kubectl_with(env, "training", &apply, &crd).await.unwrap();
+    let established = ["wait", "--for", "condition=Established", "crd/clusterqueues.kueue.x-k8s.io"];
+    kubectl_with(env, "training", &established, "").await.unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ClusterQueue"),
+        "clusterqueues",
+    );
+    let id = run_id();
+    let queue = |name: &str, mark: bool| -> DynamicObject {
+        let annotations = if mark { json!({"tidepool.io/lent-quota": "100%"}) } else { json!({}) };
+        serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"cohortName": "e2e-deploy", "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                {"name": "lent", "resources": [{"name": "cpu", "nominalQuota": "1", "borrowingLimit": "1"}]}]}]}
+        }))
+        .unwrap()
+    };
+    let (marked, unmarked) = (format!("e2e-marked-{id}"), format!("e2e-unmarked-{id}"));
+    let admin = Api::<DynamicObject>::all_with(training.clone(), &ar);
+    for (name, mark) in [(&marked, true), (&unmarked, false)] {
+        admin.create(&PostParams::default(), &queue(name, mark)).await.unwrap();
+    }
+    let queues = Api::<DynamicObject>::all_with(lp_training.clone(), &ar);
+    let dry = PatchParams { dry_run: true, ..Default::default() };
+    let groups = |flavor: &str, quota: &str, borrow: &str| {
+        json!({"spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": quota, "borrowingLimit": borrow}]}]}]}})
+    };
+    let attempts = [
+        (&unmarked, groups("lent", "64", "1"), "training: raise an unmarked ClusterQueue's quota"),
+        (
+            &marked,
+            json!({"spec": {"cohortName": "elsewhere"}}),
+            "training: move a marked ClusterQueue to another cohort",
+        ),
+        (&marked, groups("lent", "1", "64"), "training: raise a marked ClusterQueue's borrowing limit"),
+        (&marked, groups("native", "1", "1"), "training: rename a marked ClusterQueue's flavor"),
+        (
+            &marked,
+            json!({"metadata": {"annotations": {"tidepool.io/lent-quota": null}}}),
+            "training: unmark a ClusterQueue",
+        ),
+    ];
+    for (name, patch, what) in attempts {
+        refused_by_policy(queues.patch(name, &dry, &Patch::Merge(patch)).await, what);
+    }
+    forbidden(
+        queues
+            .create(&PostParams { dry_run: true, ..Default::default() }, &queue(&format!("{marked}-forged"), true))
+            .await,
+        "training: create a ClusterQueue (RBAC grants no create)",
+    );
+    queues
+        .patch(&marked, &dry, &Patch::Merge(groups("lent", "250m", "1")))
+        .await
+        .expect("training: the quota of a marked ClusterQueue");
+    for name in [&marked, &unmarked] {
+        admin.delete(name, &Default::default()).await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -208,3 +208,123 @@ async fn two_tenants_share_the_lent_capacity_by_their_queues() {
     .await;
     jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
 }
+
+/// The `cpu` nominalQuota of flavor `flavor` in ClusterQueue `queue`, in milli-CPU.
+async fn cpu_quota(b: &Bridge, queue: &str, flavor: &str) -> Option<i64> {
+    let q = kueue_api(b, "ClusterQueue", "clusterqueues", false).get(queue).await.ok()?;
+    let groups = q.data["spec"]["resourceGroups"].as_array()?.clone();
+    let f = groups.iter().filter_map(|g| g["flavors"].as_array()).flatten().find(|f| f["name"] == flavor)?.clone();
+    let cpu = f["resources"].as_array()?.iter().find(|r| r["name"] == "cpu")?["nominalQuota"].clone();
+    let text = cpu.as_str().map(str::to_owned).unwrap_or_else(|| cpu.to_string());
+    tidepool_api::resources::parse_milli(&text).ok()
+}
+
+/// The allocatable CPU of virtual node `node`, in milli-CPU.
+async fn lent_cpu(b: &Bridge, node: &str) -> Option<i64> {
+    let n = Api::<k8s_openapi::api::core::v1::Node>::all(b.training.clone()).get(node).await.ok()?;
+    tidepool_api::resources::parse_milli(&n.status?.allocatable?.get("cpu")?.0).ok()
+}
+
+/// Waits until member-a's virtual node lends `milli` CPU and the marked queue's quota over it
+/// says so.
+async fn await_quota(b: &Bridge, queue: &str, flavor: &str, milli: i64) {
+    let node = real_node(TEST, 0);
+    wait_for(Duration::from_secs(60), &format!("{queue}'s {flavor} cpu quota at {milli}m, as lent"), || async {
+        let (lent, quota) = (lent_cpu(b, &node).await?, cpu_quota(b, queue, flavor).await?);
+        (lent == milli && quota == milli).then_some(())
+    })
+    .await;
+}
+
+/// Whether the Workload of Job `job` waits for quota (`QuotaReserved` False), with its message.
+async fn waits_for_quota(b: &Bridge, job: &str) -> Option<String> {
+    let list = kueue_api(b, "Workload", "workloads", true).list(&ListParams::default()).await.ok()?;
+    let w = list.items.into_iter().find(|w| w.name_any().contains(job))?;
+    let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "QuotaReserved")?.clone();
+    (c["status"] == "False").then(|| c["message"].as_str().unwrap_or_default().to_owned())
+}
+
+/// A ClusterQueue marked `tidepool.io/lent-quota: "100%"` over a flavor of member-a's virtual
+/// node: tidepool keeps its quota at what member-a lends. When the member lends less (here its
+/// reserve, as a window or an HPA's headroom would), the quota shrinks before anything is
+/// reclaimed and Kueue holds the next Job (no pod made) instead of admitting what tidepool
+/// would have to take back; the running Job is untouched; when the member lends again, Kueue
+/// admits it and tidepool places it. A queue whose mark cannot be read is told so by an Event
+/// and left as written.
+#[tokio::test]
+async fn the_lent_quota_follows_what_the_members_lend_and_kueue_admits_no_more() {
+    let (_kueue, b, jobs) = start().await;
+    let (flavor, queue, bad) = ("e2e-kueue-a", "e2e-kueue-following", "e2e-kueue-unreadable");
+    let node = real_node(TEST, 0);
+    apply(
+        &kueue_api(&b, "ResourceFlavor", "resourceflavors", false),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+               "spec": {"nodeLabels": {"tidepool.io/member": format!("{TEST}-a"), "kubernetes.io/hostname": node}}}),
+    )
+    .await;
+    for (name, share) in [(queue, "100%"), (bad, "lots")] {
+        apply(
+            &kueue_api(&b, "ClusterQueue", "clusterqueues", false),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                   "metadata": {"name": name, "annotations": {"tidepool.io/lent-quota": share}},
+                   "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}},
+                            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor,
+                                "resources": [{"name": "cpu", "nominalQuota": "0"}, {"name": "memory", "nominalQuota": "8Gi"}]}]}]}}),
+        )
+        .await;
+    }
+    apply(
+        &kueue_api(&b, "LocalQueue", "localqueues", true),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "following"},
+               "spec": {"clusterQueue": queue}}),
+    )
+    .await;
+    b.lend(0, Some(250)).await;
+    await_quota(&b, queue, flavor, 250).await;
+    let id = run_id();
+    let scheduler = scheduler_name(TEST);
+    let (first, second) = (format!("lent-first-{id}"), format!("lent-second-{id}"));
+    jobs.create(&PostParams::default(), &job_in(&first, &scheduler, "following", 2, 600)).await.unwrap();
+    let running = b.await_running(&format!("job-name={first}"), 2, &node).await;
+
+    // The member takes back all but what the first Job runs on: the quota follows at once, so
+    // the second Job waits in Kueue, not as pods tidepool would have to place and reclaim.
+    b.lend(0, Some(200)).await;
+    await_quota(&b, queue, flavor, 200).await;
+    jobs.create(&PostParams::default(), &job_in(&second, &scheduler, "following", 2, 15)).await.unwrap();
+    let why = wait_for(Duration::from_secs(30), "the second Job's Workload waiting for quota", || {
+        waits_for_quota(&b, &second)
+    })
+    .await;
+    println!("{second}: {why}");
+    assert!(pods_of(&b, &second).await.is_empty(), "Kueue holds the second Job: no pod of it exists");
+    let still = pods_of(&b, &first).await;
+    let uids = |pods: &[k8s_openapi::api::core::v1::Pod]| pods.iter().map(|p| p.uid()).collect::<Vec<_>>();
+    assert_eq!(uids(&still), uids(&running), "the first Job's pods were not reclaimed");
+    assert!(still.iter().all(|p| phase(p) == "Running"), "the first Job runs on");
+
+    // The member lends again: Kueue admits the second Job and tidepool places it.
+    b.lend(0, Some(450)).await;
+    await_quota(&b, queue, flavor, 450).await;
+    b.await_running(&format!("job-name={second}"), 2, &node).await;
+
+    // Told on the queues themselves; the unreadable mark left its queue as written.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(b.training.clone(), "default");
+    let about = |name: &'static str, reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default().fields(&format!("involvedObject.name={name}"))).await.ok()?;
+            list.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).next_back()
+        }
+    };
+    let said = wait_for(Duration::from_secs(30), "a LentQuota Event on the queue", || about(queue, "LentQuota")).await;
+    println!("{queue}: {said}");
+    let refused = wait_for(Duration::from_secs(30), "a LentQuotaInvalid Event on the unreadable queue", || {
+        about(bad, "LentQuotaInvalid")
+    })
+    .await;
+    assert!(refused.contains("\"lots\""), "the Event quotes the mark: {refused}");
+    assert_eq!(cpu_quota(&b, bad, flavor).await, Some(0), "an unreadable mark leaves the quota as written");
+    jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
+    b.lend(0, None).await;
+}

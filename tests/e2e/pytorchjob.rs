@@ -162,12 +162,19 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
         println!("{}: reclaimed, ack at step {:?}", p.name_any(), acked_step(p));
         assert!(acked_step(p).is_some(), "{} acked from inside", p.name_any());
     }
-    wait_for(WAIT, "the job re-formed at 2, training", || async {
-        let log = b.log(&w0, None).await;
-        let at_two = log.rfind("(world 2)")?;
-        (steps(&log[at_two..]).len() >= 2).then_some(())
-    })
-    .await;
+    let reformed = tokio::time::timeout(WAIT, async {
+        loop {
+            let log = b.log(&w0, None).await;
+            if log.rfind("(world 2)").is_some_and(|at_two| steps(&log[at_two..]).len() >= 2) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    if reformed.await.is_err() {
+        explain(&b, ns, &selector, &[&w0, &format!("{name}-worker-1")]).await;
+        panic!("timed out after {WAIT:?} waiting for the job to re-form at 2 and train");
+    }
     let core: Vec<_> =
         b.live(&selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
     println!("running on the floor: {core:?}");
@@ -186,4 +193,22 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     println!("worker 0: {before:?} ... {:?}", after.last());
     assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
     b.lend(1, None).await;
+}
+
+/// What a test that timed out on torchrun needs to be understood: the pods as the training
+/// cluster shows them, and the logs (the current and the previous container) of `pods`.
+async fn explain(b: &Bridge, ns: &str, selector: &str, pods: &[&str]) {
+    let (_, listed, _) =
+        kubectl(&b.env, "training", &["-n", ns, "get", "pods", "-l", selector, "-o", "wide"], None).await;
+    println!("--- pods\n{listed}");
+    for pod in pods {
+        for previous in [true, false] {
+            let mut args = vec!["-n", ns, "logs", pod, "--tail=60"];
+            if previous {
+                args.push("--previous");
+            }
+            let (_, log, err) = kubectl(&b.env, "training", &args, None).await;
+            println!("--- {pod} (previous: {previous})\n{log}{err}");
+        }
+    }
 }
