@@ -151,6 +151,60 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
     await_complete(&jobs, &second).await;
 }
 
+/// The operators' jobs through Kueue, as a tenant runs them: a JobSet (two replicated Jobs of
+/// one pod) and a PyTorchJob (a master and a worker, real torch over gloo), each naming the
+/// LocalQueue, are suspended by Kueue's webhooks at creation, admitted by quota (200m + 100m of
+/// the queue's 300m), let go with the flavor's node labels, and placed by tidepool, each whole
+/// as one gang on member-a; both run to their end.
+#[tokio::test]
+async fn a_jobset_and_a_pytorchjob_are_queued_by_kueue_and_placed_by_tidepool() {
+    let (_kueue, b, _) = start().await;
+    let _jobset = Operator::start(&b.env, "jobset", &[]).await;
+    let _training = Operator::start(&b.env, "training-operator", &[&format!("--namespace={NS}")]).await;
+    let id = run_id();
+    let scheduler = scheduler_name(TEST);
+    let queue = json!({"kueue.x-k8s.io/queue-name": "team"});
+    let (js, pt) = (format!("js-{id}"), format!("pt-{id}"));
+    let jobsets = b.jobs("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets");
+    let template = json!({"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": {
+        "schedulerName": scheduler, "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": FRAMEWORKS_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "20"],
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}}});
+    b.submit(&jobsets, json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": js, "labels": queue},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": template}]}
+    }))
+    .await;
+    let store = format!("{}/ckpt/{pt}", b.env.var("CHECKPOINT_STORE"));
+    let mut job = pytorchjob(&pt, &scheduler, &store, 1, 30);
+    job["metadata"]["labels"] = queue;
+    let pytorchjobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+    b.submit(&pytorchjobs, job).await;
+    let suspended = (
+        jobsets.get(&js).await.unwrap().data["spec"]["suspend"].clone(),
+        pytorchjobs.get(&pt).await.unwrap().data["spec"]["runPolicy"]["suspend"].clone(),
+    );
+    assert_eq!(suspended, (json!(true), json!(true)), "Kueue's webhooks suspend both at creation");
+
+    let on_a = real_node(TEST, 0);
+    for (selector, n) in [(format!("jobset.sigs.k8s.io/jobset-name={js}"), 2), (format!("training.kubeflow.org/job-name={pt}"), 2)] {
+        let pods = b.await_running(&selector, n, &on_a).await;
+        for p in &pods {
+            let spec = p.spec.as_ref().unwrap();
+            let flavor = spec.node_selector.clone().unwrap_or_default();
+            assert_eq!(flavor.get("type").map(String::as_str), Some("virtual-kubelet"), "{}: admitted by Kueue", p.name_any());
+            let role = p.labels().get(tidepool_api::keys::LABEL_ROLE).map(String::as_str);
+            assert_eq!(role, Some(tidepool_api::keys::ROLE_CORE), "{}: one gang, placed whole", p.name_any());
+        }
+        println!("{selector}: {:?} on {on_a}", pods.iter().map(|p| p.name_any()).collect::<Vec<_>>());
+    }
+    b.await_condition(&pytorchjobs, &pt, "Succeeded", Duration::from_secs(300)).await;
+    b.await_condition(&jobsets, &js, "Completed", Duration::from_secs(300)).await;
+    let background = kube::api::DeleteParams::background();
+    jobsets.delete(&js, &background).await.unwrap();
+    pytorchjobs.delete(&pt, &background).await.unwrap();
+}
+
 /// Two tenants (two ClusterQueues of 200m each in one cohort over the lent-capacity flavor):
 /// tenant a, alone, borrows b's unused share and runs two Jobs; tenant b then submits one, and
 /// Kueue takes its share back from a (a's borrowed Job suspended, its pods gone from the bridge),

@@ -605,15 +605,15 @@ EOF
 # ---------------------------------------------------------------------------------------
 # Kueue
 
-
-# Its cmd/kueue with its batch/v1 Job integration: a Job naming a LocalQueue
-# (kueue.x-k8s.io/queue-name) is suspended at creation by Kueue's mutating webhook and let go
-# once its Workload is admitted by quota. Kueue's own certificate management stays on (with it
+# Its cmd/kueue with its batch/v1 Job, JobSet and PyTorchJob integrations: a job naming a
+# LocalQueue (kueue.x-k8s.io/queue-name) is suspended at creation by Kueue's mutating webhook
+# and let go once its Workload is admitted by quota (the JobSet and PyTorchJob controllers
+# start once their CRDs are served: the operators' starts install them). Kueue's own certificate management stays on (with it
 # off Kueue insists on metrics certificates under /etc): it keeps its serving certificate in
 # Secret kueue-webhook-server-cert and writes the CA into its webhook configurations and into
 # the CRDs whose versions it converts (their conversion is pointed at its webhook Service here,
 # as its install does). Its webhooks
-# for Jobs would call it for every Job of the cluster: here only for namespaces labelled
+# would call it for every job of the cluster: here only for namespaces labelled
 # tidepool.io/e2e-kueue=true, so the Jobs of other tests never wait on a Kueue that is not
 # running. Visibility server and metrics off. Webhook <real node IP>:9250+k, health
 # 127.0.0.1:8250+k (/readyz).
@@ -644,8 +644,12 @@ start_kueue() {
   sel='
   namespaceSelector: {matchLabels: {tidepool.io/e2e-kueue: "true"}}'
   hooks=$(webhook mjob.kb.io "$svc" "$ns" /mutate-batch-v1-job batch v1 jobs "[CREATE]")$sel
+  hooks+=$(webhook mjobset.kb.io "$svc" "$ns" /mutate-jobset-x-k8s-io-v1alpha2-jobset jobset.x-k8s.io v1alpha2 jobsets "[CREATE]")$sel
+  hooks+=$(webhook mpytorchjob.kb.io "$svc" "$ns" /mutate-kubeflow-org-v1-pytorchjob kubeflow.org v1 pytorchjobs "[CREATE]")$sel
   webhook_configuration Mutating kueue-mutating-webhook-configuration "$hooks"
   hooks=$(webhook vjob.kb.io "$svc" "$ns" /validate-batch-v1-job batch v1 jobs "[CREATE, UPDATE]")$sel
+  hooks+=$(webhook vjobset.kb.io "$svc" "$ns" /validate-jobset-x-k8s-io-v1alpha2-jobset jobset.x-k8s.io v1alpha2 jobsets "[CREATE, UPDATE]")$sel
+  hooks+=$(webhook vpytorchjob.kb.io "$svc" "$ns" /validate-kubeflow-org-v1-pytorchjob kubeflow.org v1 pytorchjobs "[CREATE, UPDATE]")$sel
   webhook_configuration Validating kueue-validating-webhook-configuration "$hooks"
   cat >"$DIR/config.yaml" <<EOF
 apiVersion: config.kueue.x-k8s.io/v1beta2
@@ -657,7 +661,7 @@ webhook: {port: $webhook, host: "$ip", certDir: "$DIR/certs"}
 leaderElection: {leaderElect: false}
 internalCertManagement: {enable: true, webhookServiceName: $svc, webhookSecretName: kueue-webhook-server-cert}
 manageJobsWithoutQueueName: false
-integrations: {frameworks: ["batch/job"]}
+integrations: {frameworks: ["batch/job", "jobset.x-k8s.io/jobset", "kubeflow.org/pytorchjob"]}
 EOF
   log "kueue on $CLUSTER: webhook $ip:$webhook, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
   exec "$TIDEPOOL_SCHEDULERS/bin/kueue" --config="$DIR/config.yaml" --kubeconfig="$KUBECONFIG" \
