@@ -12,6 +12,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch,
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+use tidepool_api::keys;
+
 use crate::harness::*;
 use crate::operators::*;
 
@@ -170,10 +172,13 @@ async fn a_jobset_and_a_pytorchjob_are_queued_by_kueue_and_placed_by_tidepool() 
         "schedulerName": scheduler, "restartPolicy": "Never",
         "containers": [{"name": "main", "image": FRAMEWORKS_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "20"],
                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}}});
-    b.submit(&jobsets, json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": js, "labels": queue},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": template}]}
-    }))
+    b.submit(
+        &jobsets,
+        json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": js, "labels": queue},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": template}]}
+        }),
+    )
     .await;
     let store = format!("{}/ckpt/{pt}", b.env.var("CHECKPOINT_STORE"));
     let mut job = pytorchjob(&pt, &scheduler, &store, 1, 30);
@@ -187,14 +192,21 @@ async fn a_jobset_and_a_pytorchjob_are_queued_by_kueue_and_placed_by_tidepool() 
     assert_eq!(suspended, (json!(true), json!(true)), "Kueue's webhooks suspend both at creation");
 
     let on_a = real_node(TEST, 0);
-    for (selector, n) in [(format!("jobset.sigs.k8s.io/jobset-name={js}"), 2), (format!("training.kubeflow.org/job-name={pt}"), 2)] {
+    for (selector, n) in
+        [(format!("jobset.sigs.k8s.io/jobset-name={js}"), 2), (format!("training.kubeflow.org/job-name={pt}"), 2)]
+    {
         let pods = b.await_running(&selector, n, &on_a).await;
         for p in &pods {
             let spec = p.spec.as_ref().unwrap();
             let flavor = spec.node_selector.clone().unwrap_or_default();
-            assert_eq!(flavor.get("type").map(String::as_str), Some("virtual-kubelet"), "{}: admitted by Kueue", p.name_any());
-            let role = p.labels().get(tidepool_api::keys::LABEL_ROLE).map(String::as_str);
-            assert_eq!(role, Some(tidepool_api::keys::ROLE_CORE), "{}: one gang, placed whole", p.name_any());
+            assert_eq!(
+                flavor.get("type").map(String::as_str),
+                Some("virtual-kubelet"),
+                "{}: admitted by Kueue",
+                p.name_any()
+            );
+            let role = p.labels().get(keys::LABEL_ROLE).map(String::as_str);
+            assert_eq!(role, Some(keys::ROLE_CORE), "{}: one gang, placed whole", p.name_any());
         }
         println!("{selector}: {:?} on {on_a}", pods.iter().map(|p| p.name_any()).collect::<Vec<_>>());
     }
@@ -381,4 +393,74 @@ async fn the_lent_quota_follows_what_the_members_lend_and_kueue_admits_no_more()
     assert_eq!(cpu_quota(&b, bad, flavor).await, Some(0), "an unreadable mark leaves the quota as written");
     jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
     b.lend(0, None).await;
+}
+
+/// The copies in member `i` (any namespace) of Job `job`'s pods: they keep the pods' names
+/// (their labels are the member's own hashes).
+async fn member_pods(b: &Bridge, i: usize, job: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let api = Api::<k8s_openapi::api::core::v1::Pod>::all(b.members[i].clone());
+    let all = api.list(&ListParams::default()).await.unwrap().items;
+    all.into_iter().filter(|p| p.name_any().starts_with(&format!("{job}-"))).collect()
+}
+
+/// Kueue's `waitForPodsReady` (60 s here) and tidepool's gang admission: a Job Kueue admits by
+/// quota (300m) that no member can hold whole (each lends 200m) waits in tidepool, its pods
+/// Pending with the reason, none placed. Kueue rolls it back at its timeout (the Workload
+/// evicted, the Job suspended, its pods deleted) and tidepool follows: nothing of it is left in
+/// either member. Queued again, it is admitted once more and, now that member-a lends enough,
+/// placed there whole.
+#[tokio::test]
+async fn kueue_rolls_back_a_gang_tidepool_cannot_place_and_tidepool_follows() {
+    let (_kueue, b, jobs) = start().await;
+    b.lend(0, Some(200)).await;
+    b.lend(1, Some(200)).await;
+    let name = format!("fragmented-{}", run_id());
+    let selector = format!("job-name={name}");
+    // One gang of 3, by tidepool's annotation (a Job's pods are otherwise gangs of one).
+    let mut job = job_in(&name, &scheduler_name(TEST), "team", 3, 30);
+    let gang = [(keys::ANNOTATION_GANG, name.as_str()), (keys::ANNOTATION_MIN_MEMBER, "3")];
+    job.spec.as_mut().unwrap().template.metadata = Some(kube::api::ObjectMeta {
+        annotations: Some(gang.map(|(k, v)| (k.to_owned(), v.to_owned())).into()),
+        ..Default::default()
+    });
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let pending = wait_for(Duration::from_secs(60), "the admitted Job's pods waiting in tidepool", || async {
+        let pods = pods_of(&b, &name).await;
+        let waiting = pods
+            .iter()
+            .filter(|p| phase(p) == "Pending" && p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
+            .count();
+        let why = pods.iter().find_map(|p| {
+            let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?.clone();
+            c.message
+        });
+        (waiting == 3).then_some(why).flatten()
+    })
+    .await;
+    println!("{name}: pending in tidepool: {pending}");
+
+    let evicted = wait_for(Duration::from_secs(120), "Kueue's PodsReady timeout evicting the Workload", || async {
+        let list = kueue_api(&b, "Workload", "workloads", true).list(&ListParams::default()).await.ok()?;
+        let w = list.items.into_iter().find(|w| w.name_any().contains(&name))?;
+        let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Evicted")?.clone();
+        (c["status"] == "True" || c["reason"] == "PodsReadyTimeout").then_some(c)
+    })
+    .await;
+    println!("{name}: {evicted}");
+    assert_eq!(evicted["reason"], "PodsReadyTimeout", "evicted by waitForPodsReady");
+    wait_for(Duration::from_secs(60), "the evicted Job's pods gone", || async {
+        pods_of(&b, &name).await.is_empty().then_some(())
+    })
+    .await;
+    for i in 0..2 {
+        assert!(member_pods(&b, i, &name).await.is_empty(), "nothing of the evicted Job in member {i}");
+    }
+
+    // Queued again and admitted again: member-a now lends enough, and tidepool places it whole.
+    b.lend(0, Some(400)).await;
+    b.await_running(&selector, 3, &real_node(TEST, 0)).await;
+    assert_eq!(member_pods(&b, 0, &name).await.len(), 3, "its copies are in member-a");
+    await_complete(&jobs, &name).await;
+    b.lend(0, None).await;
+    b.lend(1, Some(0)).await;
 }

@@ -615,7 +615,8 @@ EOF
 # as its install does). Its webhooks
 # would call it for every job of the cluster: here only for namespaces labelled
 # tidepool.io/e2e-kueue=true, so the Jobs of other tests never wait on a Kueue that is not
-# running. Visibility server and metrics off. Webhook <real node IP>:9250+k, health
+# running. waitForPodsReady on (60 s, requeued after 5 s): an admitted job whose pods are not
+# all ready by then is evicted and queued again. Visibility server and metrics off. Webhook <real node IP>:9250+k, health
 # 127.0.0.1:8250+k (/readyz).
 start_kueue() {
   local ns=kueue-system svc=kueue-webhook-service webhook health ip hooks sel crd conversion
@@ -661,6 +662,9 @@ webhook: {port: $webhook, host: "$ip", certDir: "$DIR/certs"}
 leaderElection: {leaderElect: false}
 internalCertManagement: {enable: true, webhookServiceName: $svc, webhookSecretName: kueue-webhook-server-cert}
 manageJobsWithoutQueueName: false
+waitForPodsReady:
+  timeout: 60s
+  requeuingStrategy: {timestamp: Eviction, backoffBaseSeconds: 5, backoffMaxSeconds: 20}
 integrations: {frameworks: ["batch/job", "jobset.x-k8s.io/jobset", "kubeflow.org/pytorchjob"]}
 EOF
   log "kueue on $CLUSTER: webhook $ip:$webhook, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
