@@ -275,9 +275,11 @@ async fn two_tenants_share_the_lent_capacity_by_their_queues() {
     jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
 }
 
-/// The `cpu` nominalQuota of flavor `flavor` in ClusterQueue `queue`, in milli-CPU.
+/// The `cpu` nominalQuota of flavor `flavor` in ClusterQueue `queue` (or the Cohort of that
+/// name), in milli-CPU.
 async fn cpu_quota(b: &Bridge, queue: &str, flavor: &str) -> Option<i64> {
-    let q = kueue_api(b, "ClusterQueue", "clusterqueues", false).get(queue).await.ok()?;
+    let (kind, plural) = if queue.ends_with("-cohort") { ("Cohort", "cohorts") } else { ("ClusterQueue", "clusterqueues") };
+    let q = kueue_api(b, kind, plural, false).get(queue).await.ok()?;
     let groups = q.data["spec"]["resourceGroups"].as_array()?.clone();
     let f = groups.iter().filter_map(|g| g["flavors"].as_array()).flatten().find(|f| f["name"] == flavor)?.clone();
     let cpu = f["resources"].as_array()?.iter().find(|r| r["name"] == "cpu")?["nominalQuota"].clone();
@@ -291,16 +293,20 @@ async fn lent_cpu(b: &Bridge, node: &str) -> Option<i64> {
     tidepool_api::resources::parse_milli(&n.status?.allocatable?.get("cpu")?.0).ok()
 }
 
-/// Waits until member-a's virtual node lends `milli` CPU and the marked queue's quota over it
-/// says so.
+/// Waits until member-a's virtual node lends `milli` CPU and the quota over it of the marked
+/// ClusterQueue `queue` and of the marked Cohort [`COHORT`] (half of it) say so.
 async fn await_quota(b: &Bridge, queue: &str, flavor: &str, milli: i64) {
     let node = real_node(TEST, 0);
     wait_for(Duration::from_secs(60), &format!("{queue}'s {flavor} cpu quota at {milli}m, as lent"), || async {
         let (lent, quota) = (lent_cpu(b, &node).await?, cpu_quota(b, queue, flavor).await?);
-        (lent == milli && quota == milli).then_some(())
+        let half = cpu_quota(b, COHORT, flavor).await?;
+        (lent == milli && quota == milli && half == milli / 2).then_some(())
     })
     .await;
 }
+
+/// A Cohort marked `"50%"` over the same flavor as the marked ClusterQueue.
+const COHORT: &str = "e2e-kueue-half-cohort";
 
 /// Whether the Workload of Job `job` waits for quota (`QuotaReserved` False), with its message.
 async fn waits_for_quota(b: &Bridge, job: &str) -> Option<String> {
@@ -311,7 +317,8 @@ async fn waits_for_quota(b: &Bridge, job: &str) -> Option<String> {
 }
 
 /// A ClusterQueue marked `tidepool.io/lent-quota: "100%"` over a flavor of member-a's virtual
-/// node: tidepool keeps its quota at what member-a lends. When the member lends less (here its
+/// node: tidepool keeps its quota at what member-a lends (and a Cohort's marked `"50%"` at half
+/// of it). When the member lends less (here its
 /// reserve, as a window or an HPA's headroom would), the quota shrinks before anything is
 /// reclaimed and Kueue holds the next Job (no pod made) instead of admitting what tidepool
 /// would have to take back; the running Job is untouched; when the member lends again, Kueue
@@ -339,6 +346,14 @@ async fn the_lent_quota_follows_what_the_members_lend_and_kueue_admits_no_more()
         )
         .await;
     }
+    apply(
+        &kueue_api(&b, "Cohort", "cohorts", false),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Cohort",
+               "metadata": {"name": COHORT, "annotations": {"tidepool.io/lent-quota": "50%"}},
+               "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor,
+                   "resources": [{"name": "cpu", "nominalQuota": "0"}]}]}]}}),
+    )
+    .await;
     apply(
         &kueue_api(&b, "LocalQueue", "localqueues", true),
         json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "following"},

@@ -112,6 +112,10 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     let test = "pytorchjob-elastic";
     let ns = "e2e-pytorchjob-elastic";
     let b = Bridge::start(test, ns).await;
+    // An earlier run's jobs (a rerun on the same clusters) would be made again by the operator
+    // and take the floor's room.
+    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+    jobs.delete_collection(&kube::api::DeleteParams::background(), &Default::default()).await.unwrap();
     let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
     let name = format!("pte-{}", run_id());
     let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
@@ -135,7 +139,6 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
                 "template": {"spec": {"schedulerName": scheduler_name(test), "containers": [container]}}}}
         }
     });
-    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
     b.submit(&jobs, job).await;
     let selector = format!("training.kubeflow.org/job-name={name}");
     let on_a = real_node(test, 0);
@@ -152,7 +155,9 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     wait_for(WAIT, "the job at 4", || async { worlds(&b.log(&w0, None).await).contains(&4).then_some(()) }).await;
     let before = b.await_steps(&w0, None, 2).await;
 
-    // Online demand: member-a lends room for two workers only.
+    // Online demand: member-a lends room for two workers only — room the floor has only once
+    // no earlier test's pod is left on the node (they would count as online demand too).
+    quiet_node(&b, &name).await;
     let uids: Vec<String> =
         pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).filter_map(|p| p.metadata.uid.clone()).collect();
     let seen = b.watch(&selector);
@@ -192,7 +197,31 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     let after = b.await_steps(&w0, None, 1).await;
     println!("worker 0: {before:?} ... {:?}", after.last());
     assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
+    jobs.delete(&name, &kube::api::DeleteParams::background()).await.unwrap();
     b.lend(1, None).await;
+}
+
+/// Waits (up to 2 min) until member-a's real node runs no pod but this job's copies and the
+/// cluster's own (kube-system).
+async fn quiet_node(b: &Bridge, job: &str) {
+    let node = b.env.var("MEMBER_A_REAL_NODE").to_owned();
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(b.members[0].clone());
+    let on_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let mut others = Vec::new();
+    for _ in 0..240 {
+        let list = pods.list(&on_node).await.map(|l| l.items).unwrap_or_default();
+        others = list
+            .iter()
+            .filter(|p| p.namespace().as_deref() != Some("kube-system") && !p.name_any().starts_with(job))
+            .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("after 2 min, pods of other tests still run on member-a's real node: {others:?}");
 }
 
 /// What a test that timed out on torchrun needs to be understood: the pods as the training

@@ -31,6 +31,8 @@ from typing import Any
 
 RECLAIM_DEADLINE = "tidepool.io/reclaim-deadline"
 ACK_PREFIX = "tidepool.io/checkpointed"
+# Set by supervise() in its launcher's environment.
+SUPERVISED = "TP_SUPERVISED"
 # tests/workload/src/store.rs: moto checks no signature but refuses anonymous reads.
 AUTH = ("AWS4-HMAC-SHA256 Credential=tidepool/20260101/us-east-1/s3/aws4_request, "
         "SignedHeaders=host, Signature=0")
@@ -78,24 +80,30 @@ class Notice:
     def _on_sigterm(self, *_: Any) -> None:
         self.sigterm = True
 
+    def restart(self) -> bool:
+        """Whether the only SIGTERM was the launcher's own (torchrun's agent restarting its
+        workers to re-form the job), not the pod's: supervise() writes the stop file before it
+        passes the pod's SIGTERM on. A restarted process is not told to stop: it acks nothing."""
+        return self.sigterm and SUPERVISED in os.environ and not os.path.exists(self.stop_file) and not self._deadline()
+
+    def _deadline(self) -> str | None:
+        try:
+            with open(self.annotations) as f:
+                return deadline(f.read())
+        except OSError:
+            return None
+
     def reason(self) -> str | None:
         why = None
         if self.sigterm:
             why = "SIGTERM"
         elif os.path.exists(self.stop_file):
             why = "SIGTERM (stop file)"
-        else:
-            try:
-                with open(self.annotations) as f:
-                    d = deadline(f.read())
-                if d is not None:
-                    why = f"reclaim notice (deadline {d})"
-            except OSError:
-                pass
+        elif (d := self._deadline()) is not None:
+            why = f"reclaim notice (deadline {d})"
         if why and self.since is None:
             self.since = time.time()
         return why
-
 
     def wait(self, seconds: float) -> str | None:
         """The notice if it comes within `seconds`. A process stopped by a peer's notice waits
@@ -236,8 +244,18 @@ def supervise(cmd: list[str], env: dict[str, str] | None = None) -> None:
     the container exits. The exit code is then the ack
     exit code, not the launcher's (torchrun exits 1 and Paddle's launcher 15 after a SIGTERM,
     which Kubeflow's ExitCode policy takes for permanent failures)."""
+    env = dict(env if env is not None else os.environ, **{SUPERVISED: "1"})
     proc = subprocess.Popen(cmd, env=env)
-    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    stop_file = os.environ.get("TP_STOP_FILE") or "/tmp/tidepool-stop"
+
+    def on_sigterm(*_: Any) -> None:
+        # The pod's SIGTERM: said in the stop file first, so the trainers under the launcher
+        # tell it from the launcher's own SIGTERM when it restarts them (Notice.restart).
+        with open(stop_file, "a"):
+            pass
+        proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     acked_at: float | None = None
     sent = 0  # signals sent after the ack: SIGTERM, then SIGKILL
     while True:
