@@ -109,6 +109,17 @@ async fn start() -> (Operator, Bridge, Api<Job>) {
     (kueue, b, jobs)
 }
 
+/// Ends a test: its Jobs deleted and every pod of the namespace gone, which a training pod is
+/// only once tidepool removed its copy. A test's bridge stops with the test: a copy left
+/// running in member-a would be online demand for the next test's bridge on the same node.
+async fn finish(b: &Bridge, jobs: &Api<Job>) {
+    jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
+    wait_for(Duration::from_secs(120), "every pod of the test gone, copies first", || async {
+        b.pods().list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
     let (_kueue, b, jobs) = start().await;
@@ -151,6 +162,7 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
     await_complete(&jobs, &first).await;
     b.await_running(&format!("job-name={second}"), 2, &on_a).await;
     await_complete(&jobs, &second).await;
+    finish(&b, &jobs).await;
 }
 
 /// The operators' jobs through Kueue, as a tenant runs them: a JobSet (two replicated Jobs of
@@ -160,7 +172,7 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
 /// as one gang on member-a; both run to their end.
 #[tokio::test]
 async fn a_jobset_and_a_pytorchjob_are_queued_by_kueue_and_placed_by_tidepool() {
-    let (_kueue, b, _) = start().await;
+    let (_kueue, b, jobs) = start().await;
     let _jobset = Operator::start(&b.env, "jobset", &[]).await;
     let _training = Operator::start(&b.env, "training-operator", &[&format!("--namespace={NS}")]).await;
     let id = run_id();
@@ -215,6 +227,7 @@ async fn a_jobset_and_a_pytorchjob_are_queued_by_kueue_and_placed_by_tidepool() 
     let background = kube::api::DeleteParams::background();
     jobsets.delete(&js, &background).await.unwrap();
     pytorchjobs.delete(&pt, &background).await.unwrap();
+    finish(&b, &jobs).await;
 }
 
 /// Two tenants (two ClusterQueues of 200m each in one cohort over the lent-capacity flavor):
@@ -272,13 +285,14 @@ async fn two_tenants_share_the_lent_capacity_by_their_queues() {
         async move { pods_of(b, &name).await.is_empty().then_some(()) }
     })
     .await;
-    jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
+    finish(&b, &jobs).await;
 }
 
 /// The `cpu` nominalQuota of flavor `flavor` in ClusterQueue `queue` (or the Cohort of that
 /// name), in milli-CPU.
 async fn cpu_quota(b: &Bridge, queue: &str, flavor: &str) -> Option<i64> {
-    let (kind, plural) = if queue.ends_with("-cohort") { ("Cohort", "cohorts") } else { ("ClusterQueue", "clusterqueues") };
+    let (kind, plural) =
+        if queue.ends_with("-cohort") { ("Cohort", "cohorts") } else { ("ClusterQueue", "clusterqueues") };
     let q = kueue_api(b, kind, plural, false).get(queue).await.ok()?;
     let groups = q.data["spec"]["resourceGroups"].as_array()?.clone();
     let f = groups.iter().filter_map(|g| g["flavors"].as_array()).flatten().find(|f| f["name"] == flavor)?.clone();
@@ -406,7 +420,7 @@ async fn the_lent_quota_follows_what_the_members_lend_and_kueue_admits_no_more()
     .await;
     assert!(refused.contains("\"lots\""), "the Event quotes the mark: {refused}");
     assert_eq!(cpu_quota(&b, bad, flavor).await, Some(0), "an unreadable mark leaves the quota as written");
-    jobs.delete_collection(&kube::api::DeleteParams::background(), &ListParams::default()).await.unwrap();
+    finish(&b, &jobs).await;
     b.lend(0, None).await;
 }
 
@@ -476,6 +490,7 @@ async fn kueue_rolls_back_a_gang_tidepool_cannot_place_and_tidepool_follows() {
     b.await_running(&selector, 3, &real_node(TEST, 0)).await;
     assert_eq!(member_pods(&b, 0, &name).await.len(), 3, "its copies are in member-a");
     await_complete(&jobs, &name).await;
+    finish(&b, &jobs).await;
     b.lend(0, None).await;
     b.lend(1, Some(0)).await;
 }

@@ -112,11 +112,11 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     let test = "pytorchjob-elastic";
     let ns = "e2e-pytorchjob-elastic";
     let b = Bridge::start(test, ns).await;
-    // An earlier run's jobs (a rerun on the same clusters) would be made again by the operator
-    // and take the floor's room.
+    let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
+    // An earlier run's jobs (a rerun on the same clusters) would take the floor's room (the
+    // CRD is there once the operator started).
     let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
     jobs.delete_collection(&kube::api::DeleteParams::background(), &Default::default()).await.unwrap();
-    let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
     let name = format!("pte-{}", run_id());
     let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
     b.lend(1, Some(0)).await;
@@ -197,7 +197,14 @@ async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains
     let after = b.await_steps(&w0, None, 1).await;
     println!("worker 0: {before:?} ... {:?}", after.last());
     assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
+    // Its pods gone before the test (and its bridge) ends: a copy left running would be online
+    // demand for the next test's bridge.
     jobs.delete(&name, &kube::api::DeleteParams::background()).await.unwrap();
+    let listed = kube::api::ListParams::default().labels(&selector);
+    wait_for(WAIT, "the job's pods gone", || async {
+        b.pods().list(&listed).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
     b.lend(1, None).await;
 }
 
