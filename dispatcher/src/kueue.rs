@@ -1,6 +1,7 @@
 //! Kueue's quota over lent capacity, kept equal to what the members lend (the rules are
 //! [`crate::kueue_quota`]): watches the virtual nodes, and on each change of what they
-//! offer (and every [`PASS_EVERY`], for edited flavors and queues) writes the `nominalQuota`
+//! offer (not their heartbeats; and every [`PASS_EVERY`], for edited flavors and queues)
+//! writes the `nominalQuota`
 //! of the lent flavors of every ClusterQueue and Cohort carrying
 //! [`ANNOTATION`](crate::kueue_quota::ANNOTATION), with an Event on the queue. Waits, checking
 //! discovery, until the training cluster serves Kueue's API; off with
@@ -59,17 +60,40 @@ pub(crate) async fn run(ctx: Arc<Context>) {
         });
     let ticks = futures::stream::unfold((), |()| async {
         tokio::time::sleep(PASS_EVERY).await;
-        Some(((), ()))
+        Some((Trigger::Tick, ()))
     });
-    let mut changes = std::pin::pin!(futures::stream::select(watch, ticks));
-    let mut told = Told::default();
-    while changes.next().await.is_some() {
+    let mut changes = std::pin::pin!(futures::stream::select(watch.map(|()| Trigger::Node), ticks));
+    let (mut told, mut last) = (Told::default(), Vec::new());
+    while let Some(first) = changes.next().await {
         tokio::time::sleep(SETTLE).await;
-        while let Some(Some(())) = changes.next().now_or_never() {}
-        if nodes.wait_until_ready().now_or_never().is_some() {
-            pass(&ctx, &nodes, &mut told).await;
+        let mut tick = first == Trigger::Tick;
+        while let Some(Some(t)) = changes.next().now_or_never() {
+            tick |= t == Trigger::Tick;
+        }
+        if nodes.wait_until_ready().now_or_never().is_none() {
+            continue;
+        }
+        // A node's heartbeat changes nothing the quota reads: only a change of what the
+        // virtual nodes offer, or the tick (for edited flavors and queues), makes a pass.
+        let views = views(&nodes);
+        if tick || views != last {
+            pass(&ctx, &views, &mut told).await;
+            last = views;
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Node,
+    Tick,
+}
+
+/// The virtual nodes as the quota reads them, in a stable order.
+fn views(nodes: &Store<Node>) -> Vec<NodeView> {
+    let mut views: Vec<(String, NodeView)> = nodes.state().iter().map(|n| (n.name_any(), view(n))).collect();
+    views.sort_by(|a, b| a.0.cmp(&b.0));
+    views.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Until the training cluster serves Kueue's ClusterQueues.
@@ -93,8 +117,7 @@ fn api(ctx: &Context, kind: &str, plural: &str) -> (Api<DynamicObject>, ApiResou
 #[derive(Debug, Default)]
 struct Told(HashMap<String, String>);
 
-async fn pass(ctx: &Context, nodes: &Store<Node>, told: &mut Told) {
-    let views: Vec<NodeView> = nodes.state().iter().map(|n| view(n)).collect();
+async fn pass(ctx: &Context, views: &[NodeView], told: &mut Told) {
     let (flavors, _) = api(ctx, "ResourceFlavor", "resourceflavors");
     let flavors = match flavors.list(&ListParams::default()).await {
         Ok(list) => list.items,
@@ -104,7 +127,7 @@ async fn pass(ctx: &Context, nodes: &Store<Node>, told: &mut Told) {
         .iter()
         .filter_map(|f| {
             let labels: BTreeMap<String, String> = serde_json::from_value(f.data["spec"]["nodeLabels"].clone()).ok()?;
-            kq::is_lent(&labels).then(|| (f.name_any(), kq::lent(&labels, &views)))
+            kq::is_lent(&labels).then(|| (f.name_any(), kq::lent(&labels, views)))
         })
         .collect();
     let mut marked = Vec::new();
