@@ -33,6 +33,10 @@ pub struct Operator {
     child: std::process::Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
+    /// `kubectl --kubeconfig <its cluster's>`, and the operator's name: its webhook
+    /// configurations go when it stops.
+    kubectl: (String, PathBuf),
+    name: String,
 }
 
 impl Operator {
@@ -63,7 +67,8 @@ impl Operator {
             .stderr(out)
             .spawn()
             .unwrap();
-        let op = Operator { child, log, _dir: dir };
+        let kubectl = (env.var("KUBECTL").to_owned(), env.kubeconfig_path(cluster));
+        let op = Operator { child, log, _dir: dir, kubectl, name: operator.to_owned() };
         let offset: u16 = env.var("CP_PORT_OFFSET").parse().unwrap();
         // tests/operators/start.sh: one port apart per cluster.
         let k = ["training", "member-a", "member-b"].iter().position(|c| *c == cluster).unwrap() as u16;
@@ -110,10 +115,26 @@ impl Operator {
     }
 }
 
+impl Operator {
+    /// The operator's process (start.sh execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Operator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its webhooks fail closed: left behind, they would refuse other tests' objects (the
+        // JobSet pod webhook every pod labelled with a JobSet name).
+        let (kubectl, kubeconfig) = &self.kubectl;
+        let _ = std::process::Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["delete", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "--ignore-not-found"])
+            .arg(format!("--selector=tidepool.io/operator={}", self.name))
+            .output();
         if std::thread::panicking() {
             eprintln!("--- operator log ({}) ---\n{}", self.log.display(), self.log_tail());
         }

@@ -300,13 +300,14 @@ webhook() {
 
 # webhook_configuration Validating|Mutating NAME ENTRIES: (re)creates the configuration. A
 # replace, not an apply: entries dropped since the last start (schemes turned off) must go.
+# Labelled with the operator: the tests delete it when they stop the operator.
 webhook_configuration() {
   local kind=$1WebhookConfiguration
   "${KC[@]}" delete "${kind,,}" "$2" --ignore-not-found >/dev/null
   "${KC[@]}" create -f - >/dev/null <<EOF ||
 apiVersion: admissionregistration.k8s.io/v1
 kind: $kind
-metadata: {name: $2, labels: {app.kubernetes.io/managed-by: tidepool-operators}}
+metadata: {name: $2, labels: {app.kubernetes.io/managed-by: tidepool-operators, tidepool.io/operator: $OPERATOR}}
 webhooks:$3
 EOF
     die "creating the $kind $2 failed"
