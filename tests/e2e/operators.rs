@@ -115,13 +115,6 @@ impl Operator {
     }
 }
 
-impl Operator {
-    /// The operator's process (start.sh execs it).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 impl Drop for Operator {
     fn drop(&mut self) {
         let _ = self.child.kill();
