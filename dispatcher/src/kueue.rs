@@ -20,10 +20,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tidepool_api::{Resources, keys};
+use tidepool_federation::capacity::NodeView;
 use tracing::{debug, info, warn};
 
 use crate::context::{Context, publish_on};
-use crate::kueue_quota::{self as kq, ANNOTATION, Change, NodeView, Share};
+use crate::kueue_quota::{self as kq, ANNOTATION, Change, Share};
 
 const GROUP: &str = "kueue.x-k8s.io";
 const VERSION: &str = "v1beta2";
@@ -91,9 +92,9 @@ enum Trigger {
 
 /// The virtual nodes as the quota reads them, in a stable order.
 fn views(nodes: &Store<Node>) -> Vec<NodeView> {
-    let mut views: Vec<(String, NodeView)> = nodes.state().iter().map(|n| (n.name_any(), view(n))).collect();
-    views.sort_by(|a, b| a.0.cmp(&b.0));
-    views.into_iter().map(|(_, v)| v).collect()
+    let mut views: Vec<NodeView> = nodes.state().iter().map(|n| NodeView::from_node(n)).collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    views
 }
 
 /// Until the training cluster serves Kueue's ClusterQueues.
@@ -145,20 +146,6 @@ async fn pass(ctx: &Context, views: &[NodeView], told: &mut Told) {
         }
     }
     told.0.retain(|uid, _| marked.contains(uid));
-}
-
-fn view(n: &Node) -> NodeView {
-    let status = n.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let allocatable = status.and_then(|s| s.allocatable.as_ref()).map(Resources::from_quantities);
-    NodeView {
-        labels: n.labels().clone(),
-        ready,
-        unschedulable: n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-        allocatable: allocatable.and_then(Result::ok).unwrap_or_default(),
-    }
 }
 
 /// Brings one marked queue's lent quota to what is lent now, or says why it cannot.

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use tidepool_api::resources::{format_milli, parse_milli};
 use tidepool_api::{Resources, keys};
+use tidepool_federation::capacity::NodeView;
 
 /// The annotation that asks tidepool to drive a queue's quota over lent flavors.
 pub const ANNOTATION: &str = "tidepool.io/lent-quota";
@@ -38,19 +39,9 @@ impl Share {
     }
 }
 
-/// What the quota needs of a training-cluster node.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct NodeView {
-    pub labels: BTreeMap<String, String>,
-    pub ready: bool,
-    pub unschedulable: bool,
-    pub allocatable: Resources,
-}
-
-impl NodeView {
-    fn is_virtual(&self) -> bool {
-        self.labels.contains_key(keys::LABEL_MEMBER)
-    }
+/// Whether `n` is one of tidepool's virtual nodes.
+fn is_virtual(n: &NodeView) -> bool {
+    n.labels.contains_key(keys::LABEL_MEMBER)
 }
 
 /// Whether a flavor with these nodeLabels describes lent capacity: it selects by the label
@@ -61,11 +52,12 @@ pub fn is_lent(node_labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// The total a lent flavor with these nodeLabels stands for: the allocatable of the Ready,
-/// schedulable virtual nodes it selects.
+/// schedulable virtual nodes it selects (federation's node view, as the capacity model reads
+/// member nodes).
 pub fn lent(node_labels: &BTreeMap<String, String>, nodes: &[NodeView]) -> Resources {
     let mut total = Resources::new();
-    let selected = nodes.iter().filter(|n| n.is_virtual() && n.ready && !n.unschedulable);
-    for n in selected.filter(|n| node_labels.iter().all(|(k, v)| n.labels.get(k) == Some(v))) {
+    let selected = nodes.iter().filter(|n| is_virtual(n) && n.ready && !n.unschedulable);
+    for n in selected.filter(|n| n.matches(node_labels)) {
         total.add(&n.allocatable);
     }
     total
@@ -131,8 +123,8 @@ mod tests {
         NodeView {
             labels: [(keys::LABEL_MEMBER, member), VK_TYPE].map(|(k, v)| (k.to_owned(), v.to_owned())).into(),
             ready: true,
-            unschedulable: false,
             allocatable: Resources::from_pairs([("cpu", cpu), ("memory", memory)]).unwrap(),
+            ..NodeView::default()
         }
     }
 
