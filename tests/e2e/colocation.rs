@@ -147,15 +147,6 @@ fn colocation_member(name: &str, test: &str, mode: PoolMode) -> MemberCluster {
     mc
 }
 
-/// The virtual node's allocatable CPU in milli-cores, once it is Ready.
-async fn lendable_cpu(training: &Client, node: &str) -> Option<i64> {
-    let node = Api::<Node>::all(training.clone()).get_opt(node).await.ok()??;
-    let status = node.status?;
-    let ready = status.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    let cpu = status.allocatable?.get("cpu").map(|q| parse_milli(&q.0).unwrap_or(0))?;
-    ready.then_some(cpu)
-}
-
 async fn wait_lendable(training: &Client, node: &str, milli: i64) {
     wait_for(Duration::from_secs(60), &format!("{node} lends {milli}m cpu"), || async {
         (lendable_cpu(training, node).await? == milli).then_some(())

@@ -176,6 +176,15 @@ pub async fn wait_job_replaced(training: &Client, ns: &str, job: &str, old: &str
     .await;
 }
 
+/// A virtual node's allocatable CPU in milli-cores, once it is Ready.
+pub async fn lendable_cpu(training: &Client, node: &str) -> Option<i64> {
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone()).get_opt(node).await.ok()??;
+    let status = node.status?;
+    let ready = status.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let cpu = status.allocatable?.get("cpu").map(|q| tidepool_api::resources::parse_milli(&q.0).unwrap_or(0))?;
+    ready.then_some(cpu)
+}
+
 /// Polls `probe` every 250 ms until it returns `Some`, or panics after `timeout`.
 pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
 where

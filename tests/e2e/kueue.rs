@@ -143,15 +143,8 @@ async fn kueue_admits_by_quota_and_tidepool_places_what_it_admits() {
             "the flavor's label, set by Kueue"
         );
     }
-    let workloads = kueue_api(&b, "Workload", "workloads", true);
     let waiting = wait_for(Duration::from_secs(30), "the second Job's Workload pending for quota", || {
-        let (workloads, second) = (workloads.clone(), second.clone());
-        async move {
-            let list = workloads.list(&ListParams::default()).await.ok()?;
-            let w = list.items.into_iter().find(|w| w.name_any().contains(&second))?;
-            let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "QuotaReserved")?.clone();
-            (c["status"] == "False").then_some(c)
-        }
+        waits_for_quota(&b, &second)
     })
     .await;
     println!("{second}: {waiting}");
@@ -301,18 +294,12 @@ async fn cpu_quota(b: &Bridge, queue: &str, flavor: &str) -> Option<i64> {
     tidepool_api::resources::parse_milli(&text).ok()
 }
 
-/// The allocatable CPU of virtual node `node`, in milli-CPU.
-async fn lent_cpu(b: &Bridge, node: &str) -> Option<i64> {
-    let n = Api::<k8s_openapi::api::core::v1::Node>::all(b.training.clone()).get(node).await.ok()?;
-    tidepool_api::resources::parse_milli(&n.status?.allocatable?.get("cpu")?.0).ok()
-}
-
 /// Waits until member-a's virtual node lends `milli` CPU and the quota over it of the marked
 /// ClusterQueue `queue` and of the marked Cohort [`COHORT`] (half of it) say so.
 async fn await_quota(b: &Bridge, queue: &str, flavor: &str, milli: i64) {
     let node = real_node(TEST, 0);
     wait_for(Duration::from_secs(60), &format!("{queue}'s {flavor} cpu quota at {milli}m, as lent"), || async {
-        let (lent, quota) = (lent_cpu(b, &node).await?, cpu_quota(b, queue, flavor).await?);
+        let (lent, quota) = (lendable_cpu(&b.training, &node).await?, cpu_quota(b, queue, flavor).await?);
         let half = cpu_quota(b, COHORT, flavor).await?;
         (lent == milli && quota == milli && half == milli / 2).then_some(())
     })
@@ -324,10 +311,15 @@ const COHORT: &str = "e2e-kueue-half-cohort";
 
 /// Whether the Workload of Job `job` waits for quota (`QuotaReserved` False), with its message.
 async fn waits_for_quota(b: &Bridge, job: &str) -> Option<String> {
+    let c = workload_condition(b, job, "QuotaReserved").await?;
+    (c["status"] == "False").then(|| c["message"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Condition `type_` of the Workload Kueue made for Job `job`, once it has one.
+async fn workload_condition(b: &Bridge, job: &str, type_: &str) -> Option<Value> {
     let list = kueue_api(b, "Workload", "workloads", true).list(&ListParams::default()).await.ok()?;
     let w = list.items.into_iter().find(|w| w.name_any().contains(job))?;
-    let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "QuotaReserved")?.clone();
-    (c["status"] == "False").then(|| c["message"].as_str().unwrap_or_default().to_owned())
+    w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).cloned()
 }
 
 /// A ClusterQueue marked `tidepool.io/lent-quota: "100%"` over a flavor of member-a's virtual
@@ -469,9 +461,7 @@ async fn kueue_rolls_back_a_gang_tidepool_cannot_place_and_tidepool_follows() {
     println!("{name}: pending in tidepool: {pending}");
 
     let evicted = wait_for(Duration::from_secs(120), "Kueue's PodsReady timeout evicting the Workload", || async {
-        let list = kueue_api(&b, "Workload", "workloads", true).list(&ListParams::default()).await.ok()?;
-        let w = list.items.into_iter().find(|w| w.name_any().contains(&name))?;
-        let c = w.data["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Evicted")?.clone();
+        let c = workload_condition(&b, &name, "Evicted").await?;
         (c["status"] == "True" || c["reason"] == "PodsReadyTimeout").then_some(c)
     })
     .await;
