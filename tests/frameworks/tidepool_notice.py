@@ -3,7 +3,8 @@ tests/workload's tp-train keeps it:
 
 - the notice is the line `tidepool.io/reclaim-deadline="<RFC 3339>"` in the downward-API file
   /etc/tidepool/annotations (TP_ANNOTATIONS); SIGTERM (the member's own preemption) and the
-  stop file TP_STOP_FILE (written by sshd.sh when an MPI worker pod gets SIGTERM) count the same;
+  stop file TP_STOP_FILE (written by sshd.sh when an MPI worker pod gets SIGTERM, and by supervise()
+  when its pod does) count the same;
 - on it the job saves a checkpoint to the S3 store TP_STORE (http://host:port/bucket[/prefix],
   plain PUT/GET, any Authorization header), writes `tidepool.io/checkpointed step=N offset=M`
   to /dev/termination-log (TP_TERMINATION_LOG) and exits with TP_ACK_EXIT_CODE, else the
@@ -52,6 +53,11 @@ def env_float(key: str, default: float) -> float:
     return float(value) if value else default
 
 
+def stop_file() -> str:
+    """The file whose existence counts as SIGTERM (TP_STOP_FILE)."""
+    return os.environ.get("TP_STOP_FILE") or "/tmp/tidepool-stop"
+
+
 def deadline(text: str) -> str | None:
     """The reclaim deadline in an annotations file's text (`key="value"` lines), if any."""
     for line in text.splitlines():
@@ -67,7 +73,7 @@ class Notice:
 
     def __init__(self) -> None:
         self.annotations = os.environ.get("TP_ANNOTATIONS") or "/etc/tidepool/annotations"
-        self.stop_file = os.environ.get("TP_STOP_FILE") or "/tmp/tidepool-stop"
+        self.stop_file = stop_file()
         self.sigterm = False
         self.since: float | None = None
         self.arm()
@@ -246,12 +252,10 @@ def supervise(cmd: list[str], env: dict[str, str] | None = None) -> None:
     which Kubeflow's ExitCode policy takes for permanent failures)."""
     env = dict(env if env is not None else os.environ, **{SUPERVISED: "1"})
     proc = subprocess.Popen(cmd, env=env)
-    stop_file = os.environ.get("TP_STOP_FILE") or "/tmp/tidepool-stop"
-
     def on_sigterm(*_: Any) -> None:
         # The pod's SIGTERM: said in the stop file first, so the trainers under the launcher
         # tell it from the launcher's own SIGTERM when it restarts them (Notice.restart).
-        with open(stop_file, "a"):
+        with open(stop_file(), "a"):
             pass
         proc.send_signal(signal.SIGTERM)
 
