@@ -113,6 +113,13 @@ trainer() {  # the live pod of trainer INDEX
   k -n team-a get pods -l job=ctr,role=trainer,batch.kubernetes.io/job-completion-index="$1" \
     --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}'
 }
+resumed() {  # resumed POD: the line of its log that says it resumed, else fails
+  # The log is read whole first: with pipefail, a grep that stops at its match fails the
+  # pipeline whenever kubectl is still writing (SIGPIPE), though the line was there.
+  local log
+  log=$(k -n team-a logs "$1")
+  grep -m 1 'resumed at step' <<<"$log"
+}
 sleep 5
 t0=$(trainer 0)
 echo "-- kubectl logs $t0 (through the training API server, tidepool's kubelet API, member-a): the loss falls"
@@ -123,7 +130,7 @@ echo "   (the training namespace's FQDNs resolve in the member: the copies run i
 k -n team-a exec "$ps0" -- sh -c 'hostname; nslookup ctr-ps-1.ctr.team-a.svc.cluster.local | grep -A1 ^Name; cat /etc/tidepool/annotations; echo'
 echo "-- kubectl top pods (metrics-server scraping the virtual node, which reads member-a's metrics):"
 for _ in $(seq 90); do
-  k -n team-a top pods -l job=ctr 2>/dev/null | grep -q ctr && break; sleep 1
+  [[ $(k -n team-a top pods -l job=ctr 2>/dev/null) == *ctr* ]] && break; sleep 1
 done
 k -n team-a top pods -l job=ctr || fail "kubectl top pods showed no metrics within 90 s"
 
@@ -177,7 +184,7 @@ k -n team-a get pod "$t1" -o jsonpath='{.status.containerStatuses[0].state.termi
 echo "-- DisruptionTarget, so the Job's podFailurePolicy does not count it:"
 k -n team-a get pod "$t1" -o jsonpath='{range .status.conditions[?(@.type=="DisruptionTarget")]}{.type}={.status} {.reason}{"\n"}{end}'
 for _ in $(seq 40); do
-  k -n team-a get pods -l job=ctr,role=trainer --field-selector=status.phase=Pending -o name | grep -q . && break
+  [[ -n $(k -n team-a get pods -l job=ctr,role=trainer --field-selector=status.phase=Pending -o name) ]] && break
   sleep 0.5
 done
 sleep 2
@@ -188,7 +195,7 @@ echo "-- the demand falls: trainer 1 joins the same member again and resumes fro
 k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 ctr_running 4 tidepool-member-a-real
 sleep 5
-k -n team-a logs "$(trainer 1)" | grep -m 1 'resumed at step' || fail "trainer 1 did not resume from its checkpoint"
+resumed "$(trainer 1)" || fail "trainer 1 did not resume from its checkpoint"
 k -n team-a logs "$(trainer 1)" --tail=2
 
 say "member-a takes its whole real node back: the whole job is reclaimed, and its Jobs resume it on member-b"
@@ -204,7 +211,7 @@ echo "-- their copies in member-b, on member-b's real node:"
 "$CP_BIN/kubectl" --kubeconfig "$MEMBER_B_KUBECONFIG" -n team-a get pods -o wide
 sleep 5
 echo "-- kubectl logs of trainer 0: it goes on from the step it saved on member-a (it was at step ${step_before:-?})"
-k -n team-a logs "$(trainer 0)" | grep -m 1 'resumed at step' || fail "trainer 0 did not resume from its checkpoint"
+resumed "$(trainer 0)" || fail "trainer 0 did not resume from its checkpoint"
 k -n team-a logs "$(trainer 0)" --tail=2
 k patch membercluster member-a --type merge -p '{"spec":{"capacity":{"reserve":null}}}'
 

@@ -62,6 +62,13 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Reads, parses and validates the config file at `path`; every problem names the path.
+fn load_config(path: &std::path::Path) -> Result<BridgeConfig, tidepool_api::bridge::ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| tidepool_api::bridge::ConfigError::Read { path: path.into(), source })?;
+    BridgeConfig::from_file(path, &text)
+}
+
 fn main() -> anyhow::Result<()> {
     // Installed as `kubectl-tidepool`, the binary is the kubectl plugin.
     if kubectl::invoked_as_plugin() {
@@ -74,13 +81,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig { file } => {
-            BridgeConfig::load(&file)?;
+            load_config(&file)?;
             println!("{}: ok", file.display());
             Ok(())
         }
         Command::Status { config } => {
             let config = match config {
-                Some(path) => BridgeConfig::load(&path)?,
+                Some(path) => load_config(&path)?,
                 None => BridgeConfig::default(),
             };
             tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
@@ -93,7 +100,7 @@ fn main() -> anyhow::Result<()> {
             init_tracing();
             supervise::count_panics();
             let mut config = match config {
-                Some(path) => BridgeConfig::load(&path)?,
+                Some(path) => load_config(&path)?,
                 None => BridgeConfig::default(),
             };
             // In a Deployment the virtual nodes' address is the active replica's pod IP.

@@ -4,6 +4,7 @@
 //! running inside the training cluster. Unknown fields are errors: a typo must not silently
 //! fall back to a default.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
@@ -157,6 +158,20 @@ pub struct DispatcherConfig {
     /// lend (the flavors' virtual nodes' allocatable), so Kueue admits no more than tidepool
     /// can place. Marked queues only; off where Kueue's quotas are managed otherwise.
     pub kueue_lent_quota: bool,
+    /// The training cluster's own nodes offered to the dispatcher as a native pool: pods
+    /// that ask for them (`tidepool.io/native: core | all`) are placed there, node by node,
+    /// and only their gangs' other pods borrow lent capacity. Unset (the default): no native
+    /// pool, and such pods wait, told why.
+    pub native_nodes: Option<NativeNodes>,
+}
+
+/// Which of the training cluster's own nodes form the native pool.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NativeNodes {
+    /// Labels a node must carry to be offered (empty: every node). Virtual nodes
+    /// (`tidepool.io/member`) are never offered, whatever they carry.
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// A duration per band, in seconds.
@@ -194,6 +209,7 @@ impl Default for DispatcherConfig {
             reclaim_eviction_requests: true,
             volcano_pod_groups: true,
             kueue_lent_quota: true,
+            native_nodes: None,
         }
     }
 }
@@ -418,10 +434,10 @@ pub enum ConfigError {
 }
 
 impl BridgeConfig {
-    /// Reads, parses and validates a config file; every problem is reported with its path.
-    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        Self::parse(&text).map_err(|e| match e {
+    /// Parses and validates the text of config file `path` (read by the caller: this crate
+    /// does no I/O); every problem is reported with the path.
+    pub fn from_file(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text).map_err(|e| match e {
             ParseError::Yaml(error) => ConfigError::Parse { path: path.into(), error },
             ParseError::Invalid(errors) => ConfigError::Invalid { path: path.into(), errors },
         })
@@ -480,6 +496,11 @@ impl BridgeConfig {
         if !(1..=86_400).contains(&self.dispatcher.gang_timeout_seconds) {
             errors.push(FieldError::new("dispatcher.gangTimeoutSeconds", "must be between 1 and 86400"));
         }
+        if let Some(native) = &self.dispatcher.native_nodes
+            && native.node_selector.keys().any(|k| k.is_empty())
+        {
+            errors.push(FieldError::new("dispatcher.nativeNodes.nodeSelector", "label keys must not be empty"));
+        }
         if self.dispatcher.deficit_hysteresis_seconds > 3600 {
             errors.push(FieldError::new("dispatcher.deficitHysteresisSeconds", "must be at most 3600"));
         }
@@ -522,10 +543,8 @@ mod tests {
 
     #[test]
     fn a_yaml_error_names_the_file_line_and_column_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tidepool.yaml");
-        std::fs::write(&path, "clusterName: x\nleaseRenewSeconds: abc\n").unwrap();
-        let err = BridgeConfig::load(&path).unwrap_err();
+        let path = std::path::Path::new("/etc/tidepool/tidepool.yaml");
+        let err = BridgeConfig::from_file(path, "clusterName: x\nleaseRenewSeconds: abc\n").unwrap_err();
         assert!(std::error::Error::source(&err).is_none(), "the message would be printed twice: {err:?}");
         let text = err.to_string();
         let first = text.lines().next().unwrap();

@@ -147,6 +147,50 @@ impl Band {
 /// Annotation on training pods: the virtual node their gang was placed on. Written on every
 /// core pod before the first bind, so a restarted dispatcher never splits a gang.
 pub const ANNOTATION_PLACEMENT: &str = "tidepool.io/placement";
+/// The [`ANNOTATION_PLACEMENT`] of a pod the dispatcher bound to one of the training
+/// cluster's own nodes (the native floor): never a virtual node's name, which all start
+/// with the virtual node prefix.
+pub const PLACEMENT_NATIVE: &str = "native";
+/// Annotation a tenant sets on a pod (in its template: per role, or on every role of a job)
+/// for the training cluster's own nodes the admin offers (`dispatcher.nativeNodes`):
+/// `core` keeps the pod there when it is one of its gang's core pods and borrows lent
+/// capacity when it is elastic (the native floor); `all` keeps it there always; `none`, the
+/// default, places it on lent capacity only. See [`Native`].
+pub const ANNOTATION_NATIVE: &str = "tidepool.io/native";
+
+/// Where a pod asks to run, by its [`ANNOTATION_NATIVE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Native {
+    /// Lent capacity only (no annotation, or `none`).
+    #[default]
+    None,
+    /// The training cluster's own nodes as a core pod, lent capacity as an elastic one.
+    Core,
+    /// The training cluster's own nodes only.
+    All,
+}
+
+impl Native {
+    /// The mode `value` names; an unknown word is an error naming the ones there are.
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value.map(str::trim) {
+            None | Some("none") => Ok(Native::None),
+            Some("core") => Ok(Native::Core),
+            Some("all") => Ok(Native::All),
+            Some(other) => Err(format!("annotation {ANNOTATION_NATIVE}: {other:?} is not one of core, all, none")),
+        }
+    }
+
+    /// Whether a pod in this mode goes to a native node, as a core pod (`core`) or not.
+    pub fn on_native(self, core: bool) -> bool {
+        match self {
+            Native::None => false,
+            Native::Core => core,
+            Native::All => true,
+        }
+    }
+}
+
 /// When the placement was recorded (RFC 3339): the gang timeout counts from here.
 pub const ANNOTATION_PLACED_AT: &str = "tidepool.io/placed-at";
 /// Annotation on a training pod of a placed gang: the member node the planner simulated it

@@ -1,5 +1,6 @@
 //! Newtypes for the names that are easy to mix up.
 
+use crate::sync::ReadWrite;
 use std::fmt;
 
 macro_rules! name_type {
@@ -134,14 +135,13 @@ impl OffloadNamespaces {
     pub fn fell_back(&self, namespace: &str) -> bool {
         // A poisoned lock still holds a whole set: nothing here is written in more than one
         // step, so what a panicking holder left is as good as what it found.
-        self.fallback.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(namespace)
+        self.fallback.read_recovered("namespace fallback").contains(namespace)
     }
 
     /// From now on `namespace` maps to `<prefix><namespace>`: its same-named member namespace
     /// is somebody else's. True if it was not so already.
     pub fn fall_back(&self, namespace: &str) -> bool {
-        self.same_name
-            && self.fallback.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(namespace.to_owned())
+        self.same_name && self.fallback.write_recovered("namespace fallback").insert(namespace.to_owned())
     }
 
     /// Records what the member's offload namespaces say: `member_ns` holds the offload pods of

@@ -10,13 +10,18 @@
 //! `disktype: ssd`). So a requirement is judged here only on a key a virtual node answers
 //! for: its own (`type`, `tidepool.io/…`, `kubernetes.io/hostname`, `kubernetes.io/role`) or
 //! one it carries (the GPU model of a one-model pool, os, arch); any other key is the member's
-//! scheduler's to judge, inside the pool. Pure.
+//! scheduler's to judge, inside the pool.
+//!
+//! The training cluster's own nodes (the native floor, `dispatcher.nativeNodes`) are judged
+//! on every key, as kube-scheduler judges them ([`NodeConstraints::matches_native`]), and by
+//! their taints ([`NodeConstraints::tolerates_all`]). Pure.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Toleration};
 use serde::{Deserialize, Serialize};
 
+use crate::crd::PoolToleration;
 use crate::keys;
 
 /// The GPU model label of nodes (NVIDIA's GPU feature discovery); a virtual node carries it
@@ -30,7 +35,14 @@ pub struct NodeConstraints {
     pub selector: BTreeMap<String, String>,
     /// The required node affinity's terms: one of them must match (none: no constraint).
     pub terms: Vec<NodeSelectorTerm>,
+    /// `spec.tolerations`, but for the two every pod gets at admission (a node not ready or
+    /// unreachable): read only where a native node's taints are judged.
+    pub tolerations: Vec<PoolToleration>,
 }
+
+/// The tolerations the DefaultTolerationSeconds admission plugin gives every pod: they say
+/// nothing of where the pod asked to go.
+const DEFAULT_TOLERATIONS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
 
 impl NodeConstraints {
     /// The constraints of `spec`, or `None` when it has none.
@@ -43,7 +55,8 @@ impl NodeConstraints {
             .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
             .map(|r| r.node_selector_terms.clone())
             .unwrap_or_default();
-        let c = NodeConstraints { selector, terms };
+        let tolerations = spec.tolerations.iter().flatten().filter(|t| !is_default(t)).map(lite).collect();
+        let c = NodeConstraints { selector, terms, tolerations };
         (c != NodeConstraints::default()).then_some(c)
     }
 
@@ -52,6 +65,19 @@ impl NodeConstraints {
     pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         self.selector.iter().filter(|(k, _)| judged(k, labels)).all(|(k, v)| labels.get(k) == Some(v))
             && (self.terms.is_empty() || self.terms.iter().any(|t| term_matches(t, name, labels)))
+    }
+
+    /// Whether one of the training cluster's own nodes, `name` with `labels`, satisfies the
+    /// selector and the affinity on every key (nothing is left to a member's scheduler there).
+    pub fn matches_native(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && (self.terms.is_empty() || self.terms.iter().any(|t| term_matches_with(t, name, labels, &|_| true)))
+    }
+
+    /// Whether the pod tolerates every one of `taints` (`(key, value, effect)` of a node's
+    /// `NoSchedule` and `NoExecute` taints), as kube-scheduler's TaintToleration filter judges.
+    pub fn tolerates_all<'a>(&self, mut taints: impl Iterator<Item = (&'a str, Option<&'a str>, &'a str)>) -> bool {
+        taints.all(|(key, value, effect)| self.tolerations.iter().any(|t| t.tolerates(key, value, effect)))
     }
 
     /// How a tenant wrote it, for an explanation: `a=b, c In [d e]`.
@@ -68,7 +94,24 @@ impl NodeConstraints {
         if !terms.is_empty() {
             parts.push(format!("affinity {}", terms.join(" or ")));
         }
+        if !self.tolerations.is_empty() {
+            let keys: Vec<&str> = self.tolerations.iter().map(|t| t.key.as_deref().unwrap_or("*")).collect();
+            parts.push(format!("tolerating {}", keys.join(" ")));
+        }
         parts.join(", ")
+    }
+}
+
+fn is_default(t: &Toleration) -> bool {
+    t.key.as_deref().is_some_and(|k| DEFAULT_TOLERATIONS.contains(&k)) && t.effect.as_deref() == Some("NoExecute")
+}
+
+fn lite(t: &Toleration) -> PoolToleration {
+    PoolToleration {
+        key: t.key.clone(),
+        operator: t.operator.clone(),
+        value: t.value.clone(),
+        effect: t.effect.clone(),
     }
 }
 
@@ -91,13 +134,23 @@ fn judged(key: &str, labels: &BTreeMap<String, String>) -> bool {
 /// A term with no requirement matches no node (as in kube-scheduler); the requirements on keys
 /// the virtual node does not answer for are left to the member.
 fn term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    term_matches_with(term, name, labels, &|k| judged(k, labels))
+}
+
+/// [`term_matches`] judging only the keys `judge` accepts.
+fn term_matches_with(
+    term: &NodeSelectorTerm,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    judge: &dyn Fn(&str) -> bool,
+) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     if exprs.is_empty() && fields.is_empty() {
         return false;
     }
     let name_fields = BTreeMap::from([("metadata.name".to_owned(), name.to_owned())]);
-    exprs.iter().filter(|r| judged(&r.key, labels)).all(|r| requirement_matches(r, labels))
+    exprs.iter().filter(|r| judge(&r.key)).all(|r| requirement_matches(r, labels))
         && fields.iter().all(|r| requirement_matches(r, &name_fields))
 }
 

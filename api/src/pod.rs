@@ -315,12 +315,27 @@ fn exit_ack(status: &PodStatus) -> Option<String> {
 /// it as elastic (`low`), vk-provider runs its copy as `medium` (deploy/docs/configuration.md,
 /// "Bands").
 pub fn band_of(meta: &ObjectMeta, node: Option<&str>) -> Option<Band> {
-    let placement = meta.annotations.as_ref().and_then(|a| a.get(crate::keys::ANNOTATION_PLACEMENT));
-    let placed_here = node.is_some_and(|n| placement.map(String::as_str) == Some(n));
-    if !placed_here {
+    if !placed_by_dispatcher(meta, node) {
         return None;
     }
     meta.labels.as_ref().and_then(|l| l.get(crate::keys::LABEL_BAND)).and_then(|b| Band::parse(b))
+}
+
+/// Whether a pod on `node` was put there by the dispatcher: bound, and its placement
+/// ([`crate::keys::ANNOTATION_PLACEMENT`], which only the dispatcher writes) names that virtual
+/// node or says it was placed on a native node ([`crate::keys::PLACEMENT_NATIVE`]). Only then
+/// are its band and role labels its decision and not the tenant's.
+pub fn placed_by_dispatcher(meta: &ObjectMeta, node: Option<&str>) -> bool {
+    let placement = meta.annotations.as_ref().and_then(|a| a.get(crate::keys::ANNOTATION_PLACEMENT));
+    node.is_some_and(|n| placement.is_some_and(|p| p == n || p == crate::keys::PLACEMENT_NATIVE))
+}
+
+/// Whether a pod on `node` was put there by the dispatcher as a native pod: on one of the
+/// training cluster's own nodes (placement [`crate::keys::PLACEMENT_NATIVE`]), where its
+/// kubelet, not tidepool, runs it and writes its status.
+pub fn placed_natively(meta: &ObjectMeta, node: Option<&str>) -> bool {
+    let placement = meta.annotations.as_ref().and_then(|a| a.get(crate::keys::ANNOTATION_PLACEMENT));
+    node.is_some() && placement.is_some_and(|p| p == crate::keys::PLACEMENT_NATIVE)
 }
 
 /// Whether tidepool's reclaim notice is out for the pod: its `tidepool.io/ReclaimRequested`

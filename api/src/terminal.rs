@@ -41,7 +41,7 @@ pub fn terminal_status(current: Option<&PodStatus>, end: &Ending<'_>, extra: &[P
         set_condition(&mut s, condition(type_, "False", "PodFailed", None, now));
     }
     if let Some(why) = end.disruption {
-        set_condition(&mut s, condition(keys::CONDITION_DISRUPTION_TARGET, "True", why, Some(end.message), now));
+        set_condition(&mut s, disruption_target(why, end.message, now));
     }
     for c in extra {
         set_condition(&mut s, c.clone());
@@ -91,6 +91,14 @@ pub fn deleted_status(current: Option<&PodStatus>, now: &Time) -> PodStatus {
         set_condition(&mut s, condition(type_, "False", ready_reason, None, now));
     }
     s
+}
+
+/// The `DisruptionTarget` condition (`True`, `reason`, `message`) the scheduler and the
+/// kubelet set on a pod they are about to take away: with it, a Job's `podFailurePolicy`
+/// (`action: Ignore`, `onPodConditions: [{type: DisruptionTarget}]`) replaces the pod without
+/// counting a failure.
+pub fn disruption_target(reason: &str, message: &str, now: &Time) -> PodCondition {
+    condition(keys::CONDITION_DISRUPTION_TARGET, "True", reason, Some(message), now)
 }
 
 fn condition(type_: &str, status: &str, reason: &str, message: Option<&str>, now: &Time) -> PodCondition {

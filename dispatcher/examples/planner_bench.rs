@@ -20,6 +20,11 @@
 //! the same gangs decided by the topology-aware planner and by the same planner with the
 //! topology left out (blind), counting the gangs each plan spreads over more than one rack.
 //!
+//! Then the native floor: 500 of the training cluster's own nodes and 4 members of 500 nodes
+//! (racks as above); each gang keeps its core (4 pods) on the native nodes and places its
+//! elastic part (4 pods) on one member pool (the pool chosen for its first elastic pod, the
+//! others fitted there), against the same gangs placed whole on lent capacity.
+//!
 //! Inputs come from a seeded xorshift generator, so two runs with the same seed decide the
 //! same gangs on the same pools.
 
@@ -28,8 +33,9 @@ use std::time::{Duration, Instant};
 
 use tidepool_api::Resources;
 use tidepool_dispatcher::gang::GangKey;
+use tidepool_dispatcher::native_pool::NativePool;
 use tidepool_dispatcher::plan::{self, GangDemand, PoolView};
-use tidepool_federation::capacity::{GPU, NodeFree};
+use tidepool_federation::capacity::{GPU, NodeFree, NodeView};
 
 const POOLS: usize = 10;
 const PODS_PER_GANG: usize = 8;
@@ -248,21 +254,28 @@ const RACKS_PER_ZONE: usize = 8;
 const ZONE_KEY: &str = "topology.kubernetes.io/zone";
 const RACK_KEY: &str = "example.com/rack";
 
-/// Two pools of 500 member nodes (8 GPUs, 128 cpu, 1Ti each, used as in [`pools`]), the
+/// The free capacity of one node of 8 GPUs, 128 cpu and 1Ti, used as in [`pools`]: a third
+/// idle, a fifth full, the rest with 1–7 GPUs taken (with their share of cpu and memory).
+fn node_free(rng: &mut XorShift) -> Resources {
+    let used = match rng.below(10) {
+        0..=2 => 0,
+        3..=4 => GPUS_PER_NODE,
+        _ => 1 + rng.below(7) as i64,
+    };
+    let mut free = res(GPUS_PER_NODE - used, 128 - used * 14, 1024 - used * 110);
+    free.set("pods", 110_000);
+    free
+}
+
+/// `count` pools of 500 member nodes (8 GPUs, 128 cpu, 1Ti each, used as in [`pools`]), the
 /// nodes dealt in order over 4 zones × 8 racks of about 16 nodes.
-fn topology_pools(rng: &mut XorShift) -> Vec<PoolView> {
-    (0..TOPO_POOLS)
+fn topology_pools(rng: &mut XorShift, count: usize) -> Vec<PoolView> {
+    (0..count)
         .map(|i| {
             let racks = ZONES * RACKS_PER_ZONE;
             let free_per_node: Vec<NodeFree> = (0..TOPO_NODES)
                 .map(|n| {
-                    let used = match rng.below(10) {
-                        0..=2 => 0,
-                        3..=4 => GPUS_PER_NODE,
-                        _ => 1 + rng.below(7) as i64,
-                    };
-                    let mut free = res(GPUS_PER_NODE - used, 128 - used * 14, 1024 - used * 110);
-                    free.set("pods", 110_000);
+                    let free = node_free(rng);
                     let rack = n * racks / TOPO_NODES;
                     let mut node = NodeFree::new(format!("t{i}-node-{n}"), free);
                     node.labels.insert(ZONE_KEY.to_owned(), format!("z{}", rack / RACKS_PER_ZONE));
@@ -328,7 +341,7 @@ fn run_topology(gangs: &[GangDemand], initial: &[PoolView], blind: bool, commit:
 /// The topology table: decisions per second and gangs spread over racks, aware and blind.
 fn topology_table(gangs: &[GangDemand], seed: u64) -> f64 {
     let mut rng = XorShift::new(seed ^ 0x7090);
-    let pools = topology_pools(&mut rng);
+    let pools = topology_pools(&mut rng, TOPO_POOLS);
     println!();
     println!(
         "topology: {} gangs, {TOPO_POOLS} pools x {TOPO_NODES} nodes in {ZONES} zones x {RACKS_PER_ZONE} racks \
@@ -342,14 +355,8 @@ fn topology_table(gangs: &[GangDemand], seed: u64) -> f64 {
     let mut slowest = f64::INFINITY;
     for (name, commit) in [("snapshot", false), ("sequential", true)] {
         for (label, blind) in [("topology-aware", false), ("topology-blind", true)] {
-            let mut runs: Vec<TopologyOutcome> =
-                (0..REPEAT).map(|_| run_topology(gangs, &pools, blind, commit)).collect();
-            runs.sort_by_key(|o| o.decide.iter().sum::<Duration>());
-            let o = runs.swap_remove(REPEAT / 2);
-            let mut sorted = o.decide.clone();
-            sorted.sort();
-            let decide: Duration = sorted.iter().sum();
-            let rate = sorted.len() as f64 / decide.as_secs_f64().max(1e-9);
+            let runs = (0..REPEAT).map(|_| run_topology(gangs, &pools, blind, commit)).collect();
+            let (o, sorted, decide, rate) = median_of(runs, |o| &o.decide);
             if !blind {
                 slowest = slowest.min(rate);
             }
@@ -369,6 +376,136 @@ fn topology_table(gangs: &[GangDemand], seed: u64) -> f64 {
     }
     println!("spread over racks: placed gangs whose planned nodes lie in more than one rack");
     slowest
+}
+
+/// Member pools and native nodes of the native-floor table.
+const FLOOR_MEMBERS: usize = 4;
+const FLOOR_NATIVE_NODES: usize = 500;
+/// Core pods of each gang kept on the native nodes; the rest of its pods are elastic.
+const FLOOR_CORE: usize = 4;
+
+/// 500 training nodes, used as the member nodes of [`pools`] are.
+fn native_nodes(rng: &mut XorShift) -> NativePool {
+    let nodes = (0..FLOOR_NATIVE_NODES).map(|n| NodeView {
+        name: format!("native-{n}"),
+        ready: true,
+        allocatable: node_free(rng),
+        ..NodeView::default()
+    });
+    NativePool::new(nodes, &Default::default(), &[])
+}
+
+#[derive(Debug, Default)]
+struct FloorOutcome {
+    placed: usize,
+    decide: Vec<Duration>,
+}
+
+/// One gang with a native floor: its core on the native nodes, whole or not at all, then its
+/// elastic pods on the member pool chosen for the first of them. Books what it places when
+/// `commit`. Whether the core was placed.
+fn floor_decision(gang: &GangDemand, native: &mut NativePool, lent: &mut [PoolView], commit: bool) -> bool {
+    let (core, elastic) = gang.pods.split_at(FLOOR_CORE.min(gang.pods.len()));
+    let view = native.view_for(&vec![None; core.len()]);
+    let demand = GangDemand { pods: core.to_vec(), ..gang.clone() };
+    let Ok(placed) = plan::place(&demand, std::slice::from_ref(&view)) else { return false };
+    if commit {
+        for (pod, node) in core.iter().zip(&placed.planned_nodes) {
+            native.reserve(node, pod);
+        }
+    }
+    let Some((first, rest)) = elastic.split_first() else { return true };
+    let one = GangDemand { pods: vec![first.clone()], ..gang.clone() };
+    let Ok(pool) = plan::place_pool_wide(&one, lent) else { return true };
+    let Some(i) = lent.iter().position(|v| v.node == pool.node) else { return true };
+    let domain = plan::Domain::default();
+    let mut admitted = vec![first.clone()];
+    for pod in rest {
+        if plan::fits_one(pod, &lent[i], &admitted, &domain) {
+            admitted.push(pod.clone());
+        }
+    }
+    if commit {
+        lent[i].reserve(&admitted, &[]);
+    }
+    true
+}
+
+/// Every gang decided with its native floor (`floor`) or whole on lent capacity.
+fn run_floor(gangs: &[GangDemand], native: &NativePool, lent: &[PoolView], floor: bool, commit: bool) -> FloorOutcome {
+    let (mut native, mut lent) = (native.clone(), lent.to_vec());
+    let mut out = FloorOutcome { decide: Vec::with_capacity(gangs.len()), ..FloorOutcome::default() };
+    for gang in gangs {
+        let t = Instant::now();
+        let placed = if floor {
+            floor_decision(gang, &mut native, &mut lent, commit)
+        } else {
+            match plan::place(gang, &lent) {
+                Ok(p) => {
+                    if commit && let Some(pool) = lent.iter_mut().find(|v| v.node == p.node) {
+                        pool.reserve(&gang.pods, &p.per_pod_member_node);
+                    }
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        out.decide.push(t.elapsed());
+        out.placed += usize::from(placed);
+    }
+    out
+}
+
+/// The native-floor table: decisions per second with the core native and the elastic part
+/// lent, against the same gangs all lent. The slowest native-floor rate.
+fn floor_table(gangs: &[GangDemand], seed: u64) -> f64 {
+    let mut rng = XorShift::new(seed ^ 0xf100);
+    let native = native_nodes(&mut rng);
+    let lent = topology_pools(&mut rng, FLOOR_MEMBERS);
+    println!();
+    println!(
+        "native floor: {} gangs, {FLOOR_NATIVE_NODES} native nodes + {FLOOR_MEMBERS} members x {TOPO_NODES} nodes; \
+         core {FLOOR_CORE} pods native, the rest lent on one pool; median of {REPEAT} runs, single-threaded",
+        gangs.len()
+    );
+    println!(
+        "{:<11} {:<22} {:>9} {:>7} {:>10} {:>12} {:>8} {:>8}",
+        "run", "placement", "decisions", "placed", "decide ms", "decisions/s", "p50 us", "p99 us"
+    );
+    let mut slowest = f64::INFINITY;
+    for (name, commit) in [("snapshot", false), ("sequential", true)] {
+        for (label, floor) in [("native core + lent", true), ("all lent", false)] {
+            let runs = (0..REPEAT).map(|_| run_floor(gangs, &native, &lent, floor, commit)).collect();
+            let (o, sorted, decide, rate) = median_of(runs, |o| &o.decide);
+            if floor {
+                slowest = slowest.min(rate);
+            }
+            println!(
+                "{:<11} {:<22} {:>9} {:>7} {:>10.1} {:>12.0} {:>8.1} {:>8.1}",
+                name,
+                label,
+                sorted.len(),
+                o.placed,
+                decide.as_secs_f64() * 1e3,
+                rate,
+                percentile(&sorted, 50).as_secs_f64() * 1e6,
+                percentile(&sorted, 99).as_secs_f64() * 1e6,
+            );
+        }
+    }
+    slowest
+}
+
+/// The run of `runs` with the median total decision time, with its decision times sorted,
+/// their sum and the decisions per second.
+fn median_of<T>(mut runs: Vec<T>, decide: impl Fn(&T) -> &Vec<Duration>) -> (T, Vec<Duration>, Duration, f64) {
+    runs.sort_by_key(|o| decide(o).iter().sum::<Duration>());
+    let o = runs.swap_remove(runs.len() / 2);
+    let mut sorted = decide(&o).clone();
+    sorted.sort();
+    let total: Duration = sorted.iter().sum();
+    let rate = sorted.len() as f64 / total.as_secs_f64().max(1e-9);
+    (o, sorted, total, rate)
 }
 
 fn percentile(sorted: &[Duration], p: usize) -> Duration {
@@ -457,6 +594,12 @@ fn main() -> ExitCode {
         "goal (issue 16): >= 2000 decisions/s on one core with topology; slowest topology-aware run: \
          {topology_rate:.0} decisions/s ({})",
         if topology_rate >= 2000.0 { "met" } else { "NOT met" }
+    );
+    let floor_rate = floor_table(&gangs, seed);
+    println!(
+        "goal (issue 42): >= 2000 decisions/s on one core with native pools; slowest native-floor run: \
+         {floor_rate:.0} decisions/s ({})",
+        if floor_rate >= 2000.0 { "met" } else { "NOT met" }
     );
     println!("total wall time: {:.2} s", total.elapsed().as_secs_f64());
     ExitCode::SUCCESS

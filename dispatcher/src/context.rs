@@ -106,6 +106,9 @@ pub(crate) struct Context {
     /// Whether the training cluster serves eviction requests, read once when first needed
     /// ([`crate::reclaim_request`]).
     pub(crate) training_eviction_requests: tokio::sync::OnceCell<bool>,
+    /// The training cluster's nodes the native pool is made of, once its watch runs
+    /// (`native`): `None` while it does not (no `dispatcher.nativeNodes`, or not started).
+    pub(crate) native_nodes: Mutex<Option<Store<k8s_openapi::api::core::v1::Node>>>,
 }
 
 impl Context {
@@ -139,6 +142,7 @@ impl Context {
             labels_on_binding: AtomicBool::new(false),
             assumed: Mutex::new(Assumed::default()),
             training_eviction_requests: tokio::sync::OnceCell::new(),
+            native_nodes: Mutex::new(None),
         }
     }
 
@@ -239,6 +243,19 @@ impl Context {
             }
         }
         pools
+    }
+
+    /// The members this replica bridges, each with its pools' virtual nodes and its pod
+    /// network (declared, else its nodes' pod CIDRs).
+    pub(crate) fn pod_networks(&self) -> Vec<crate::native_pool::MemberNetwork> {
+        let local = self.members.borrow().clone();
+        local
+            .values()
+            .map(|m| {
+                let nodes = m.pools.iter().map(|p| p.node.to_string()).collect();
+                (m.name.to_string(), nodes, m.effective_pod_network())
+            })
+            .collect()
     }
 
     /// Whether virtual node `node` is a pool of a member another replica owns: its owner ends

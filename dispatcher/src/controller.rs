@@ -161,6 +161,12 @@ async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     // 3. Pool views, with in-flight pods simulated onto them: built only when a gang waits
     //    (each copies every member node of every pool).
     let mut pools = pool_views(ctx, &all);
+    let mut native = crate::native::pool(ctx, &all)?;
+    let apart = match &native {
+        Some(n) => crate::native_pool::apart(&ctx.pod_networks(), &n.network()),
+        None => Default::default(),
+    };
+    let mut offer = round::Offer { lent: &mut pools, native: native.as_mut(), apart };
     let mut queue = Vec::new();
     let mut mins = HashMap::new();
     for (key, g) in &gangs {
@@ -182,7 +188,7 @@ async fn round(ctx: &Context, binds: &Binds) -> Result<()> {
     for entry in queue {
         let Some(g) = gangs.get(&entry.key) else { continue };
         let min = mins.get(&entry.key).copied().unwrap_or(1) as usize;
-        let admission = round::admit(&entry.key, g, min, &mut pools, (&ctx.ranges, now));
+        let admission = round::admit(&entry.key, g, min, &mut offer, (&ctx.ranges, now));
         writes.extend(admission.writes);
         waiting |= admission.unplaced.is_some();
         if let Some(demand) = admission.unplaced
@@ -265,9 +271,9 @@ async fn commit(ctx: &Context, binds: &Binds, writes: Vec<Write>) -> Result<()> 
             Write::Explain { pods, message } => explain(ctx, pods, &message).await?,
             Write::RollBack { pods, message } => roll_back(ctx, &pods, &message).await,
             Write::Relabel { pod, band, role } => relabel(ctx, &pod, band, role).await,
-            Write::Bind { pod, node, band, role, domain } => {
-                let stamp = Stamp::new(&node, band, &role, &domain, &now_rfc3339());
-                hand_over(ctx, binds, (pod, node, band, stamp))?;
+            Write::Bind { pod, target, band, role, domain } => {
+                let stamp = Stamp::new(target.placement(), band, &role, &domain, &now_rfc3339());
+                hand_over(ctx, binds, (pod, target.node().to_owned(), band, stamp))?;
             }
             Write::Place { gang, node, member, pods, domain, note } => {
                 place(ctx, binds, &gang, (&node, &member), &pods, &domain, note.as_deref()).await?
@@ -400,13 +406,20 @@ async fn place(
     info!(gang = %key, node, core, domain = %domain.to_annotation(), "gang placed");
     let placed_at = now_rfc3339();
     for p in pods {
+        let target = p.target(node);
         let role = round::Role::Core { size: core, planned_node: Some(p.member_node.clone()) };
-        let stamp = Stamp::new(node, p.band, &role, domain, &placed_at);
-        hand_over(ctx, binds, (p.pod.clone(), node.to_owned(), p.band, stamp))?;
+        let stamp = Stamp::new(target.placement(), p.band, &role, domain, &placed_at);
+        hand_over(ctx, binds, (p.pod.clone(), target.node().to_owned(), p.band, stamp))?;
     }
     if let Some(first) = pods.first() {
         let how = note.map(|n| format!(": {n}")).unwrap_or_default();
-        let note = format!("gang {key} ({core} pods) placed on {node} (member {member}){how}");
+        let native = pods.iter().filter(|p| p.native).count();
+        let at = match (native, core - native) {
+            (_, 0) => "on the training cluster's own nodes".to_owned(),
+            (0, _) => format!("on {node} (member {member})"),
+            (n, lent) => format!("{n} on the training cluster's own nodes, {lent} on {node} (member {member})"),
+        };
+        let note = format!("gang {key} ({core} pods) placed {at}{how}");
         pod_group_status::report(ctx, key, Outcome::Scheduled(&note)).await?;
         publish(ctx, &first.pod, EventType::Normal, keys::REASON_PLACED, &note).await;
     }
@@ -431,9 +444,15 @@ async fn roll_back(ctx: &Context, pods: &[Arc<PodLite>], message: &str) {
                 continue;
             }
         };
-        let status = terminal_status(current.status.as_ref(), &end, &[], &Time(jiff::Timestamp::now()));
-        let patch = json!({ "metadata": { "resourceVersion": current.metadata.resource_version }, "status": status });
-        match api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
+        let written = if tidepool_api::pod::placed_natively(&current.metadata, p.node_name()) {
+            crate::native::end(&api, &p.name_any(), keys::REASON_GANG_TIMEOUT, message).await
+        } else {
+            let status = terminal_status(current.status.as_ref(), &end, &[], &Time(jiff::Timestamp::now()));
+            let patch =
+                json!({ "metadata": { "resourceVersion": current.metadata.resource_version }, "status": status });
+            api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
+        };
+        match written {
             Ok(_) => publish(ctx, p, EventType::Warning, keys::REASON_GANG_TIMEOUT, message).await,
             Err(e) => warn!(pod = %p.name_any(), error = %e, "cannot roll back gang pod"),
         }

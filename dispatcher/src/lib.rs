@@ -5,7 +5,8 @@
 //! two loops that share a `context` and import nothing from each other; gang identity and
 //! bands ([`gang`]); and the pure decisions: a round's writes (`round`), placement
 //! ([`plan`]), admission order ([`order`]), reclaim victims ([`victims`]) and gang restarts
-//! ([`restart`]), Kueue's quota over lent capacity ([`kueue_quota`]). Errors are [`error::Error`]. Does not own: capacity (federation) or offload
+//! ([`restart`]), Kueue's quota over lent capacity ([`kueue_quota`]), the native pool of the
+//! training cluster's own nodes ([`native_pool`]). Errors are [`error::Error`]. Does not own: capacity (federation) or offload
 //! pods (vk-provider): a pod bound to a virtual node is the hand-off. Start at
 //! [`Dispatcher::start`].
 
@@ -16,6 +17,8 @@ mod eviction;
 pub mod gang;
 mod kueue;
 pub mod kueue_quota;
+mod native;
+pub mod native_pool;
 pub mod order;
 pub mod plan;
 mod pod_group_status;
@@ -85,17 +88,20 @@ impl Dispatcher {
     }
 
     /// The scheduling loop; sharded, only the replica holding the leader Lease runs it.
-    /// With it, tidepool's part as Volcano's gang scheduler (`volcano`) and the keeper of
-    /// Kueue's quota over lent capacity (`kueue`): they end together.
+    /// With it, tidepool's part as Volcano's gang scheduler (`volcano`), the keeper of
+    /// Kueue's quota over lent capacity (`kueue`) and the watch of the native nodes
+    /// (`native`): they end together.
     pub fn schedule(&self) -> impl Future<Output = ()> + Send + 'static {
         let rounds = controller::run(self.ctx.clone(), self.pods.clone());
         let volcano = volcano::run(self.ctx.clone(), self.pods.clone());
         let kueue = kueue::run(self.ctx.clone());
+        let native = native::run(self.ctx.clone());
         async move {
             tokio::select! {
                 () = rounds => {}
                 () = volcano => {}
                 () = kueue => {}
+                () = native => {}
             }
         }
     }

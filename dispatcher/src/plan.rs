@@ -202,6 +202,17 @@ impl Unplaceable {
 /// then memory), so big holes stay whole for big pods; the least budget left in the pool;
 /// and finally the virtual node name, so the answer never depends on input order.
 pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplaceable> {
+    place_within(gang, pools, None)
+}
+
+/// [`place`] pool-wide: no GPU model or topology domain is chosen inside a pool (the pools are
+/// ranked as [`place`] ranks them). For the first lent pod of a gang whose core is on native
+/// nodes: one pod needs no domain, and its gang's later lent pods join it anywhere in the pool.
+pub fn place_pool_wide(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplaceable> {
+    place_within(gang, pools, Some(&Domain::default()))
+}
+
+fn place_within(gang: &GangDemand, pools: &[PoolView], within: Option<&Domain>) -> Result<Placement, Unplaceable> {
     if gang.pods.is_empty() {
         return Err(Unplaceable::new("the gang has no pods to place"));
     }
@@ -235,7 +246,7 @@ pub fn place(gang: &GangDemand, pools: &[PoolView]) -> Result<Placement, Unplace
     let mut best: Option<(Fit, &PoolView)> = None;
     let mut refusals = Vec::new();
     for pool in candidates.iter().copied() {
-        match demand.try_pool(pool, None) {
+        match demand.try_pool(pool, within) {
             Ok(fit) => {
                 let better = best.as_ref().is_none_or(|(b, bp)| {
                     (&fit.score, &pool.node, &pool.member, &pool.pool) < (&b.score, &bp.node, &bp.member, &bp.pool)
@@ -399,6 +410,16 @@ impl<'a> Demand<'a> {
         Self { dims, devices: device_count, pods: dense, order, total, uniform }
     }
 
+    /// The free capacity of `nodes` in the demand's dimensions, one row per node.
+    fn rows_of<'r>(&self, nodes: impl ExactSizeIterator<Item = &'r Resources>) -> Rows {
+        let (width, len) = (self.dims.len(), nodes.len());
+        let mut cells = Vec::with_capacity(width * len);
+        for node in nodes {
+            cells.extend(self.dims.iter().map(|d| node.get(d)));
+        }
+        Rows { width, len, cells }
+    }
+
     fn free_of(&self, node: &Resources) -> Vec<i64> {
         self.dims.iter().map(|d| node.get(d)).collect()
     }
@@ -419,7 +440,7 @@ impl<'a> Demand<'a> {
         if let Some(dim) = (0..self.dims.len()).find(|&i| self.total[i] > 0 && budget_left[i] < 0) {
             return Err(Refusal::Budget { dim, left: budget_left[dim].saturating_add(self.total[dim]) });
         }
-        let nodes: Vec<Vec<i64>> = pool.free_per_node.iter().map(|n| self.free_of(&n.free)).collect();
+        let nodes = self.rows_of(pool.free_per_node.iter().map(|n| &n.free));
         let mut budget = SEARCH_BUDGET;
         let chosen = match within {
             Some(domain) => {
@@ -455,7 +476,7 @@ impl<'a> Demand<'a> {
     /// Where in the pool the gang goes: one GPU model when it wants devices and one model
     /// takes it, and within that, the finest topology domain that fits (pool-wide when none
     /// does).
-    fn choose(&self, pool: &PoolView, nodes: &[Vec<i64>], budget: &mut u32) -> Result<Chosen, Refusal> {
+    fn choose(&self, pool: &PoolView, nodes: &Rows, budget: &mut u32) -> Result<Chosen, Refusal> {
         let all: Vec<usize> = (0..nodes.len()).collect();
         let mut models: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
         for &n in &all {
@@ -486,7 +507,7 @@ impl<'a> Demand<'a> {
     fn in_topology(
         &self,
         pool: &PoolView,
-        nodes: &[Vec<i64>],
+        nodes: &Rows,
         members: &[usize],
         budget: &mut u32,
     ) -> Result<Chosen, Refusal> {
@@ -528,12 +549,7 @@ impl<'a> Demand<'a> {
 
     /// Why no domain of one level takes the gang: the first resource no domain has enough
     /// of in sum ("no rack has 16 nvidia.com/gpu free; largest: 12"), else that none packs.
-    fn level_refusal<'d>(
-        &self,
-        name: &str,
-        nodes: &[Vec<i64>],
-        domains: impl Iterator<Item = &'d Vec<usize>>,
-    ) -> String {
+    fn level_refusal<'d>(&self, name: &str, nodes: &Rows, domains: impl Iterator<Item = &'d Vec<usize>>) -> String {
         let sums: Vec<Vec<i64>> = domains
             .map(|members| {
                 let mut sum = vec![0i64; self.dims.len()];
@@ -556,15 +572,15 @@ impl<'a> Demand<'a> {
 
     /// Whether the nodes `members` have, in sum, what the gang needs: a cheap test before
     /// packing a domain.
-    fn sum_fits(&self, nodes: &[Vec<i64>], members: &[usize]) -> bool {
+    fn sum_fits(&self, nodes: &Rows, members: &[usize]) -> bool {
         (0..self.dims.len())
             .all(|d| self.total[d] <= 0 || members.iter().map(|&n| nodes[n][d].max(0)).sum::<i64>() >= self.total[d])
     }
 
     /// Packs the gang onto the nodes `members` (indices into `nodes`); the assignment is in
     /// indices into `nodes` too.
-    fn pack_in(&self, nodes: &[Vec<i64>], members: &[usize], budget: &mut u32) -> Result<Packed, Refusal> {
-        let subset: Vec<Vec<i64>> = members.iter().map(|&n| nodes[n].clone()).collect();
+    fn pack_in(&self, nodes: &Rows, members: &[usize], budget: &mut u32) -> Result<Packed, Refusal> {
+        let subset = nodes.select(members);
         let local = self.pack(&subset, budget)?;
         let mut after = subset;
         for (pod, &n) in local.iter().enumerate() {
@@ -581,7 +597,7 @@ impl<'a> Demand<'a> {
 
     /// Best-fit decreasing and the fewest-nodes packing, the one on fewer nodes (best fit on
     /// a tie); then (for unequal pods) the bounded exhaustive search.
-    fn pack(&self, nodes: &[Vec<i64>], budget: &mut u32) -> Result<Vec<usize>, Refusal> {
+    fn pack(&self, nodes: &Rows, budget: &mut u32) -> Result<Vec<usize>, Refusal> {
         let tight = self.best_fit(nodes);
         let few = self.fewest_nodes(nodes);
         let count = |a: &[usize]| a.iter().collect::<BTreeSet<_>>().len();
@@ -592,7 +608,7 @@ impl<'a> Demand<'a> {
                 if self.uniform || !self.worth_searching(nodes) {
                     return Err(Refusal::Nodes { placed });
                 }
-                let mut free = nodes.to_vec();
+                let mut free = nodes.clone();
                 let mut assignment = vec![0usize; self.pods.len()];
                 if self.search(0, &mut free, &mut assignment, budget) {
                     Ok(assignment)
@@ -606,8 +622,8 @@ impl<'a> Demand<'a> {
     /// Fewest nodes: each pod (largest first) onto a node already in use with the least room
     /// that still fits, else onto the unused node that holds the most pods of its size (the
     /// roomiest on a tie). Exact for identical pods.
-    fn fewest_nodes(&self, nodes: &[Vec<i64>]) -> Result<Vec<usize>, usize> {
-        let mut free = nodes.to_vec();
+    fn fewest_nodes(&self, nodes: &Rows) -> Result<Vec<usize>, usize> {
+        let mut free = nodes.clone();
         let mut used = vec![false; free.len()];
         let mut assignment = vec![0usize; self.pods.len()];
         for (placed, &p) in self.order.iter().enumerate() {
@@ -629,8 +645,8 @@ impl<'a> Demand<'a> {
     }
 
     /// Best-fit decreasing: each pod (largest first) onto the node it leaves the least room on.
-    fn best_fit(&self, nodes: &[Vec<i64>]) -> Result<Vec<usize>, usize> {
-        let mut free = nodes.to_vec();
+    fn best_fit(&self, nodes: &Rows) -> Result<Vec<usize>, usize> {
+        let mut free = nodes.clone();
         let mut assignment = vec![0usize; self.pods.len()];
         for (placed, &p) in self.order.iter().enumerate() {
             // The node with the least room that still fits leaves the least behind: the
@@ -646,7 +662,7 @@ impl<'a> Demand<'a> {
     }
     /// Cheap necessary conditions, so hopeless pools never cost a search: every pod fits
     /// some node on its own, and the nodes' free capacity adds up to the gang's total.
-    fn worth_searching(&self, nodes: &[Vec<i64>]) -> bool {
+    fn worth_searching(&self, nodes: &Rows) -> bool {
         let each_pod_fits_somewhere = self.pods.iter().all(|p| nodes.iter().any(|n| fits(p, n)));
         let sum_fits = (0..self.dims.len()).all(|d| nodes.iter().map(|n| n[d].max(0)).sum::<i64>() >= self.total[d]);
         each_pod_fits_somewhere && sum_fits
@@ -654,7 +670,7 @@ impl<'a> Demand<'a> {
 
     /// Depth-first search over pods in decreasing order. Nodes whose free capacity is
     /// currently identical are interchangeable, so only the first of them is tried.
-    fn search(&self, depth: usize, free: &mut [Vec<i64>], assignment: &mut [usize], budget: &mut u32) -> bool {
+    fn search(&self, depth: usize, free: &mut Rows, assignment: &mut [usize], budget: &mut u32) -> bool {
         let Some(&p) = self.order.get(depth) else { return true };
         let mut tried: Vec<usize> = Vec::new();
         for n in 0..free.len() {
@@ -793,6 +809,48 @@ impl<'a> Demand<'a> {
             .map(|(name, v)| format!("{name}={}", amount(name, *v)))
             .collect();
         parts.join(", ")
+    }
+}
+
+/// Free capacity per node in a demand's dimensions: one row per node, all in one allocation
+/// (the simulation copies them for every packing it tries, thousands of nodes per decision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rows {
+    width: usize,
+    len: usize,
+    cells: Vec<i64>,
+}
+
+impl Rows {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[i64]> {
+        (0..self.len).map(|n| &self[n])
+    }
+
+    /// The rows `members`, in that order.
+    fn select(&self, members: &[usize]) -> Rows {
+        let mut cells = Vec::with_capacity(self.width * members.len());
+        for &n in members {
+            cells.extend_from_slice(&self[n]);
+        }
+        Rows { width: self.width, len: members.len(), cells }
+    }
+}
+
+impl std::ops::Index<usize> for Rows {
+    type Output = [i64];
+
+    fn index(&self, n: usize) -> &[i64] {
+        &self.cells[n * self.width..(n + 1) * self.width]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Rows {
+    fn index_mut(&mut self, n: usize) -> &mut [i64] {
+        &mut self.cells[n * self.width..(n + 1) * self.width]
     }
 }
 

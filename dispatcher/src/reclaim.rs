@@ -221,8 +221,7 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
                 }
                 (cap.clone(), deficit)
             };
-            let on_node: Vec<&Arc<PodLite>> =
-                pods.iter().filter(|p| p.is_live() && p.node_name() == Some(node.as_str())).collect();
+            let on_node = on_pool(pods, &node);
             let freeing = freeing(pods, &node, &cap, grace);
             let candidates = candidates(&on_node, &cap, grace);
             let picked = state.plan_pool(&node, &deficit, &freeing, candidates, now, hysteresis);
@@ -236,6 +235,13 @@ async fn pick_victims(ctx: &Arc<Context>, pods: &[Arc<PodLite>], state: &mut Sta
             futures::future::join_all(notices).await;
         }
     }
+}
+
+/// The live pods bound to virtual node `node`: the only ones reclaim for its pool ever picks
+/// from (a job's pods elsewhere, on another pool or on the training cluster's own nodes,
+/// are never its victims).
+pub(crate) fn on_pool<'a>(pods: &'a [Arc<PodLite>], node: &str) -> Vec<&'a Arc<PodLite>> {
+    pods.iter().filter(|p| p.is_live() && p.node_name() == Some(node)).collect()
 }
 
 /// What the pods on virtual node `node` are about to free: those under notice, and those
@@ -256,7 +262,7 @@ fn freeing(pods: &[Arc<PodLite>], node: &str, cap: &PoolCapacity, grace: &BandSe
 
 /// The victim candidates among the live pods of one pool, `on_node`: those not under notice
 /// that the member shows placed, each with its job's fulfillment ([`job_fulfillments`]).
-fn candidates(on_node: &[&Arc<PodLite>], cap: &PoolCapacity, grace: &BandSeconds) -> Vec<OffloadPodView> {
+pub(crate) fn candidates(on_node: &[&Arc<PodLite>], cap: &PoolCapacity, grace: &BandSeconds) -> Vec<OffloadPodView> {
     let jobs = job_fulfillments(on_node.iter().map(|p| (gang::gang_of(p), reclaim_band(p))));
     on_node
         .iter()
@@ -423,14 +429,10 @@ impl Notice {
     }
 }
 
-/// The `DisruptionTarget` condition the scheduler and the kubelet set on a pod they are about
-/// to take away: with it, a Job's `podFailurePolicy` (`action: Ignore`, `onPodConditions:
-/// [{type: DisruptionTarget}]`) replaces a reclaimed pod without counting a failure.
+/// The `DisruptionTarget` condition of a reclaim ([`tidepool_api::terminal::disruption_target`]).
 fn disruption_target(now: jiff::Timestamp, message: &str) -> serde_json::Value {
-    json!({
-        "type": keys::CONDITION_DISRUPTION_TARGET, "status": "True", "reason": keys::REASON_DISRUPTION_RECLAIM,
-        "message": message, "lastTransitionTime": Time(now),
-    })
+    let c = tidepool_api::terminal::disruption_target(keys::REASON_DISRUPTION_RECLAIM, message, &Time(now));
+    serde_json::to_value(c).unwrap_or_default()
 }
 
 /// Why a reclaim notice goes out: online demand in the member, or one of the member's
@@ -745,7 +747,12 @@ async fn record_reclaimed(
     let extra: Vec<PodCondition> = notice
         .map(|n| n.conditions.iter().filter_map(|c| serde_json::from_value(c.clone()).ok()).collect())
         .unwrap_or_default();
-    match write_reclaimed(&api, &name, &message, &extra).await {
+    let written = if tidepool_api::pod::placed_natively(&p.metadata, p.node_name()) {
+        crate::native::end(&api, &name, keys::REASON_DISRUPTION_RECLAIM, &message).await
+    } else {
+        write_reclaimed(&api, &name, &message, &extra).await
+    };
+    match written {
         Ok(_) => {
             info!(pod = %name, how = %end, "reclaimed");
             crate::reclaim_request::ended(ctx, p, end, &message).await;

@@ -41,9 +41,7 @@ pub struct Decision {
 /// Whether `p` was admitted as its gang's core: the role label counts only on a pod the
 /// dispatcher placed on the node it is on (tenants write their pods' labels).
 pub fn is_core(p: &PodLite) -> bool {
-    let node = p.node_name();
-    node.is_some()
-        && p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == node
+    tidepool_api::pod::placed_by_dispatcher(&p.metadata, p.node_name())
         && p.labels().get(keys::LABEL_ROLE).map(String::as_str) == Some(keys::ROLE_CORE)
 }
 
@@ -87,10 +85,7 @@ pub fn decide(pods: &[&PodLite]) -> Decision {
 
 /// The band a placed pod's notice grace is taken from, trusted as reclaim trusts it.
 fn band_of(p: &PodLite) -> Band {
-    let placed_here =
-        p.node_name().is_some_and(|n| p.annotations().get(keys::ANNOTATION_PLACEMENT).map(String::as_str) == Some(n));
-    let labelled = placed_here.then(|| p.labels().get(keys::LABEL_BAND).and_then(|b| Band::parse(b))).flatten();
-    labelled.unwrap_or(Band::Low)
+    tidepool_api::pod::band_of(&p.metadata, p.node_name()).unwrap_or(Band::Low)
 }
 
 /// Restarts every gang of this dispatcher's pods whose core pod failed, and returns the

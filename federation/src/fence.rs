@@ -10,8 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
 use std::task::{Context, Poll};
+use tidepool_api::sync::Locked;
 
 use http::{Request, Response};
 use kube::client::Body;
@@ -53,7 +55,7 @@ impl OwnedSender {
         {
             // A panic while the map was held leaves at worst a fence not yet cancelled: the
             // map is still the one to cancel from.
-            let mut fences = self.fences.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut fences = self.fences.0.recovered("fences");
             fences.retain(|member, fence| {
                 let keep = owned.contains(member);
                 if !keep {
@@ -89,7 +91,7 @@ impl Owned {
     /// A fence for one client of `member`: cancelled when the member leaves the owned set, and
     /// already when it is not owned now. Cancelling it stops that client only.
     pub fn fence(&self, member: &MemberName) -> CancellationToken {
-        let fences = self.fences.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let fences = self.fences.0.recovered("fences");
         match fences.get(member) {
             Some(fence) => fence.child_token(),
             None => {

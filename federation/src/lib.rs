@@ -1,10 +1,21 @@
-//! Federation: the member clusters as the rest of tidepool sees them.
+//! Federation: the member clusters as the rest of tidepool sees them, and the shared
+//! plumbing every part of tidepool runs on.
 //!
-//! Owns: the `MemberCluster` controller (credentials from Secrets, vetting, connection,
-//! status conditions), one [`member::Session`] per connected member with its trimmed
-//! watches, and the capacity model ([`capacity`]) that turns those watches into each
-//! pool's lendable capacity. Does not own: virtual nodes or pods (vk-provider), placement
-//! (dispatcher).
+//! Owns, for the members: the `MemberCluster` controller (credentials from Secrets, vetting,
+//! connection, status conditions), one [`member::Session`] per connected member with its
+//! trimmed watches ([`wire`]), its health ([`health`]), its client's rate limits, fencing
+//! and request counts ([`throttle`], [`fence`], [`api_metrics`]), its eviction requests
+//! ([`eviction_requests`]), pod networks that collide ([`pod_network`]) and online pods
+//! below the offload priorities ([`priority`]); and the capacity model ([`capacity`],
+//! [`capacity_index`], [`pool_model`]) that turns those watches into each pool's lendable
+//! capacity, published across replicas when sharded ([`published`]).
+//!
+//! Owns, shared with the other crates: the one watch of the training cluster's pods
+//! ([`training`]), the channel through which the dispatcher asks vk-provider to free a copy
+//! ([`writes`]), and the supervised task set every long-running task is spawned in
+//! ([`tasks`]).
+//!
+//! Does not own: virtual nodes or pods (vk-provider), placement (dispatcher).
 //!
 //! Inside, `controller` connects members and writes their status and hands a deleted one to
 //! `drain`; both share `context` (the running sessions, hold and stop), so `drain` never

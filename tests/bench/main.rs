@@ -26,11 +26,14 @@
 //! tidepool a member rate limit of `BENCH_MEMBER_QPS` [200] calls/s (0: the default, 50).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "cluster.rs"]
+mod cluster;
 #[path = "../e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
 #[path = "stats.rs"]
 mod stats;
+use cluster::*;
 use stats::*;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -205,24 +208,7 @@ async fn main() {
     let kubeconfig = std::fs::read(env.kubeconfig_path("member-a")).unwrap();
     put_kubeconfig_secret(&training, NS, "member-a", &kubeconfig).await;
     apply_member(&training, "bench-a", TEST, NS, "member-a").await;
-    // The member's rate limit (`spec.rateLimits`, default 50 calls/s of which creates get
-    // at most 4/5) is a policy, not the bridge: the benchmark sets it above what the local
-    // member takes (BENCH_MEMBER_QPS, default 200; 0 keeps the default) and prints it.
-    let qps = env_usize("BENCH_MEMBER_QPS", 200);
-    if qps > 0 {
-        Api::<tidepool_api::MemberCluster>::all(training.clone())
-            .patch(
-                "bench-a",
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(json!({"spec": {"rateLimits": {"qps": qps, "burst": 2 * qps}}})),
-            )
-            .await
-            .unwrap();
-    }
-    println!(
-        "member-a rate limit for tidepool: {}",
-        if qps > 0 { format!("{qps} calls/s, burst {}", 2 * qps) } else { "the default".to_owned() }
-    );
+    set_member_qps(&training, "bench-a").await;
     // `BENCH_SHARDED=1`: the member owned by a replica that does not run the dispatcher; the
     // memory readings are the owner's.
     // `BENCH_DISPATCHER`: dispatcher settings for tidepool (e.g. `gangAdmission: Complete`).
@@ -587,81 +573,6 @@ async fn create_all(
             }
             futures::future::join_all(tasks).await.into_iter().map(Result::unwrap).collect()
         }
-    }
-}
-
-/// An apiserver's request counters by (verb, resource[/subresource]), read from its
-/// `/metrics` with kubectl.
-fn request_counts(env: &Env, cluster: &str) -> BTreeMap<(String, String), f64> {
-    let out = std::process::Command::new(format!("{}/kubectl", env.var("CP_BIN")))
-        .arg("--kubeconfig")
-        .arg(env.kubeconfig_path(cluster))
-        .args(["get", "--raw", "/metrics"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut counts = BTreeMap::new();
-    for line in text.lines().filter_map(|l| l.strip_prefix("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once("} ") else { continue };
-        let label = |k: &str| {
-            labels.split("\",").find_map(|kv| kv.strip_prefix(&format!("{k}=\""))).map(|v| v.trim_end_matches('"'))
-        };
-        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else { continue };
-        if resource.is_empty() {
-            continue;
-        }
-        let resource = match label("subresource") {
-            Some(sub) if !sub.is_empty() => format!("{resource}/{sub}"),
-            _ => resource.to_string(),
-        };
-        *counts.entry((verb.to_string(), resource)).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    counts
-}
-
-/// Adds kwok nodes with room for 1,000 tiny pods each, so the bursts and the memory run fit.
-async fn add_bench_nodes(member: &Client, count: usize) -> Vec<String> {
-    let api = Api::<Node>::all(member.clone());
-    let names: Vec<String> = (0..count).map(|i| format!("bench-node-{i}")).collect();
-    for name in &names {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-                         "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                    "kubernetes.io/arch": "amd64", "tidepool.io/test-pool": "bench"}},
-            "spec": {"providerID": format!("kwok://{name}")},
-            "status": {"capacity": {"cpu": "1000", "memory": "4000Gi", "pods": "1000"},
-                       "allocatable": {"cpu": "1000", "memory": "4000Gi", "pods": "1000"}}
-        }))
-        .unwrap();
-        match api.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("cannot create node {name}: {e}"),
-        }
-    }
-    wait_for(Duration::from_secs(120), "bench nodes Ready and untainted", || {
-        let (api, names) = (api.clone(), names.clone());
-        async move {
-            for name in &names {
-                let n = api.get(name).await.ok()?;
-                let ready =
-                    n.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| !t.is_empty());
-                if !ready || tainted {
-                    return None;
-                }
-            }
-            Some(())
-        }
-    })
-    .await;
-    names
-}
-
-async fn remove_bench_nodes(member: &Client, names: &[String]) {
-    let api = Api::<Node>::all(member.clone());
-    for name in names {
-        let _ = api.delete(name, &DeleteParams::default()).await;
     }
 }
 

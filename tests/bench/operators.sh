@@ -1,23 +1,6 @@
 #!/usr/bin/env bash
 # Runs the operators benchmark (tests/bench/operators.rs: a TFJob and a PyTorchJob through
-# tidepool against the same jobs submitted to member-a directly) on the clusters the e2e tests
-# use: the prerequisites, the same cached builds (tests/env.sh), the clusters at
-# CP_PORT_OFFSET (default 40, beside a test run's 30 and the demo's 0), stopped at exit.
-# BENCH_* variables pass through (see the program's header).
+# tidepool against the same jobs submitted to member-a directly) on the local clusters
+# (tests/bench/on_clusters.sh: started, and stopped at exit).
 set -euo pipefail
-
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-export CP_PORT_OFFSET=${CP_PORT_OFFSET:-40}
-state=${TMPDIR:-/tmp}/tidepool-bench-clusters-$CP_PORT_OFFSET
-
-bash deploy/prereqs.sh
-# One Kubernetes version on every cluster: the direct path and tidepool's compared alike.
-export TIDEPOOL_SKEW=${TIDEPOOL_SKEW:-0}
-# shellcheck source=tests/env.sh
-source tests/env.sh
-echo "== starting the local clusters in $state" >&2
-trap 'bash tests/controlplane/cluster.sh down "$state" || true' EXIT
-bash tests/controlplane/cluster.sh up "$state"
-export TIDEPOOL_CLUSTER_ENV="$state/cluster.env"
-cargo bench --locked --bench operators
+exec bash "$(dirname "$0")/on_clusters.sh" operators

@@ -12,7 +12,8 @@
 #   pod bridge  tp<g>br<k>, 10.88.<4g+k>.1/24, made here (the bridge plugin's isGateway
 #               would turn on ip_forward); pods get 10.88.<4g+k>.10-250 and one route: the
 #               group's /22 via their bridge address, so they reach every bridge address of
-#               this cluster set (DNS, a checkpoint store), nothing else
+#               this cluster set (DNS, a checkpoint store) and, through the host, the pods of
+#               the other clusters of the set (real_routes_up), nothing else
 #   DNS         CoreDNS on the bridge address, port 53; health/ready on 127.0.0.1
 #   S3          one checkpoint store for all three clusters: moto's S3 server (PyPI
 #               moto[server]) on the training bridge address, port 17250 + offset, reachable
@@ -145,12 +146,41 @@ real_network_up() {
   ip link set "$br" up
 }
 
+# Routing between this cluster set's pod bridges, and nowhere else: a job's pods on the
+# training cluster's own nodes (the native floor) and its copies in a member reach each other
+# by pod IP. Forwarding is turned on for the bridges alone (the global ip_forward stays 0, so a
+# packet that comes in on any other interface is never forwarded), and a packet that comes in
+# on a bridge is routed by table 1000+g, which knows the set's bridges and nothing else:
+# anything else is unreachable, so no pod sends a packet off the machine through the host,
+# whatever it crafts. Addresses of the host itself (DNS, the relays, the store) are delivered
+# locally before any rule. Recorded in nodes/network for `down`.
+real_routes_up() {
+  local c br table
+  table=$((1000 + $(real_group)))
+  ip -4 route flush table "$table" 2>/dev/null || true
+  echo "table $table -" >>"$S/nodes/network"
+  for c in "${CLUSTERS[@]}"; do
+    ip -4 route replace "$(real_subnet "$c")" dev "$(real_bridge "$c")" table "$table" ||
+      fail "cannot route $(real_subnet "$c") in table $table"
+  done
+  ip -4 route replace unreachable default table "$table" || fail "cannot close table $table"
+  for c in "${CLUSTERS[@]}"; do
+    br=$(real_bridge "$c")
+    ip -4 rule del iif "$br" lookup "$table" 2>/dev/null || true
+    ip -4 rule add iif "$br" lookup "$table" pref "$table" || fail "cannot route what comes in on $br by table $table"
+    echo "rule $br $table" >>"$S/nodes/network"
+    echo 1 >"/proc/sys/net/ipv4/conf/$br/forwarding" || fail "cannot turn forwarding on for $br"
+  done
+}
+
 real_network_down() {
   local f=$S/nodes/network kind what dev
   [[ -f $f ]] || return 0
   while read -r kind what dev; do
     case $kind in
       addr) ip addr del "$what" dev "$dev" 2>/dev/null || true ;;
+      rule) ip -4 rule del iif "$what" lookup "$dev" 2>/dev/null || true ;;
+      table) ip -4 route flush table "$what" 2>/dev/null || true ;;
       link) ip link del "$what" 2>/dev/null || true ;;
       dir) rm -rf -- "$what" ;;
     esac
@@ -382,6 +412,7 @@ real_nodes_up() {
       --node-labels="$REAL_TAINT_KEY=true,tidepool.io/test-pool=real" --v=1
     start "$c-coredns" "$NODE_BIN/coredns" -conf "$d/Corefile"
   done
+  real_routes_up
   await 90 "kubelet healthy" kubelet_healthy "@-kubelet @-containerd" "${CLUSTERS[@]}"
   await 90 "real node Ready" real_node_ready "@-kubelet @-containerd @-kcm @-apiserver etcd" "${CLUSTERS[@]}"
   await 60 "CoreDNS ready" coredns_ready "@-coredns" "${CLUSTERS[@]}"

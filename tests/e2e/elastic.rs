@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_api::MemberCluster;
+
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -91,21 +91,7 @@ impl Setup {
     /// Lets member `i`'s pool lend `milli` CPU of its real node (the rest held back, as online
     /// demand would take it), or everything (`None`).
     async fn lend(&self, i: usize, milli: Option<u32>) {
-        let reserve = match milli {
-            Some(m) => {
-                let real = self.env.var(&format!("{}_REAL_NODE", MEMBERS[i].1.to_uppercase().replace('-', "_")));
-                let node = Api::<Node>::all(self.members[i].clone()).get(real).await.unwrap();
-                let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
-                let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
-                json!({"cpu": format!("{}m", (cores * 1000).saturating_sub(m))})
-            }
-            None => json!(null),
-        };
-        let patch = Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}}));
-        Api::<MemberCluster>::all(self.training.clone())
-            .patch(MEMBERS[i].0, &PatchParams::default(), &patch)
-            .await
-            .unwrap();
+        lend_real_cpu(&self.env, (&self.training, &self.members[i]), (MEMBERS[i].0, MEMBERS[i].1), milli).await;
     }
 
     /// The job: headless Service `svc` over the PS, the PS Job (whose pods exist before any

@@ -185,6 +185,29 @@ pub async fn lendable_cpu(training: &Client, node: &str) -> Option<i64> {
     ready.then_some(cpu)
 }
 
+/// Lets MemberCluster `name`'s real pool (on cluster `cluster`'s real node, read with
+/// `member`) lend `milli` CPU of that node, the rest held back as online demand would take it
+/// (`spec.capacity.reserve`), or everything (`None`).
+pub async fn lend_real_cpu(
+    env: &Env,
+    (training, member): (&Client, &Client),
+    (name, cluster): (&str, &str),
+    milli: Option<u32>,
+) {
+    let reserve = match milli {
+        Some(m) => {
+            let real = env.var(&format!("{}_REAL_NODE", cluster.to_uppercase().replace('-', "_")));
+            let node = Api::<k8s_openapi::api::core::v1::Node>::all(member.clone()).get(real).await.unwrap();
+            let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+            let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
+            serde_json::json!({"cpu": format!("{}m", (cores * 1000).saturating_sub(m))})
+        }
+        None => serde_json::json!(null),
+    };
+    let patch = Patch::Merge(serde_json::json!({"spec": {"capacity": {"reserve": reserve}}}));
+    Api::<MemberCluster>::all(training.clone()).patch(name, &PatchParams::default(), &patch).await.unwrap();
+}
+
 /// Polls `probe` every 250 ms until it returns `Some`, or panics after `timeout`.
 pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
 where

@@ -26,6 +26,7 @@ mod member_status;
 mod membership;
 mod metrics;
 mod mpijob;
+mod native_floor;
 mod node_status;
 mod operations;
 mod operators;

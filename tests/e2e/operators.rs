@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tidepool_api::MemberCluster;
+
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -49,6 +49,17 @@ impl Operator {
     /// [`Operator::start`] against `cluster` (`training`, `member-a`, `member-b`): its CRDs and
     /// webhooks go there, and its ports are that cluster's.
     pub async fn start_on(env: &Env, operator: &str, cluster: &str, flags: &[&str]) -> Operator {
+        Operator::start_on_with(env, operator, cluster, flags, &[]).await
+    }
+
+    /// [`Operator::start_on`] with `vars` in start.sh's environment (e.g. `KUEUE_FRAMEWORKS`).
+    pub async fn start_on_with(
+        env: &Env,
+        operator: &str,
+        cluster: &str,
+        flags: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Operator {
         for needed in ["TIDEPOOL_OPERATORS_BIN", "TIDEPOOL_GANG_CRDS", "TIDEPOOL_SCHEDULERS"] {
             assert!(
                 std::env::var(needed).is_ok(),
@@ -63,6 +74,7 @@ impl Operator {
             .arg(script)
             .args([operator, env.var("CP_STATE_DIR"), cluster, "--"])
             .args(flags)
+            .envs(vars.iter().copied())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
@@ -112,6 +124,14 @@ impl Operator {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Operator {
+    /// The operator's process (start.sh execs it): the benchmarks time it.
+    #[allow(dead_code)] // the e2e tests do not read it
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -194,18 +214,7 @@ impl Bridge {
     /// would take it), or everything (`None`).
     pub async fn lend(&self, i: usize, milli: Option<u32>) {
         let (name, cluster) = &member_names(&self.test)[i];
-        let reserve = match milli {
-            Some(m) => {
-                let real = self.env.var(&format!("{}_REAL_NODE", cluster.to_uppercase().replace('-', "_")));
-                let node = Api::<Node>::all(self.members[i].clone()).get(real).await.unwrap();
-                let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
-                let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
-                json!({"cpu": format!("{}m", (cores * 1000).saturating_sub(m))})
-            }
-            None => json!(null),
-        };
-        let patch = Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}}));
-        Api::<MemberCluster>::all(self.training.clone()).patch(name, &PatchParams::default(), &patch).await.unwrap();
+        lend_real_cpu(&self.env, (&self.training, &self.members[i]), (name, cluster), milli).await;
     }
 
     pub fn pods(&self) -> Api<Pod> {

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
-use tidepool_api::MemberCluster;
+
 use tidepool_api::keys;
 
 use crate::harness::*;
@@ -89,18 +89,7 @@ impl Setup {
     /// Holds back all but 300m of the real node's CPU (a peak in member-a): the 500m job no
     /// longer fits and tidepool reclaims it with a notice. `None` lets it all go again.
     async fn hold_back_cpu(&self, hold: bool) {
-        let reserve = if hold {
-            let node = Api::<Node>::all(self.member.clone()).get(self.env.var("MEMBER_A_REAL_NODE")).await.unwrap();
-            let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
-            let cores: u32 = cpu.parse().unwrap_or_else(|_| panic!("real node cpu {cpu} is not whole cores"));
-            json!({"cpu": format!("{}m", cores * 1000 - 300)})
-        } else {
-            json!(null)
-        };
-        Api::<MemberCluster>::all(self.training.clone())
-            .patch(MEMBER, &PatchParams::default(), &Patch::Merge(json!({"spec": {"capacity": {"reserve": reserve}}})))
-            .await
-            .unwrap();
+        lend_real_cpu(&self.env, (&self.training, &self.member), (MEMBER, "member-a"), hold.then_some(300)).await;
     }
 }
 

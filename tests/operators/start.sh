@@ -24,7 +24,7 @@
 # Environment: TIDEPOOL_OPERATORS_BIN (tests/operators/build.sh's output; built when unset),
 # TIDEPOOL_SCHEDULERS (tests/schedulers/build.sh's output: Volcano, Coscheduling, Kueue; built
 # when unset),
-# TIDEPOOL_GANG_CRDS (see above).
+# TIDEPOOL_GANG_CRDS (see above), KUEUE_FRAMEWORKS (see start_kueue).
 #
 # Ports (k = 0 training, 1 member-a, 2 member-b; plus CP_PORT_OFFSET, one thousand apart per
 # kind like the real nodes' ports, so side-by-side cluster sets never meet):
@@ -616,11 +616,14 @@ EOF
 # as its install does). Its webhooks
 # would call it for every job of the cluster: here only for namespaces labelled
 # tidepool.io/e2e-kueue=true, so the Jobs of other tests never wait on a Kueue that is not
-# running. waitForPodsReady on (60 s, requeued after 5 s): an admitted job whose pods are not
+# running. KUEUE_FRAMEWORKS (quoted, comma-separated) narrows the integrations: a MultiKueue
+# manager watches the objects of each of them in its workers, and refuses a worker that does
+# not serve one. waitForPodsReady on (60 s, requeued after 5 s): an admitted job whose pods are not
 # all ready by then is evicted and queued again. Visibility server and metrics off. Webhook <real node IP>:9250+k, health
 # 127.0.0.1:8250+k (/readyz).
 start_kueue() {
   local ns=kueue-system svc=kueue-webhook-service webhook health ip hooks sel crd conversion
+  local frameworks=${KUEUE_FRAMEWORKS:-'"batch/job", "jobset.x-k8s.io/jobset", "kubeflow.org/pytorchjob"'}
   webhook=$(port 9250) health=$(port 8250)
   check_ports "$webhook" "$health"
   apply_crds "$TIDEPOOL_SCHEDULERS/crds/kueue"
@@ -666,7 +669,7 @@ manageJobsWithoutQueueName: false
 waitForPodsReady:
   timeout: 60s
   requeuingStrategy: {timestamp: Eviction, backoffBaseSeconds: 5, backoffMaxSeconds: 20}
-integrations: {frameworks: ["batch/job", "jobset.x-k8s.io/jobset", "kubeflow.org/pytorchjob"]}
+integrations: {frameworks: [$frameworks]}
 EOF
   log "kueue on $CLUSTER: webhook $ip:$webhook, health 127.0.0.1:$health; flags: ${EXTRA[*]}"
   exec "$TIDEPOOL_SCHEDULERS/bin/kueue" --config="$DIR/config.yaml" --kubeconfig="$KUBECONFIG" \

@@ -12,7 +12,9 @@
 
 use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
+
 use std::time::Duration;
+use tidepool_api::sync::ReadWrite;
 
 use hashbrown::HashTable;
 use kube::runtime::watcher;
@@ -60,11 +62,11 @@ impl Shared {
 
     // A writer that panicked left a whole table (every change is one insert, remove or swap).
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
-        self.table.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.table.read_recovered("offload table")
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
-        self.table.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.table.write_recovered("offload table")
     }
 }
 

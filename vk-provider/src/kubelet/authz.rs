@@ -13,8 +13,10 @@
 //!    worded as the kubelet words it; a review that fails is a 503, never a pass.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+
 use std::time::Duration;
+use tidepool_api::sync::Locked;
 
 use hyper::{Method, StatusCode};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -157,14 +159,14 @@ impl Decisions {
 
     /// Whether `key` was allowed, if that was decided and has not expired.
     pub(super) fn get(&self, key: &Key, now: Instant) -> Option<bool> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = self.entries.recovered("authorization cache");
         entries.get(key).filter(|(_, until)| *until > now).map(|(allowed, _)| *allowed)
     }
 
     pub(super) fn put(&self, key: Key, allowed: bool, now: Instant) {
         let until = now + if allowed { ALLOWED_TTL } else { DENIED_TTL };
         // A poisoned lock means a panic between two map operations: the map is whole.
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.recovered("authorization cache");
         if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, (_, until)| *until > now);
             if entries.len() >= self.capacity {
@@ -179,7 +181,7 @@ impl Decisions {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.entries.recovered("authorization cache").len()
     }
 }
 

@@ -18,7 +18,9 @@
 //! totals still answer: a scraper gets a 200, not an error per scrape.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use tidepool_api::sync::Locked;
 
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
@@ -122,7 +124,7 @@ async fn collect(ctx: &Context, node: Option<&str>) -> Result<Report, Refusal> {
         }
     }
     let samples = usage::attribute(&pods, &metrics);
-    let mut counters = ctx.usage.counters.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut counters = ctx.usage.counters.recovered("usage counters");
     let usage = nodes.iter().map(|(n, _)| usage::assemble(n, &pods, &samples, &mut counters)).collect();
     Ok(Report { nodes: usage, single: nodes.len() == 1, scrape_error })
 }
@@ -230,7 +232,7 @@ fn unavailable_reason(error: &kube::Error) -> String {
 async fn note_availability(ctx: &Context, member: &MemberHandle, nodes: &[&str], error: Option<&String>) {
     let name = member.name.to_string();
     let changed = {
-        let mut unavailable = ctx.usage.unavailable.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut unavailable = ctx.usage.unavailable.recovered("usage unavailable");
         match error {
             Some(reason) if unavailable.get(&name) != Some(reason) => {
                 unavailable.insert(name.clone(), reason.clone()).is_none()

@@ -10,6 +10,8 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
+use tidepool_api::sync::ReadWrite;
+
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -31,14 +33,14 @@ impl ServingCert {
     pub(super) fn swap(&self, key: Arc<CertifiedKey>) {
         // A poisoned lock only means a writer panicked mid-assignment of an Arc: the value is
         // whole either way, so take it over.
-        let mut current = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.0.write_recovered("serving certificate");
         *current = key;
     }
 }
 
 impl ResolvesServerCert for ServingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+        Some(self.0.read_recovered("serving certificate").clone())
     }
 }
 
