@@ -69,6 +69,54 @@ pub struct StatusLite {
     /// [`SyncedStatus`] of the status as it is: compared with the status the pod sync
     /// would write, so an unchanged status costs no write.
     pub synced: SyncedStatus,
+    /// Where the members' pods reach a pod the dispatcher placed on a native node; `None`
+    /// for every other pod (see [`PodAddress`]).
+    pub address: Option<Box<PodAddress>>,
+}
+
+/// How a native pod (one the dispatcher bound to a training node: [`placed_natively`]) is
+/// reached from a member: its IPs and the names its Services give it. Its elastic peers run
+/// as copies in a member, whose DNS answers for the job's names only with what tidepool
+/// lists there. Kept for native pods alone (a few among the training pods), boxed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodAddress {
+    /// `status.podIPs` (or `podIP`), as the training cluster's kubelet reported them.
+    pub ips: Vec<String>,
+    /// `spec.hostname`, the pod's name under its subdomain.
+    pub hostname: Option<String>,
+    /// `spec.subdomain`: the headless Service that gives it `<hostname>.<subdomain>`.
+    pub subdomain: Option<String>,
+    /// Its `Ready` condition is true.
+    pub ready: bool,
+    /// It is being deleted.
+    pub terminating: bool,
+}
+
+impl PodAddress {
+    /// The address of `pod` if the dispatcher placed it natively and it has an IP of its own
+    /// (a host-network pod shares its node's, which is no pod's to publish).
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let spec = pod.spec.as_ref()?;
+        if spec.host_network == Some(true) || !placed_natively(&pod.metadata, spec.node_name.as_deref()) {
+            return None;
+        }
+        let status = pod.status.as_ref()?;
+        let mut ips: Vec<String> = status.pod_ips.iter().flatten().map(|ip| ip.ip.clone()).collect();
+        if ips.is_empty() {
+            ips.extend(status.pod_ip.clone());
+        }
+        if ips.is_empty() {
+            return None;
+        }
+        let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+        Some(PodAddress {
+            ips,
+            hostname: spec.hostname.clone(),
+            subdomain: spec.subdomain.clone(),
+            ready,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        })
+    }
 }
 
 /// What a pod's status says only once it ended, was noticed or is being disrupted. Kept
@@ -183,6 +231,7 @@ pub fn scheduling_group(spec: &PodSpec) -> Option<&str> {
 
 impl From<Pod> for PodLite {
     fn from(pod: Pod) -> Self {
+        let address = PodAddress::of(&pod).map(Box::new);
         let Pod { mut metadata, spec, status } = pod;
         trim_meta(&mut metadata);
         // Gangs are read from labels and annotations, never from owners.
@@ -206,6 +255,7 @@ impl From<Pod> for PodLite {
             marks: status.as_ref().and_then(StatusMarks::of).map(Box::new),
             phase: status.as_ref().and_then(|s| s.phase.clone()),
             host_ip: status.and_then(|s| s.host_ip),
+            address,
         };
         PodLite { metadata, spec: spec.unwrap_or_default(), status: lite }
     }
@@ -440,6 +490,34 @@ mod tests {
         // more, fits jemalloc's 640-byte size class).
         let arc = std::mem::size_of::<PodLite>() + 2 * std::mem::size_of::<usize>();
         assert!(arc <= 640, "{arc} bytes");
+    }
+
+    #[test]
+    fn only_a_pod_placed_natively_with_an_ip_of_its_own_has_an_address() {
+        let native = || {
+            let mut pod = running_pod();
+            let meta = &mut pod.metadata;
+            meta.annotations.as_mut().unwrap().insert(crate::keys::ANNOTATION_PLACEMENT.into(), "native".into());
+            let spec = pod.spec.as_mut().unwrap();
+            spec.node_name = Some("training-real".into());
+            spec.hostname = Some("trainer-0".into());
+            spec.subdomain = Some("job".into());
+            pod.status.as_mut().unwrap().pod_ip = Some("10.1.0.7".into());
+            pod
+        };
+        let address = PodLite::from(native()).status.address.expect("a native pod has an address");
+        assert_eq!(address.ips, ["10.1.0.7"]);
+        assert_eq!((address.hostname.as_deref(), address.subdomain.as_deref()), (Some("trainer-0"), Some("job")));
+        assert!(address.ready && !address.terminating);
+        // A copy's training pod (placed on a virtual node), a host-network pod and a pod with
+        // no IP yet have none.
+        assert_eq!(PodLite::from(running_pod()).status.address, None);
+        let mut host = native();
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        assert_eq!(PodAddress::of(&host), None);
+        let mut starting = native();
+        starting.status.as_mut().unwrap().pod_ip = None;
+        assert_eq!(PodAddress::of(&starting), None);
     }
 
     #[test]

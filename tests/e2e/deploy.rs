@@ -516,6 +516,7 @@ async fn member_writes_are_held_to_tidepools(lp_member: &Client, offload_ns: &st
     ] {
         refused_by_policy(services.create(&dry, &service(spec)).await, what);
     }
+    member_slices_are_held_to_tidepools(lp_member, offload_ns).await;
     let classes = Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(lp_member.clone());
     for (what, class) in [
         (
@@ -532,6 +533,40 @@ async fn member_writes_are_held_to_tidepools(lp_member: &Client, offload_ns: &st
         ),
     ] {
         refused_by_policy(classes.create(&dry, &serde_json::from_value(class).unwrap()).await, what);
+    }
+}
+
+/// The member identity's EndpointSlices (native pods listed beside a mirror) are tidepool's:
+/// marked as managed by tidepool, owned by a Service, naming no pod or node of the member.
+async fn member_slices_are_held_to_tidepools(lp_member: &Client, offload_ns: &str) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let slices = Api::<EndpointSlice>::namespaced(lp_member.clone(), offload_ns);
+    let slice = |managed_by: &str, owned: bool, endpoint: serde_json::Value| -> EndpointSlice {
+        let owners = json!([{"apiVersion": "v1", "kind": "Service", "name": "e2e-svc",
+                             "uid": "00000000-0000-0000-0000-000000000001"}]);
+        serde_json::from_value(json!({
+            "metadata": {"name": "e2e-svc-native",
+                         "labels": {"kubernetes.io/service-name": "e2e-svc",
+                                    "endpointslice.kubernetes.io/managed-by": managed_by},
+                         "ownerReferences": if owned { owners } else { json!([]) }},
+            "addressType": "IPv4", "endpoints": [endpoint], "ports": [{"name": "", "port": 80}]
+        }))
+        .unwrap()
+    };
+    let plain = json!({"addresses": ["10.250.0.7"], "hostname": "trainer-0"});
+    slices.create(&dry, &slice("tidepool.io", true, plain.clone())).await.expect("member: a native slice as tidepool writes it");
+    let node = Api::<Node>::all(lp_member.clone()).list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
+    for (what, s) in [
+        ("member: a slice as the member's own controller's", slice("endpointslice-controller.k8s.io", true, plain.clone())),
+        ("member: a slice owned by nothing", slice("tidepool.io", false, plain)),
+        (
+            "member: a slice naming a member pod",
+            slice("tidepool.io", true, json!({"addresses": ["10.250.0.7"], "targetRef": {"kind": "Pod", "name": "online-0", "namespace": "prod"}})),
+        ),
+        ("member: a slice naming a member node", slice("tidepool.io", true, json!({"addresses": ["10.250.0.7"], "nodeName": node}))),
+    ] {
+        refused_by_policy(slices.create(&dry, &s).await, what);
     }
 }
 

@@ -6,6 +6,7 @@
 //! skip silently.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,6 +17,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::MemberCluster;
 use tidepool_api::crd::{MemberClusterSpec, PoolSpec, PoolToleration, SecretKeyRef};
@@ -858,4 +861,38 @@ pub async fn wait_rolled_back(pods: &Api<Pod>, name: &str) -> String {
             .then(|| s.message.unwrap_or_default())
     })
     .await
+}
+
+/// Everything the training API server says of the pods named `names` from now on that a
+/// disruption would show: a deletion, a notice, `DisruptionTarget`, a phase other than
+/// Running. The watch stops when the returned task is aborted.
+pub fn watch_untouched(
+    training: &Client,
+    ns: &str,
+    names: Vec<String>,
+) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let api = Api::<Pod>::namespaced(training.clone(), ns);
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff().applied_objects());
+        while let Some(Ok(p)) = events.next().await {
+            if !names.contains(&p.name_any()) {
+                continue;
+            }
+            let condition = |type_: &str| {
+                let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+            };
+            let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let touched = p.metadata.deletion_timestamp.is_some()
+                || condition(tidepool_api::keys::CONDITION_RECLAIM_REQUESTED)
+                || condition(tidepool_api::keys::CONDITION_DISRUPTION_TARGET)
+                || phase != "Running";
+            if touched {
+                record.lock().unwrap().push(format!("{}: phase {phase}, {:?}", p.name_any(), p.status));
+            }
+        }
+    });
+    (seen, task)
 }

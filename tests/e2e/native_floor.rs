@@ -113,31 +113,6 @@ async fn await_split(env: &Env, pods: &Api<Pod>, name: &str, (native, lent): (us
     .await
 }
 
-/// Everything the training API server says of the pods named `names` from now on that a
-/// disruption would show: a deletion, a notice, `DisruptionTarget`, a phase other than
-/// Running. The watch stops when the returned task is aborted.
-fn watch_untouched(training: &Client, names: Vec<String>) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    let api = Api::<Pod>::namespaced(training.clone(), NS);
-    let task = tokio::spawn(async move {
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff().applied_objects());
-        while let Some(Ok(p)) = events.next().await {
-            if !names.contains(&p.name_any()) {
-                continue;
-            }
-            let touched = p.metadata.deletion_timestamp.is_some()
-                || condition(&p, keys::CONDITION_RECLAIM_REQUESTED)
-                || condition(&p, keys::CONDITION_DISRUPTION_TARGET)
-                || phase(&p) != "Running";
-            if touched {
-                record.lock().unwrap().push(format!("{}: phase {}, {:?}", p.name_any(), phase(&p), p.status));
-            }
-        }
-    });
-    (seen, task)
-}
-
 /// A test's clusters and tidepool: member-a's real pool bridged, the training cluster's real
 /// node offered as the native pool, a reclaimed pod given 5 s.
 struct Setup {
@@ -227,7 +202,7 @@ async fn a_native_core_runs_on_while_online_demand_takes_only_the_borrowed_pods_
         "core {core_names:?} on {real}; borrowed {:?} on {NODE}",
         borrowed.iter().map(|p| p.name_any()).collect::<Vec<_>>()
     );
-    let (touched, watch) = watch_untouched(training, core_names.clone());
+    let (touched, watch) = watch_untouched(training, NS, core_names.clone());
 
     // Online demand takes member-a back: the borrowed pods get the notice and go.
     s.lend(Some(0)).await;
@@ -349,7 +324,7 @@ async fn a_ps_job_keeps_its_floor_native_and_trains_with_borrowed_trainers_acros
     let (touched, watch) = {
         let mut floor: Vec<String> = servers.iter().map(ResourceExt::name_any).collect();
         floor.push(core_trainer.clone());
-        watch_untouched(&s.training, floor)
+        watch_untouched(&s.training, NS, floor)
     };
 
     // Online demand takes member-a back: the borrowed trainers checkpoint, ack and go.

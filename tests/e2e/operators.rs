@@ -178,6 +178,12 @@ pub fn real_node(test: &str, i: usize) -> String {
 
 impl Bridge {
     pub async fn start(test: &str, ns: &str) -> Bridge {
+        Bridge::start_with(test, ns, "").await
+    }
+
+    /// [`Bridge::start`] with `dispatcher` (more of the dispatcher's config, as
+    /// `, key: value`) after the reclaim settings.
+    pub async fn start_with(test: &str, ns: &str, dispatcher: &str) -> Bridge {
         let env = Env::load();
         assert_eq!(env.var("CP_REAL_NODES"), "1", "these tests need the real nodes (CP_REAL_NODES=1)");
         let training = env.client("training").await;
@@ -191,8 +197,9 @@ impl Bridge {
             mc.spec.pools = vec![real_pool(&env)];
             apply_member_cluster(&training, &mc).await;
         }
-        let dispatcher = "deficitHysteresisSeconds: 1, reclaimGraceSeconds: {high: 180, medium: 180, low: 180}";
-        let tidepool = Tidepool::start_config(&env, test, ns, dispatcher, &kubelet_config(&env));
+        let dispatcher =
+            format!("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {{high: 180, medium: 180, low: 180}}{dispatcher}");
+        let tidepool = Tidepool::start_config(&env, test, ns, &dispatcher, &kubelet_config(&env));
         let b = Bridge { env, training, members, ns: ns.to_owned(), test: test.to_owned(), _tidepool: tidepool };
         for i in 0..2 {
             b.lend(i, None).await;

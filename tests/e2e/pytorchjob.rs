@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::json;
 use tidepool_api::keys;
@@ -102,110 +103,207 @@ fn worlds(log: &str) -> Vec<u32> {
     log.lines().filter_map(|l| l.split_once("(world ")?.1.split(')').next()?.trim().parse().ok()).collect()
 }
 
-/// An elastic PyTorchJob (`elasticPolicy` 2 to 4 workers, torchrun's c10d rendezvous on
-/// worker 0): its gang is its floor (2), so workers 2 and 3 are elastic (band `low`). Online
-/// demand on member-a takes them with the notice; torchrun re-forms the job on the 2 left,
-/// which resume from rank 0's save and go on training; when the demand falls the operator's new
-/// workers join the same member and the job grows back to 4.
+/// An elastic PyTorchJob of 4 workers (`elasticPolicy` 2 to 4, torchrun's c10d rendezvous on
+/// worker 0) as a test runs it: its gang is its floor (2), so workers 2 and 3 are elastic
+/// (band `low`).
+struct Elastic<'a> {
+    b: &'a Bridge,
+    jobs: kube::Api<kube::api::DynamicObject>,
+    name: String,
+    selector: String,
+}
+
+impl<'a> Elastic<'a> {
+    /// Submits the job with the training-operator running; `native` annotates its workers
+    /// `tidepool.io/native: core` (the core on the training cluster's own nodes).
+    async fn submit(b: &'a Bridge, native: bool) -> Elastic<'a> {
+        // An earlier run's jobs (a rerun on the same clusters) would take the floor's room (the
+        // CRD is there once the operator started).
+        let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
+        jobs.delete_collection(&kube::api::DeleteParams::background(), &Default::default()).await.unwrap();
+        let name = format!("pte-{}", run_id());
+        let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
+        b.lend(1, Some(0)).await;
+        let env = json!([
+            {"name": "TP_STEP_DELAY_MS", "value": "100"}, {"name": "TP_LOG_EVERY", "value": "10"},
+            {"name": "TP_CHECKPOINT_EVERY", "value": "50"}
+        ]);
+        let mut container = framework_container("pytorch", "torch_ddp.py", &store, env);
+        container["command"] =
+            json!(["python3", "/opt/tidepool/tidepool_notice.py", "torchrun", "/opt/tidepool/torch_ddp.py"]);
+        let mut template = json!({"spec": {"schedulerName": scheduler_name(&b.test), "containers": [container]}});
+        if native {
+            template["metadata"] = json!({"annotations": {keys::ANNOTATION_NATIVE: "core"}});
+        }
+        let job = json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name},
+            "spec": {
+                "runPolicy": {"cleanPodPolicy": "Running"},
+                // One process per pod: the operator's default ("auto") is a process per CPU.
+                "nprocPerNode": "1",
+                "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20},
+                "pytorchReplicaSpecs": {"Worker": {"replicas": 4, "restartPolicy": "OnFailure", "template": template}}
+            }
+        });
+        b.submit(&jobs, job).await;
+        let selector = format!("training.kubeflow.org/job-name={name}");
+        Elastic { b, jobs, name, selector }
+    }
+
+    fn worker(&self, i: u32) -> String {
+        format!("{}-worker-{i}", self.name)
+    }
+
+    /// Waits until its 4 workers run, workers 0 and 1 on `core_node` and 2 and 3 on member-a's
+    /// real node, and the job trains at 4; returns the pods and worker 0's steps so far.
+    async fn at_four(&self, core_node: &str) -> (Vec<Pod>, Vec<(u64, f64)>) {
+        let on_a = real_node(&self.b.test, 0);
+        let what = format!("workers 0, 1 running on {core_node}, 2, 3 on {on_a}");
+        let pods = wait_for(WAIT, &what, || async {
+            let pods = self.b.live(&self.selector).await;
+            let on = |p: &Pod, i: u32, node: &str| p.name_any() == self.worker(i) && phase(p) == "Running" && node_of(p) == node;
+            let placed = pods.iter().filter(|p| on(p, 0, core_node) || on(p, 1, core_node) || on(p, 2, &on_a) || on(p, 3, &on_a));
+            (pods.len() == 4 && placed.count() == 4).then_some(pods)
+        })
+        .await;
+        let w0 = self.worker(0);
+        wait_for(WAIT, "the job at 4", || async { worlds(&self.b.log(&w0, None).await).contains(&4).then_some(()) }).await;
+        let steps = self.b.await_steps(&w0, None, 2).await;
+        (pods, steps)
+    }
+
+    /// Member-a lends `milli` CPU: its elastic workers are reclaimed, each acking from inside,
+    /// and torchrun re-forms the job on workers 0 and 1, which train on.
+    async fn reclaim_elastic(&self, pods: &[Pod], milli: u32) {
+        let uids: Vec<String> =
+            pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).filter_map(|p| p.metadata.uid.clone()).collect();
+        assert_eq!(uids.len(), 2, "two elastic workers");
+        let seen = self.b.watch(&self.selector);
+        self.b.lend(0, Some(milli)).await;
+        let reclaimed = seen.await_ended(&uids, keys::REASON_RECLAIMED, "the elastic workers reclaimed").await;
+        for p in &reclaimed {
+            println!("{}: reclaimed, ack at step {:?}", p.name_any(), acked_step(p));
+            assert!(acked_step(p).is_some(), "{} acked from inside", p.name_any());
+        }
+        let w0 = self.worker(0);
+        let reformed = tokio::time::timeout(WAIT, async {
+            loop {
+                let log = self.b.log(&w0, None).await;
+                if log.rfind("(world 2)").is_some_and(|at_two| steps(&log[at_two..]).len() >= 2) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        if reformed.await.is_err() {
+            explain(self.b, &self.b.ns, &self.selector, &[&w0, &self.worker(1)]).await;
+            panic!("timed out after {WAIT:?} waiting for the job to re-form at 2 and train");
+        }
+        let running: Vec<_> =
+            self.b.live(&self.selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
+        println!("running on the floor: {running:?}");
+        assert!(running.contains(&w0) && running.contains(&self.worker(1)), "the core kept running");
+    }
+
+    /// Member-a lends everything again: the operator's new workers join there and the job
+    /// grows back to 4 and trains on from where it was.
+    async fn grow_back(&self, core_node: &str, before: &[(u64, f64)]) {
+        self.b.lend(0, None).await;
+        self.at_four(core_node).await;
+        let w0 = self.worker(0);
+        wait_for(WAIT, "the job back at 4", || async {
+            let log = self.b.log(&w0, None).await;
+            let back = log.rfind("(world 4)")?;
+            (back > log.rfind("(world 2)")? && !steps(&log[back..]).is_empty()).then_some(())
+        })
+        .await;
+        let after = self.b.await_steps(&w0, None, 1).await;
+        println!("worker 0: {before:?} ... {:?}", after.last());
+        assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
+    }
+
+    /// Its pods gone before the test (and its bridge) ends: a copy left running would be
+    /// online demand for the next test's bridge.
+    async fn finish(self) {
+        self.jobs.delete(&self.name, &kube::api::DeleteParams::background()).await.unwrap();
+        let listed = kube::api::ListParams::default().labels(&self.selector);
+        wait_for(WAIT, "the job's pods gone", || async {
+            self.b.pods().list(&listed).await.ok()?.items.is_empty().then_some(())
+        })
+        .await;
+        self.b.lend(1, None).await;
+    }
+}
+
+fn role(p: &Pod) -> String {
+    p.labels().get(keys::LABEL_ROLE).cloned().unwrap_or_default()
+}
+
+/// Online demand on member-a takes the elastic workers with the notice; torchrun re-forms the
+/// job on the 2 left, which resume from rank 0's save and go on training; when the demand
+/// falls the operator's new workers join the same member and the job grows back to 4.
 #[tokio::test]
 async fn an_elastic_pytorchjob_loses_its_elastic_workers_to_online_demand_trains_on_and_grows_back() {
     let test = "pytorchjob-elastic";
     let ns = "e2e-pytorchjob-elastic";
     let b = Bridge::start(test, ns).await;
     let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
-    // An earlier run's jobs (a rerun on the same clusters) would take the floor's room (the
-    // CRD is there once the operator started).
-    let jobs = b.jobs("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs");
-    jobs.delete_collection(&kube::api::DeleteParams::background(), &Default::default()).await.unwrap();
-    let name = format!("pte-{}", run_id());
-    let store = format!("{}/ckpt/{name}", b.env.var("CHECKPOINT_STORE"));
-    b.lend(1, Some(0)).await;
-    let env = json!([
-        {"name": "TP_STEP_DELAY_MS", "value": "100"}, {"name": "TP_LOG_EVERY", "value": "10"},
-        {"name": "TP_CHECKPOINT_EVERY", "value": "50"}
-    ]);
-    let mut container = framework_container("pytorch", "torch_ddp.py", &store, env);
-    container["command"] =
-        json!(["python3", "/opt/tidepool/tidepool_notice.py", "torchrun", "/opt/tidepool/torch_ddp.py"]);
-    let job = json!({
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running"},
-            // One process per pod: the operator's default ("auto") is a process per CPU.
-            "nprocPerNode": "1",
-            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20},
-            "pytorchReplicaSpecs": {"Worker": {"replicas": 4, "restartPolicy": "OnFailure",
-                "template": {"spec": {"schedulerName": scheduler_name(test), "containers": [container]}}}}
-        }
-    });
-    b.submit(&jobs, job).await;
-    let selector = format!("training.kubeflow.org/job-name={name}");
+    let job = Elastic::submit(&b, false).await;
     let on_a = real_node(test, 0);
-    let pods = b.await_running(&selector, 4, &on_a).await;
-    let role = |p: &k8s_openapi::api::core::v1::Pod| p.labels().get(keys::LABEL_ROLE).cloned().unwrap_or_default();
-    let elastic: Vec<String> = pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).map(|p| p.name_any()).collect();
+    let (pods, before) = job.at_four(&on_a).await;
     println!("{:?}", pods.iter().map(|p| (p.name_any(), role(p))).collect::<Vec<_>>());
-    assert_eq!(
-        elastic,
-        [format!("{name}-worker-2"), format!("{name}-worker-3")],
-        "the floor (2) is the core, by index"
-    );
-    let w0 = format!("{name}-worker-0");
-    wait_for(WAIT, "the job at 4", || async { worlds(&b.log(&w0, None).await).contains(&4).then_some(()) }).await;
-    let before = b.await_steps(&w0, None, 2).await;
-
+    let elastic: Vec<String> = pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).map(|p| p.name_any()).collect();
+    assert_eq!(elastic, [job.worker(2), job.worker(3)], "the floor (2) is the core, by index");
     // Online demand: member-a lends room for two workers only — room the floor has only once
     // no earlier test's pod is left on the node (they would count as online demand too).
-    quiet_node(&b, &name).await;
-    let uids: Vec<String> =
-        pods.iter().filter(|p| role(p) == keys::ROLE_ELASTIC).filter_map(|p| p.metadata.uid.clone()).collect();
-    let seen = b.watch(&selector);
-    b.lend(0, Some(2 * 50 + 20)).await;
-    let reclaimed = seen.await_ended(&uids, keys::REASON_RECLAIMED, "the elastic workers reclaimed").await;
-    for p in &reclaimed {
-        println!("{}: reclaimed, ack at step {:?}", p.name_any(), acked_step(p));
-        assert!(acked_step(p).is_some(), "{} acked from inside", p.name_any());
-    }
-    let reformed = tokio::time::timeout(WAIT, async {
-        loop {
-            let log = b.log(&w0, None).await;
-            if log.rfind("(world 2)").is_some_and(|at_two| steps(&log[at_two..]).len() >= 2) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    });
-    if reformed.await.is_err() {
-        explain(&b, ns, &selector, &[&w0, &format!("{name}-worker-1")]).await;
-        panic!("timed out after {WAIT:?} waiting for the job to re-form at 2 and train");
-    }
-    let core: Vec<_> =
-        b.live(&selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
-    println!("running on the floor: {core:?}");
-    assert!(core.contains(&w0) && core.contains(&format!("{name}-worker-1")), "the core kept running");
+    quiet_node(&b, &job.name).await;
+    job.reclaim_elastic(&pods, 2 * 50 + 20).await;
+    job.grow_back(&on_a, &before).await;
+    job.finish().await;
+}
 
-    // The demand falls: the operator's new workers join member-a and the job grows back.
-    b.lend(0, None).await;
-    b.await_running(&selector, 4, &on_a).await;
-    wait_for(WAIT, "the job back at 4", || async {
-        let log = b.log(&w0, None).await;
-        let back = log.rfind("(world 4)")?;
-        (back > log.rfind("(world 2)")? && !steps(&log[back..]).is_empty()).then_some(())
-    })
-    .await;
-    let after = b.await_steps(&w0, None, 1).await;
-    println!("worker 0: {before:?} ... {:?}", after.last());
-    assert!(after.last().unwrap().0 > before.last().unwrap().0, "the steps went on");
-    // Its pods gone before the test (and its bridge) ends: a copy left running would be online
-    // demand for the next test's bridge.
-    jobs.delete(&name, &kube::api::DeleteParams::background()).await.unwrap();
-    let listed = kube::api::ListParams::default().labels(&selector);
-    wait_for(WAIT, "the job's pods gone", || async {
-        b.pods().list(&listed).await.ok()?.items.is_empty().then_some(())
-    })
-    .await;
-    b.lend(1, None).await;
+/// The native floor with a real operator (issue 42): the same elastic PyTorchJob with its
+/// workers marked `tidepool.io/native: core` keeps workers 0 and 1 on the training cluster's
+/// real node and borrows 2 and 3 from member-a. The borrowed workers reach worker 0 by the
+/// operator's name (`<job>-worker-0:29400`, torchrun's rendezvous), which the member's DNS
+/// answers from tidepool's native slice beside the mirror; the native workers reach them by
+/// their training pods' IPs. Member-a taking everything back ends only the borrowed workers
+/// (a watch of the training API server sees nothing happen to the native ones), the job trains
+/// on natively at 2, and grows back to 4 when member-a lends again.
+#[tokio::test]
+async fn an_elastic_pytorchjob_keeps_its_core_native_and_borrows_its_elastic_workers() {
+    let test = "pytorchjob-native";
+    let ns = "e2e-pytorchjob-native";
+    let native = ", nativeNodes: {nodeSelector: {tidepool.io/test-pool: real}}";
+    let b = Bridge::start_with(test, ns, native).await;
+    let _operator = Operator::start(&b.env, "training-operator", &[&format!("--namespace={ns}")]).await;
+    let job = Elastic::submit(&b, true).await;
+    let core_node = b.env.var("TRAINING_REAL_NODE").to_owned();
+    let (pods, before) = job.at_four(&core_node).await;
+    println!("{:?}", pods.iter().map(|p| (p.name_any(), node_of(p), role(p))).collect::<Vec<_>>());
+    // The name the borrowed workers rendezvous at: in member-a, tidepool's slice beside the
+    // mirror lists worker 0's IP on the training cluster.
+    let w0_ip = pods.iter().find(|p| p.name_any() == job.worker(0)).and_then(|p| p.status.clone()?.pod_ip).unwrap();
+    let slices = kube::Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::all(b.members[0].clone());
+    let by_service = kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={}", job.worker(0)));
+    let listed: Vec<Vec<String>> = slices
+        .list(&by_service)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints.into_iter().map(|e| e.addresses))
+        .collect();
+    println!("member-a's endpoints of {}: {listed:?} (worker 0 at {w0_ip})", job.worker(0));
+    assert!(listed.iter().any(|a| a.contains(&w0_ip)), "member-a lists worker 0's native IP");
+    let (touched, watch) = watch_untouched(&b.training, ns, vec![job.worker(0), job.worker(1)]);
+    job.reclaim_elastic(&pods, 0).await;
+    job.grow_back(&core_node, &before).await;
+    watch.abort();
+    let touched = touched.lock().unwrap().clone();
+    assert!(touched.is_empty(), "the native workers were disrupted: {touched:?}");
+    job.finish().await;
 }
 
 /// Waits (up to 2 min) until member-a's real node runs no pod but this job's copies and the

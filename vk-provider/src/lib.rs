@@ -21,6 +21,8 @@ pub mod isolation;
 pub mod kubelet;
 mod member_events;
 mod mirror;
+mod native_names;
+pub mod native_slices;
 pub mod node;
 pub mod offload;
 pub mod offload_cache;

@@ -22,11 +22,14 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Resource};
 use tidepool_api::keys;
+use tidepool_api::pod::placed_natively;
+use tidepool_federation::PodEvent;
 use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::context::{Context, OffloadWatch};
+use crate::native_slices::NativePod;
 use crate::services::{self, MirrorTarget, Step};
 
 /// Safety-net pass interval.
@@ -55,12 +58,15 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut trigger: mps
             let _ = changed_tx.try_send(());
         }
     });
+    // Native pods coming, going or changing address change the native slices.
+    let mut native_changes = std::pin::pin!(ctx.training_pods.subscribe().filter(|e| std::future::ready(touches_native(e))));
     let mut state = State::default();
     loop {
         tokio::select! {
             () = member.cancelled.cancelled() => return,
             Some(()) = trigger.recv() => {}
             Some(()) = changed.recv() => {}
+            Some(_) = native_changes.next() => {}
             () = tokio::time::sleep(PERIOD) => {}
         }
         tokio::time::sleep(SETTLE).await;
@@ -74,6 +80,15 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut trigger: mps
     }
 }
 
+/// Whether a training pod event may change a native slice: a pod the dispatcher placed on a
+/// native node changed or went, or changes may have been missed.
+fn touches_native(event: &PodEvent) -> bool {
+    match event {
+        PodEvent::Applied(p) | PodEvent::Deleted(p) => placed_natively(&p.metadata, p.node_name()),
+        PodEvent::Relisted | PodEvent::Lagged => true,
+    }
+}
+
 /// What a session's mirror remembers between passes.
 #[derive(Default)]
 struct State {
@@ -82,6 +97,8 @@ struct State {
     namespaces: Option<BTreeSet<String>>,
     /// Training Services (UID) whose conflict was told already, so it is told once.
     told: HashSet<String>,
+    /// Offload namespaces holding native slices after the last pass (see `namespaces`).
+    slices: Option<BTreeSet<String>>,
 }
 
 /// One pass: decide the mirrors wanted, list the ones there, write the difference.
@@ -104,24 +121,34 @@ async fn pass(
     let wanted: Vec<Service> = desired.iter().map(|(m, _)| m.clone()).collect();
     let sources: BTreeMap<(String, String), &Service> =
         desired.iter().map(|(m, s)| (key_of(&m.metadata), &**s)).collect();
+    let mut present: BTreeMap<(String, String), Service> =
+        existing.iter().map(|m| (key_of(&m.metadata), m.clone())).collect();
     for step in services::plan(&wanted, &existing) {
         let source = match &step {
             Step::Create(m) | Step::Update(m) | Step::Recreate(m) => sources.get(&key_of(&m.metadata)).copied(),
             Step::Delete(..) => None,
         };
         let _slot = watch.writes.acquire().await;
-        if let Err(e) = execute(ctx, watch, &step, &existing, source, &mut state.told).await {
-            warn!(error = %e, "Service mirror write failed; tried again on the next pass");
+        match execute(ctx, watch, &step, &existing, source, &mut state.told).await {
+            Ok(Some(written)) => drop(present.insert(key_of(&written.metadata), written)),
+            Ok(None) => {
+                if let Step::Delete(ns, name) = &step {
+                    present.remove(&(ns.clone(), name.clone()));
+                }
+            }
+            Err(e) => warn!(error = %e, "Service mirror write failed; tried again on the next pass"),
         }
     }
     let mut holding: BTreeSet<String> = wanted.iter().filter_map(|m| m.metadata.namespace.clone()).collect();
     holding.extend(existing.iter().filter_map(|m| m.metadata.namespace.clone()));
     state.namespaces = Some(holding);
-    Ok(())
+    // 4. The native slices of the mirrors there.
+    crate::native_names::pass(ctx, watch, &desired, &present, &mut state.slices).await
 }
 
 /// The mirrors wanted in `watch`'s member, from the caches: the copies there (each with its
-/// training pod's namespace and labels) against the training Services `all`.
+/// training pod's namespace and labels) and the native pods against the training Services
+/// `all`.
 fn desired(ctx: &Context, watch: &OffloadWatch, all: &[Arc<Service>]) -> Vec<(Service, Arc<Service>)> {
     let member = &watch.member;
     let copies: Vec<(String, Option<BTreeMap<String, String>>)> = watch
@@ -134,8 +161,10 @@ fn desired(ctx: &Context, watch: &OffloadWatch, all: &[Arc<Service>]) -> Vec<(Se
             Some((namespace, pod.metadata.labels.clone()))
         })
         .collect();
+    let native_pods = crate::native_names::native_pods(ctx);
+    let native: Vec<NativePod<'_>> = native_pods.iter().filter_map(|p| crate::native_names::as_native(p)).collect();
     let by_key: BTreeMap<(String, String), &Arc<Service>> = all.iter().map(|s| (key_of(&s.metadata), s)).collect();
-    services::wanted(all.iter().map(|s| &**s), &copies)
+    services::wanted(all.iter().map(|s| &**s), &copies, &native)
         .into_iter()
         .filter_map(|key| {
             let source = by_key.get(&key)?;
@@ -171,7 +200,7 @@ async fn mirrors_in(
     Ok(existing)
 }
 
-fn key_of(m: &ObjectMeta) -> (String, String) {
+pub(crate) fn key_of(m: &ObjectMeta) -> (String, String) {
     (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
 }
 
@@ -198,7 +227,7 @@ async fn execute(
     existing: &[Service],
     source: Option<&Service>,
     told: &mut HashSet<String>,
-) -> Result<(), kube::Error> {
+) -> Result<Option<Service>, kube::Error> {
     let member = &watch.member;
     let api = |ns: &str| Api::<Service>::namespaced(member.client.clone(), ns);
     let ns_name = key_of;
@@ -206,7 +235,10 @@ async fn execute(
         Step::Create(mirror) => {
             let (ns, name) = ns_name(&mirror.metadata);
             match api(&ns).create(&PostParams::default(), mirror).await {
-                Ok(_) => info!(member = %member.name, namespace = ns, service = name, "Service mirrored"),
+                Ok(made) => {
+                    info!(member = %member.name, namespace = ns, service = name, "Service mirrored");
+                    return Ok(Some(made));
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     // Somebody's Service of that name (ours would have been listed): never
                     // overwritten; the tenant is told on the training Service, once.
@@ -224,23 +256,25 @@ async fn execute(
         Step::Update(mirror) => {
             let (ns, name) = ns_name(&mirror.metadata);
             let Some(old) = existing.iter().find(|s| ns_name(&s.metadata) == (ns.clone(), name.clone())) else {
-                return Ok(());
+                return Ok(None);
             };
-            api(&ns).replace(&name, &PostParams::default(), &services::updated(old, mirror)).await?;
+            let written = api(&ns).replace(&name, &PostParams::default(), &services::updated(old, mirror)).await?;
             info!(member = %member.name, namespace = ns, service = name, "mirrored Service updated");
+            return Ok(Some(written));
         }
         Step::Recreate(mirror) => {
             let (ns, name) = ns_name(&mirror.metadata);
             delete(&api(&ns), &name).await?;
-            api(&ns).create(&PostParams::default(), mirror).await?;
+            let made = api(&ns).create(&PostParams::default(), mirror).await?;
             info!(member = %member.name, namespace = ns, service = name, "mirrored Service made again");
+            return Ok(Some(made));
         }
         Step::Delete(ns, name) => {
             delete(&api(ns), name).await?;
             info!(member = %member.name, namespace = ns, service = name, "mirrored Service removed: no copy selected");
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 async fn delete(api: &Api<Service>, name: &str) -> Result<(), kube::Error> {

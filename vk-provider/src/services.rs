@@ -25,6 +25,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 use tidepool_api::keys;
 
+use crate::native_slices::{NativePod, selects_native};
+
 /// The label key a copy carries for training label key `key`: `svc.tidepool.io/k-<hash>`
 /// (16 hex digits of its SHA-256). Fixed length, so any key fits a label name.
 pub fn selector_key(key: &str) -> String {
@@ -59,10 +61,14 @@ pub fn selects(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<Str
 pub type ServiceKey = (String, String);
 
 /// The training Services to mirror into a member: those that select a training pod with a
-/// copy there. `copies` holds, for each copy, its training pod's namespace and labels.
+/// copy there, and those that select a native pod of a namespace with a copy there (its
+/// copies may be the elastic part of a job on the native floor, reaching its core by name:
+/// see [`crate::native_slices`]). `copies` holds, for each copy, its training pod's namespace
+/// and labels.
 pub fn wanted<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     copies: &[(String, Option<BTreeMap<String, String>>)],
+    native: &[NativePod<'_>],
 ) -> BTreeSet<ServiceKey> {
     let mut found = BTreeSet::new();
     for svc in services {
@@ -70,7 +76,9 @@ pub fn wanted<'a>(
             continue;
         };
         let Some(selector) = mirrorable(svc) else { continue };
-        if copies.iter().any(|(pod_ns, labels)| pod_ns == ns && selects(selector, labels.as_ref())) {
+        let in_ns = copies.iter().filter(|(pod_ns, _)| pod_ns == ns);
+        let copy_selected = in_ns.clone().any(|(_, labels)| selects(selector, labels.as_ref()));
+        if copy_selected || (in_ns.count() > 0 && selects_native(svc, native)) {
             found.insert((ns.to_owned(), name.to_owned()));
         }
     }
@@ -225,6 +233,7 @@ pub fn updated(existing: &Service, desired: &Service) -> Service {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tidepool_api::pod::PodAddress;
 
     fn service(v: serde_json::Value) -> Service {
         serde_json::from_value(v).unwrap()
@@ -328,9 +337,25 @@ mod tests {
             ("team-a".to_owned(), labels(&[("job", "j"), ("role", "master")])),
             ("team-c".to_owned(), labels(&[("role", "worker")])),
         ];
-        assert_eq!(wanted(&services, &copies), BTreeSet::from([("team-a".to_owned(), "job-master".to_owned())]));
+        assert_eq!(wanted(&services, &copies, &[]), BTreeSet::from([("team-a".to_owned(), "job-master".to_owned())]));
         // The last matching copy gone: nothing is wanted any more.
-        assert!(wanted(&services, &copies[1..]).is_empty());
+        assert!(wanted(&services, &copies[1..], &[]).is_empty());
+    }
+
+    #[test]
+    fn a_service_of_native_pods_is_wanted_where_a_copy_runs_in_its_namespace() {
+        let worker_svc = service(
+            json!({"metadata": {"name": "w", "namespace": "team-a"}, "spec": {"selector": {"role": "worker"}}}),
+        );
+        let services = [master(), worker_svc];
+        let (master_labels, address) = (labels(&[("job", "j"), ("role", "master")]).unwrap(), PodAddress::default());
+        let native = [NativePod { namespace: "team-a", labels: Some(&master_labels), address: &address }];
+        let worker_copy = vec![("team-a".to_owned(), labels(&[("role", "worker")]))];
+        let want = |ns: &str, name: &str| (ns.to_owned(), name.to_owned());
+        assert_eq!(wanted(&services, &worker_copy, &native), BTreeSet::from([want("team-a", "job-master"), want("team-a", "w")]));
+        // No copy in the namespace: the native pods alone mirror nothing.
+        let elsewhere = vec![("team-b".to_owned(), labels(&[("role", "worker")]))];
+        assert!(wanted(&services, &elsewhere, &native).is_empty());
     }
 
     #[test]
