@@ -160,10 +160,12 @@ impl<'a> Elastic<'a> {
     async fn at_four(&self, core_node: &str) -> (Vec<Pod>, Vec<(u64, f64)>) {
         let on_a = real_node(&self.b.test, 0);
         let what = format!("workers 0, 1 running on {core_node}, 2, 3 on {on_a}");
-        let pods = wait_for(WAIT, &what, || async {
+        let on_a = on_a.as_str();
+        let pods = wait_for(WAIT, &what, || async move {
             let pods = self.b.live(&self.selector).await;
             let on = |p: &Pod, i: u32, node: &str| p.name_any() == self.worker(i) && phase(p) == "Running" && node_of(p) == node;
-            let placed = pods.iter().filter(|p| on(p, 0, core_node) || on(p, 1, core_node) || on(p, 2, &on_a) || on(p, 3, &on_a));
+            let placed =
+                pods.iter().filter(|p| on(p, 0, core_node) || on(p, 1, core_node) || on(p, 2, on_a) || on(p, 3, on_a));
             (pods.len() == 4 && placed.count() == 4).then_some(pods)
         })
         .await;
@@ -293,7 +295,7 @@ async fn an_elastic_pytorchjob_keeps_its_core_native_and_borrows_its_elastic_wor
         .unwrap()
         .items
         .into_iter()
-        .flat_map(|s| s.endpoints.into_iter().map(|e| e.addresses))
+        .flat_map(|s| s.endpoints.into_iter().flatten().map(|e| e.addresses))
         .collect();
     println!("member-a's endpoints of {}: {listed:?} (worker 0 at {w0_ip})", job.worker(0));
     assert!(listed.iter().any(|a| a.contains(&w0_ip)), "member-a lists worker 0's native IP");
