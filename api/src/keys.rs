@@ -32,6 +32,9 @@ pub const TAINT_PAUSED: &str = "tidepool.io/paused";
 /// while the member is unreachable.
 pub const REASON_MEMBER_LOST: &str = "MemberLost";
 pub const REASON_MEMBER_UNREACHABLE: &str = "MemberUnreachable";
+/// Reason of a virtual node's `Ready=False` (and of the `MemberCluster`'s) while a task of its
+/// member's session has stopped, until a new session replaces it.
+pub const REASON_MEMBER_TASK_STOPPED: &str = "MemberTaskStopped";
 
 /// Label on an offload pod: UID of the training pod it copies. The identity of the copy:
 /// creation is idempotent on it.

@@ -80,6 +80,13 @@ pub struct ApiLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberTaskLabels {
+    pub member: String,
+    /// The task of the member's session: `capacity publisher`, `pod watch`, ...
+    pub task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabels {
     pub cluster: String,
 }
@@ -118,6 +125,9 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Panics caught in tasks (each is logged too; a controller's own task ending exits).
     pub panics: Counter,
+    /// Tasks of a member's session that ended or panicked while it ran (each replaced the
+    /// session).
+    pub member_task_stops: Family<MemberTaskLabels, Counter>,
     /// Always 1, labelled with the running version (join on it in dashboards and alerts).
     pub build_info: Family<BuildLabels, Gauge>,
 }
@@ -169,6 +179,12 @@ impl Metrics {
         reg.add("leader", "1 while this replica holds the leader Lease", leader.clone());
         let panics = Counter::default();
         reg.add("panics", "Panics caught in tasks, each also logged", panics.clone());
+        let member_task_stops = Family::default();
+        reg.add(
+            "member_task_stops",
+            "Tasks of a member's session that stopped while it ran (the session is replaced)",
+            member_task_stops.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
         reg.add("build_info", "Always 1, labelled with tidepool's version", build_info.clone());
@@ -192,6 +208,7 @@ impl Metrics {
             api_throttled,
             leader,
             panics,
+            member_task_stops,
             build_info,
         }
     }
@@ -220,6 +237,11 @@ impl Metrics {
                     .set(amount);
             }
         }
+    }
+
+    /// Counts a task of `member`'s session that stopped while the session ran.
+    pub fn count_member_task_stop(&self, member: &str, task: &str) {
+        self.member_task_stops.get_or_create(&MemberTaskLabels { member: member.into(), task: task.into() }).inc();
     }
 
     /// Drops a member's readiness series (member deleted): a gone member must not look idle.

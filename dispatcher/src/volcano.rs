@@ -88,7 +88,7 @@ fn in_a_volcano_group(e: &PodEvent) -> bool {
 /// Until the training cluster serves Volcano's PodGroups.
 async fn served(ctx: &Context) {
     loop {
-        match tidepool_federation::member::serves_pod_groups(&ctx.training, GangScheduler::Volcano).await {
+        match tidepool_federation::discovery::serves_pod_groups(&ctx.training, GangScheduler::Volcano).await {
             Ok(true) => return,
             Ok(false) => debug!("the training cluster serves no Volcano PodGroups (yet)"),
             Err(e) => warn!(error = %e, "cannot ask the training cluster whether it serves Volcano PodGroups"),

@@ -210,6 +210,11 @@ fn live_verdict(health: &Health, pools: usize, loss_timeout_seconds: u64) -> Ver
             live: true,
         };
     }
+    if let Some(why) = &health.stopped {
+        let mut v = ready_verdict(pools);
+        v.ready = Cond::new(false, keys::REASON_MEMBER_TASK_STOPPED, why.clone());
+        return v;
+    }
     ready_verdict(pools)
 }
 
@@ -392,7 +397,7 @@ async fn check_gang_scheduler(mc: &MemberCluster, dialed: &Dialed) -> Result<(),
         scheduler: scheduler.as_str(),
         api: format!("{plural}.{group}/{version}"),
     };
-    match crate::member::serves_pod_groups(&dialed.client, scheduler).await {
+    match crate::discovery::serves_pod_groups(&dialed.client, scheduler).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(missing()),
         Err(e) => Err(NotReady::Unreachable { server: dialed.server.clone(), error: format!("discovery: {e}") }),
@@ -547,18 +552,21 @@ async fn start_session(
         session.fence.cancel();
         return Ok(handle);
     }
-    tokio::spawn(publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
-    tokio::spawn(follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
+    handle.tasks.spawn("MemberCluster capacity status", publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
+    handle.tasks.spawn("status follower", follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
     ctx.sessions()?.insert(name.clone(), session);
     publish(ctx)?;
     Ok(handle)
 }
 
-/// The running session whose credentials and spec are `fingerprint`, if any. Finding it
-/// means the Secret and spec are usable again, so a hold put on the session is lifted.
+/// The running session whose credentials and spec are `fingerprint` and whose tasks all run,
+/// if any. Finding it means the Secret and spec are usable again, so a hold put on the
+/// session is lifted.
 fn current(ctx: &Context, name: &MemberName, fingerprint: &str) -> Result<Option<Arc<MemberHandle>>, Error> {
     let sessions = ctx.sessions()?;
-    let Some(session) = sessions.get(name).filter(|s| s.fingerprint == fingerprint) else {
+    // A session one of whose tasks stopped is replaced too (see `crate::member_tasks`).
+    let live = |s: &&Session| s.fingerprint == fingerprint && s.handle.health.borrow().stopped.is_none();
+    let Some(session) = sessions.get(name).filter(live) else {
         return Ok(None);
     };
     session.health.send_if_modified(|h| h.unusable.take().is_some());
@@ -922,6 +930,11 @@ mod tests {
                 "credentials refused while running",
                 Health { refused: Some("401".into()), ..Default::default() },
                 (no("Unauthorized", "401"), answers.clone(), no("Unauthorized", "401")),
+            ),
+            (
+                "a task of the session stopped: not ready until the session is replaced",
+                Health { stopped: Some("pod watch ended".into()), ..Default::default() },
+                (valid.clone(), answers.clone(), no("MemberTaskStopped", "pod watch ended")),
             ),
             (
                 "unreachable wins over refused: nothing answers to refuse",

@@ -11,12 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::lifecycle::v1alpha1::EvictionRequest;
 use kube::{Client, ResourceExt};
-use tidepool_api::MemberName;
 use tidepool_api::sync::Locked;
-use tokio_util::sync::CancellationToken;
-use tracing::info_span;
 
-use crate::member::{ViewCache, Wakeups, spawn_cache, watch_all};
+use crate::member_tasks::MemberTasks;
+use crate::view_cache::{ViewCache, Wakeups, spawn_cache, watch_all};
 
 /// API group/version and resource of eviction requests.
 pub const API: (&str, &str) = ("lifecycle.k8s.io/v1alpha1", "evictionrequests");
@@ -80,13 +78,13 @@ pub struct EvictionAsks {
 
 impl EvictionAsks {
     /// Starts the watch of every eviction request in the member until `cancelled`.
-    pub(crate) fn watch(client: &Client, member: &MemberName, cancelled: &CancellationToken) -> Self {
+    pub(crate) fn watch(client: &Client, tasks: &MemberTasks) -> Self {
         let cache: Arc<Mutex<Cache>> = Arc::default();
         let view = |er: &EvictionRequest| EvictionAsk::of(er).map(|a| ((a.namespace.clone(), a.name.clone()), a));
-        let span = info_span!("member_eviction_requests", member = %member);
         // Its own wake-ups: a request changes no capacity; the reclaim reads them each pass.
         let wake = Wakeups::default();
-        spawn_cache(watch_all::<EvictionRequest>(client), &cache, view, |_| false, &wake, cancelled, span);
+        let events = watch_all::<EvictionRequest>(client);
+        spawn_cache(events, &cache, (view, |_| false), &wake, tasks, "eviction request watch");
         Self { cache }
     }
 
@@ -113,7 +111,7 @@ impl EvictionAsks {
 
 /// Whether the server serves eviction requests (1.37 with the gate and the API group on).
 pub async fn served(client: &Client) -> Result<bool, kube::Error> {
-    crate::member::serves(client, API.0, API.1).await
+    crate::discovery::serves(client, API.0, API.1).await
 }
 
 #[cfg(test)]

@@ -35,12 +35,16 @@ pub struct Health {
     /// Set by the controller while the current Secret or spec cannot be used: (reason,
     /// message). The session keeps the connection it had, but nothing new is placed.
     pub unusable: Option<(String, String)>,
+    /// Set when a task of the session ended or panicked while the session ran
+    /// ([`crate::member_tasks`]): its numbers would go stale, so nothing new is placed until
+    /// the new session that replaces it runs.
+    pub stopped: Option<String>,
 }
 
 impl Health {
     /// True when the member may get new pods.
     pub fn is_healthy(&self) -> bool {
-        self.unreachable.is_none() && self.refused.is_none() && self.unusable.is_none()
+        self.unreachable.is_none() && self.refused.is_none() && self.unusable.is_none() && self.stopped.is_none()
     }
 
     /// True when the member's API server is answering with the session's credentials, so

@@ -2,12 +2,13 @@
 //! plumbing every part of tidepool runs on.
 //!
 //! Owns, for the members: the `MemberCluster` controller (credentials from Secrets, vetting,
-//! connection, status conditions), one [`member::Session`] per connected member with its
-//! trimmed watches ([`wire`]), its health ([`health`]), its client's rate limits, fencing
-//! and request counts ([`throttle`], [`fence`], [`api_metrics`]), its eviction requests
+//! connection, status conditions), one [`member::Session`] per connected member, its health
+//! ([`health`]), its client's rate limits, fencing and request counts ([`throttle`],
+//! [`fence`], [`api_metrics`]), what it serves ([`discovery`]), its eviction requests
 //! ([`eviction_requests`]), pod networks that collide ([`pod_network`]) and online pods
-//! below the offload priorities ([`priority`]); and the capacity model ([`capacity`],
-//! [`capacity_index`], [`pool_model`]) that turns those watches into each pool's lendable
+//! below the offload priorities ([`priority`]); and the capacity model ([`capacity`], one
+//! folder: the member's watches into trimmed views ([`view_cache`]), the views, the model
+//! kept node by node, the publisher) that turns those watches into each pool's lendable
 //! capacity, published across replicas when sharded ([`published`]).
 //!
 //! Owns, shared with the other crates: the one watch of the training cluster's pods
@@ -26,23 +27,23 @@
 
 pub mod api_metrics;
 pub mod capacity;
-pub mod capacity_index;
 mod context;
 mod controller;
+pub mod discovery;
 pub mod drain;
 pub mod eviction_requests;
 pub mod fence;
 pub mod health;
 pub mod kubeconfig;
 pub mod member;
+pub mod member_tasks;
 pub mod pod_network;
-pub mod pool_model;
 pub mod priority;
 pub mod published;
 pub mod tasks;
 pub mod throttle;
 pub mod training;
-pub mod wire;
+pub mod view_cache;
 pub mod writes;
 
 use std::collections::BTreeMap;

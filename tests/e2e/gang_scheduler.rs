@@ -400,7 +400,7 @@ async fn a_member_without_the_native_pod_group_api_is_not_ready_for_kubernetes_g
     let training = env.client("training").await;
     let member_b = env.client("member-b").await;
     assert!(
-        !tidepool_federation::member::serves_pod_groups(&member_b, GangScheduler::Kubernetes).await.unwrap(),
+        !tidepool_federation::discovery::serves_pod_groups(&member_b, GangScheduler::Kubernetes).await.unwrap(),
         "this test needs member-b on a Kubernetes without scheduling.k8s.io/v1beta1 PodGroups (TIDEPOOL_SKEW=1)"
     );
     prepare(&env, &training, test, ns).await;

@@ -11,7 +11,10 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use futures::StreamExt;
+use std::future::Future;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -28,6 +31,7 @@ use serde::de::DeserializeOwned;
 use tidepool_api::keys;
 use tidepool_api::sync::Locked;
 use tidepool_federation::MemberHandle;
+use tidepool_federation::member_tasks::MemberTasks;
 use tidepool_federation::training::listed;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -72,17 +76,23 @@ impl MetaStores {
         secret_namespaces: &[String],
         stop: CancellationToken,
         changes: mpsc::Sender<Change>,
-    ) -> MetaStores {
+    ) -> (MetaStores, Vec<BoxFuture<'static, ()>>) {
         let config = watcher::Config::default();
         let (trim, c) = (Trim::ToVersion, client.clone());
-        let secrets = |api: Api<_>| spawn_watch(api, config.clone(), Kind::Secret, trim, stop.clone(), changes.clone());
+        let mut tasks: Vec<BoxFuture<'static, ()>> = Vec::new();
+        let mut secrets = |api: Api<_>| {
+            let (store, task) = meta_watch(api, config.clone(), Kind::Secret, trim, stop.clone(), changes.clone());
+            tasks.push(task.boxed());
+            store
+        };
         let secrets = if secret_namespaces.is_empty() {
             [(String::new(), secrets(Api::all(c.clone())))].into()
         } else {
             secret_namespaces.iter().map(|ns| (ns.clone(), secrets(Api::namespaced(c.clone(), ns)))).collect()
         };
-        let config_maps = spawn_watch(Api::all(c), config.clone(), Kind::ConfigMap, trim, stop.clone(), changes);
-        MetaStores { config_maps, secrets, stop }
+        let (config_maps, task) = meta_watch(Api::all(c), config.clone(), Kind::ConfigMap, trim, stop.clone(), changes);
+        tasks.push(task.boxed());
+        (MetaStores { config_maps, secrets, stop }, tasks)
     }
 
     fn secrets_of(&self, namespace: &str) -> Option<&Store<PartialObjectMeta<Secret>>> {
@@ -127,6 +137,8 @@ pub(crate) struct MemberCopies {
     client: Client,
     selector: String,
     stop: CancellationToken,
+    /// The member session's tasks, which the watches run as.
+    tasks: MemberTasks,
     changes: mpsc::Sender<Change>,
     /// This instance's offload namespaces in the member (label-selected watch).
     namespaces: Store<PartialObjectMeta<Namespace>>,
@@ -146,15 +158,17 @@ impl MemberCopies {
         member: &str,
         namespace_selector: &str,
         copy_selector: &str,
-        stop: CancellationToken,
+        tasks: &MemberTasks,
         changes: mpsc::Sender<Change>,
         isolation: Isolation,
     ) -> Self {
+        let stop = tasks.cancelled().clone();
         let (namespaces, writer) = reflector::store();
         let copies = Self {
             client: client.clone(),
             selector: copy_selector.to_owned(),
             stop: stop.clone(),
+            tasks: tasks.clone(),
             changes,
             namespaces,
             member: member.to_owned(),
@@ -171,7 +185,8 @@ impl MemberCopies {
         .applied_objects()
         .take_until(stop.cancelled_owned());
         let found = copies.clone();
-        tokio::spawn(
+        tasks.spawn(
+            "offload namespace watch",
             async move {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = events.next().await {
@@ -248,22 +263,14 @@ impl MemberCopies {
         let (config_maps, secrets) = api(namespace);
         let config = watcher::Config::default().labels(&self.selector);
         let stop = self.stop.child_token();
-        let stores = MetaStores {
-            config_maps: spawn_watch(
-                config_maps,
-                config.clone(),
-                Kind::ConfigMap,
-                Trim::ManagedFields,
-                stop.clone(),
-                self.changes.clone(),
-            ),
-            secrets: [(
-                String::new(),
-                spawn_watch(secrets, config, Kind::Secret, Trim::ManagedFields, stop.clone(), self.changes.clone()),
-            )]
-            .into(),
-            stop,
-        };
+        let (trim, changes) = (Trim::ManagedFields, &self.changes);
+        let (config_maps, cm_task) =
+            meta_watch(config_maps, config.clone(), Kind::ConfigMap, trim, stop.clone(), changes.clone());
+        let (secrets, secret_task) = meta_watch(secrets, config, Kind::Secret, trim, stop.clone(), changes.clone());
+        // A namespace forgotten stops its watches (`stop`): their normal end.
+        self.tasks.spawn_until("reflected ConfigMap watch", &stop, cm_task);
+        self.tasks.spawn_until("reflected Secret watch", &stop, secret_task);
+        let stores = MetaStores { config_maps, secrets: [(String::new(), secrets)].into(), stop };
         by_namespace.insert(namespace.to_owned(), stores);
     }
 
@@ -320,15 +327,16 @@ enum Trim {
     ManagedFields,
 }
 
-/// `api` on `PartialObjectMeta<K>` makes metadata-only requests.
-fn spawn_watch<K>(
+/// A metadata watch of `api` (metadata-only requests: `PartialObjectMeta<K>`) into a store,
+/// sending each change to `changes` until `stop`: the store, and the task to run it.
+fn meta_watch<K>(
     api: Api<PartialObjectMeta<K>>,
     config: watcher::Config,
     kind: Kind,
     trim: Trim,
     stop: CancellationToken,
     changes: mpsc::Sender<Change>,
-) -> Store<PartialObjectMeta<K>>
+) -> (Store<PartialObjectMeta<K>>, impl Future<Output = ()> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -362,8 +370,7 @@ where
             }
         }
     };
-    tokio::spawn(task.instrument(tracing::info_span!("metadata_watch", kind = %kind)));
-    store
+    (store, task.instrument(tracing::info_span!("metadata_watch", kind = %kind)))
 }
 
 /// Result of syncing one pod's copies.

@@ -48,7 +48,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut hints: mpsc:
         .applied_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
         let tx = events_tx.clone();
-        tokio::spawn(async move {
+        member.tasks.spawn("member Event watch", async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
                 match event {

@@ -49,7 +49,7 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut trigger: mps
         .reflect(writer)
         .touched_objects()
         .take_until(member.cancelled.clone().cancelled_owned());
-    tokio::spawn(async move {
+    member.tasks.spawn("Service watch", async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             if let Err(e) = event {

@@ -75,6 +75,9 @@ pub fn readiness(health: &Health) -> (&'static str, String, String) {
     if let Some((reason, why)) = &health.unusable {
         return ("False", reason.clone(), why.clone());
     }
+    if let Some(why) = &health.stopped {
+        return ("False", keys::REASON_MEMBER_TASK_STOPPED.to_owned(), why.clone());
+    }
     ("True", "KubeletReady".to_owned(), "member cluster connected".to_owned())
 }
 
@@ -662,6 +665,13 @@ mod tests {
                 Health { unusable: Some(("KubeconfigInvalid".into(), "bad".into())), ..Default::default() },
                 "False",
                 "KubeconfigInvalid",
+                Some(keys::TAINT_NOT_READY),
+            ),
+            (
+                "a task of the session stopped",
+                Health { stopped: Some("pod watch ended".into()), ..Default::default() },
+                "False",
+                keys::REASON_MEMBER_TASK_STOPPED,
                 Some(keys::TAINT_NOT_READY),
             ),
         ];

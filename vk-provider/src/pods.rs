@@ -10,6 +10,7 @@
 //! ([`crate::referenced`]). Each member session also runs a collector ([`crate::collect`]).
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,12 +79,17 @@ pub async fn run(
     let (source_tx, source_rx) = mpsc::channel::<Change>(1024);
     // The status sync's own queue (see [`status_up`]): copies' changes and training pods'.
     let (status_tx, status_rx) = mpsc::channel::<ObjectRef<PodLite>>(1024);
-    let inlets = split_events(&training_pods, status_tx.clone());
-    let sources = MetaStores::sources(&training, &config.secret_namespaces, CancellationToken::new(), source_tx);
+    let (inlets, split) = split_events(&training_pods, status_tx.clone());
+    let (sources, source_watches) =
+        MetaStores::sources(&training, &config.secret_namespaces, CancellationToken::new(), source_tx);
     let ctx = Arc::new(Context::new(training, config, members.clone(), training_pods, sources, status_tx));
     // Its helpers run beside the controller; one ending stops the pod sync (and the
     // process), none dies unseen.
     let mut helpers = Tasks::default();
+    helpers.spawn("split-events", split);
+    for watch in source_watches {
+        helpers.spawn("training-source-watch", watch);
+    }
     helpers.spawn("reclaim-deletes", handover::run(copy_writes, ctx.handovers.clone()));
     helpers.spawn("offload-watches", supervise_offload_watches(ctx.clone(), trigger_tx.clone()));
     helpers.spawn("forward-deletions", forward_deletions(ctx.clone(), inlets.gone));
@@ -115,7 +121,10 @@ struct Inlets {
 /// (a pod deleted outright, with grace period 0, forced, or by the pod garbage collector,
 /// never shows a deletion timestamp, and its offload copy must go now rather than at the
 /// collector's next pass); missed changes resync every pod.
-fn split_events(training_pods: &TrainingPods, status: mpsc::Sender<ObjectRef<PodLite>>) -> Inlets {
+fn split_events(
+    training_pods: &TrainingPods,
+    status: mpsc::Sender<ObjectRef<PodLite>>,
+) -> (Inlets, impl Future<Output = ()> + Send + 'static) {
     let (applied_tx, applied) = mpsc::channel::<Arc<PodLite>>(1024);
     let (gone_tx, gone) = mpsc::channel::<Arc<PodLite>>(1024);
     let (resync_tx, resync) = mpsc::channel::<()>(1);
@@ -123,7 +132,7 @@ fn split_events(training_pods: &TrainingPods, status: mpsc::Sender<ObjectRef<Pod
     let events = training_pods.subscribe();
     let kept =
         |sent: Result<(), mpsc::error::TrySendError<()>>| !matches!(sent, Err(mpsc::error::TrySendError::Closed(_)));
-    tokio::spawn(async move {
+    let split = async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             let sent = match event {
@@ -138,8 +147,8 @@ fn split_events(training_pods: &TrainingPods, status: mpsc::Sender<ObjectRef<Pod
                 return;
             }
         }
-    });
-    Inlets { applied, gone, resync, resync_up }
+    };
+    (Inlets { applied, gone, resync, resync_up }, split)
 }
 
 /// One of the pod sync's queues over the shared training pod cache: changed `objects` and
@@ -321,7 +330,7 @@ fn start_offload_watch(
         member.name.as_str(),
         &namespace_selector,
         &copy_selector,
-        member.cancelled.clone(),
+        &member.tasks,
         copy_tx,
         Isolation::new(
             member.client.clone(),
@@ -340,8 +349,11 @@ fn start_offload_watch(
     // Copies coming and going change which Services are mirrored, and which Events relayed.
     let (mirror_tx, mirror_rx) = mpsc::channel::<()>(1);
     let (relay_tx, relay_rx) = mpsc::channel::<String>(64);
-    tokio::spawn(crate::mirror::run(ctx.clone(), watch.clone(), mirror_rx).in_current_span());
-    tokio::spawn(crate::member_events::run(ctx.clone(), watch.clone(), relay_rx).in_current_span());
+    // Every task below runs as long as the member's session, as one of its tasks: one that
+    // stops early marks the member (see `tidepool_federation::member_tasks`).
+    let tasks = &member.tasks;
+    tasks.spawn("Service mirror", crate::mirror::run(ctx.clone(), watch.clone(), mirror_rx).in_current_span());
+    tasks.spawn("Event relay", crate::member_events::run(ctx.clone(), watch.clone(), relay_rx).in_current_span());
     let tell = CopyEventTargets {
         pods: trigger.clone(),
         status: ctx.status_triggers.clone(),
@@ -349,10 +361,11 @@ fn start_offload_watch(
         mirror: mirror_tx,
         relay: relay_tx,
     };
-    tokio::spawn(forward_copy_events(events, store, tell).in_current_span());
-    tokio::spawn(follow_health(ctx.clone(), member.clone(), trigger.clone()).in_current_span());
-    tokio::spawn(follow_source_changes(ctx.clone(), copy_rx, Some(member.clone()), trigger).in_current_span());
-    tokio::spawn(collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
+    tasks.spawn("copy watch", forward_copy_events(events, store, tell).in_current_span());
+    tasks.spawn("health follower", follow_health(ctx.clone(), member.clone(), trigger.clone()).in_current_span());
+    let sources = follow_source_changes(ctx.clone(), copy_rx, Some(member.clone()), trigger);
+    tasks.spawn("source follower", sources.in_current_span());
+    tasks.spawn("collector", collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
     watch
 }
 

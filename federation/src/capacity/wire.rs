@@ -1,6 +1,6 @@
 //! What the capacity watches decode of a member's Pods and Nodes: only the fields their views
-//! read ([`PodView::from_pod`](crate::capacity::PodView::from_pod),
-//! [`NodeView::from_node`](crate::capacity::NodeView::from_node)). A watch event's JSON is
+//! read ([`PodView::from_pod`](super::PodView::from_pod),
+//! [`NodeView::from_node`](super::NodeView::from_node)). A watch event's JSON is
 //! parsed once either way; here everything else in it (managed fields, images, commands,
 //! environment, volumes, probes, node images and addresses, condition messages) is skipped as
 //! it is read instead of being built into a whole `Pod` or `Node` and dropped again. What comes

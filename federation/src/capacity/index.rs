@@ -1,18 +1,62 @@
 //! The capacity model kept up to date pod by pod: per member node, the sums of what its pods
 //! request ([`PodIndex`]), changed on each pod view change, so a pool's capacity is computed
-//! from its nodes' records ([`crate::pool_model::PoolModel`]) and no computation walks every
-//! pod of the member. [`crate::capacity::pool_capacity_in`] is the reference both equal (see
+//! from its nodes' records ([`super::pool::PoolModel`]) and no computation walks every
+//! pod of the member. [`super::reference::pool_capacity_in`] is the reference both equal (see
 //! the property test below).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::view_cache::Derived;
 use std::sync::Arc;
 
 use tidepool_api::Resources;
 use tidepool_api::crd::PoolMode;
 
-use crate::capacity::{PodCapacityKey, PodView, counted};
-use crate::pool_model::Touched;
+use super::{PodCapacityKey, PodView, counted};
 use crate::priority::{EXAMPLES, PriorityConflict};
+
+/// Names of the member nodes whose view or pods changed since the pool models last looked,
+/// or `all` after a re-list.
+#[derive(Debug, Clone, Default)]
+pub struct Touched {
+    names: HashSet<String>,
+    all: bool,
+}
+
+impl Touched {
+    pub fn note(&mut self, node: &str) {
+        if !self.all && !self.names.contains(node) {
+            self.names.insert(node.to_owned());
+        }
+    }
+
+    /// Everything may have changed (a re-list): the models start over.
+    pub fn note_all(&mut self) {
+        self.all = true;
+        self.names.clear();
+    }
+
+    /// Whether nothing was noted.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.names.is_empty()
+    }
+
+    /// What was noted, leaving nothing noted.
+    pub fn take(&mut self) -> Touched {
+        std::mem::take(self)
+    }
+
+    /// What either noted.
+    pub fn joined(mut self, other: Touched) -> Touched {
+        if other.all {
+            self.note_all();
+        }
+        for name in &other.names {
+            self.note(name);
+        }
+        self
+    }
+}
 
 /// A sum of requests over some pods, and per resource how many of them name it: a resource
 /// stays in the sum (at zero, too) exactly while a pod naming it is counted, as a sum made
@@ -231,12 +275,37 @@ impl PodIndex {
     }
 }
 
+impl<V> Derived<String, V> for Touched {
+    fn changed(&mut self, key: &String, _: Option<&V>, _: Option<&V>) {
+        self.note(key);
+    }
+
+    fn relisted(&mut self, _: &HashMap<String, V>) {
+        self.note_all();
+    }
+}
+
+impl Derived<PodCapacityKey, PodView> for PodIndex {
+    fn changed(&mut self, key: &PodCapacityKey, old: Option<&PodView>, new: Option<&PodView>) {
+        self.change(key, old, new);
+    }
+
+    fn relisted(&mut self, live: &HashMap<PodCapacityKey, PodView>) {
+        self.clear();
+        for (k, v) in live {
+            self.change(k, None, Some(v));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{CapacityPolicy, HardTaint, NodeView, OnlineDemand, OnlineParts, pool_capacity_in};
-    use crate::member::ViewCache;
-    use crate::pool_model::PoolModel;
+    use crate::capacity::{
+        CapacityPolicy, HardTaint, HpaView, NodeView, OnlineDemand, OnlineParts, ReplicasToCome, Window, pool_capacity_in,
+    };
+    use crate::view_cache::ViewCache;
+    use crate::capacity::pool::PoolModel;
     use crate::priority::priority_conflict;
     use kube::runtime::watcher::Event;
     use proptest::prelude::*;
@@ -353,7 +422,7 @@ mod tests {
     }
 
     /// Replays the views of `cache` as a re-list in which the `gone`-th of them is missing.
-    fn relist<K: Clone + Eq + std::hash::Hash, V: Clone + PartialEq, D: crate::member::Derived<K, V>>(
+    fn relist<K: Clone + Eq + std::hash::Hash, V: Clone + PartialEq, D: crate::view_cache::Derived<K, V>>(
         cache: &mut ViewCache<K, V, D>,
         gone: usize,
     ) {
@@ -384,19 +453,81 @@ mod tests {
         models
     }
 
+    /// Online demand besides nodes and pods: HPAs that may grow, replicas to come and a
+    /// window (open at `now` or not), each selecting the GPU nodes or every node.
+    #[derive(Debug, Clone)]
+    struct Demand {
+        policy: CapacityPolicy,
+        hpas: Vec<HpaView>,
+        to_come: Vec<ReplicasToCome>,
+        now: jiff::Timestamp,
+    }
+
+    fn selector(gpu: bool) -> BTreeMap<String, String> {
+        if gpu { BTreeMap::from([("pool".to_owned(), "gpu".to_owned())]) } else { BTreeMap::new() }
+    }
+
+    fn arb_demand() -> impl Strategy<Value = Demand> {
+        let lend = PoolToleration { key: Some("lend".into()), operator: Some("Exists".into()), ..Default::default() };
+        let tolerations = move |t: bool| if t { vec![lend.clone()] } else { Vec::new() };
+        let hpa = (0i32..4, 0i32..6, arb_resources(), any::<bool>(), any::<bool>());
+        let to_come = (0i32..4, arb_resources(), any::<bool>(), any::<bool>());
+        (
+            proptest::collection::vec(hpa, 0..3),
+            proptest::collection::vec(to_come, 0..3),
+            proptest::option::of((arb_resources(), any::<bool>())),
+            (0u32..=100, 1u32..=100),
+        )
+            .prop_map(move |(hpas, to_come, window, (hpa_percent, watermark_percent))| {
+                // Every day at 12:00 for an hour: open at 12:30, closed at 06:00.
+                let windows = window.iter().map(|(reserve, _)| Window {
+                    name: "noon".into(),
+                    schedule: tidepool_api::cron::Schedule::parse("0 12 * * *").unwrap(),
+                    duration: jiff::SignedDuration::from_mins(60),
+                    lead: jiff::SignedDuration::ZERO,
+                    reserve: reserve.clone(),
+                });
+                let open = window.as_ref().is_some_and(|(_, open)| *open);
+                let now: jiff::Timestamp = if open { "2026-12-05T12:30:00Z" } else { "2026-12-05T06:00:00Z" }.parse().unwrap();
+                let policy = CapacityPolicy {
+                    reserve: resources(&[Some(500), None, Some(1000)]),
+                    watermark_percent,
+                    windows: windows.collect(),
+                    hpa_percent,
+                };
+                let hpas = hpas
+                    .into_iter()
+                    .map(|(current, more, per_replica, gpu, t)| HpaView {
+                        current_replicas: current,
+                        max_replicas: current + more,
+                        per_replica,
+                        node_selector: selector(gpu),
+                        tolerations: tolerations(t),
+                    })
+                    .collect();
+                let to_come = to_come
+                    .into_iter()
+                    .map(|(replicas, per_replica, gpu, t)| ReplicasToCome {
+                        replicas,
+                        per_replica,
+                        node_selector: selector(gpu),
+                        tolerations: tolerations(t),
+                    })
+                    .collect();
+                Demand { policy, hpas, to_come, now }
+            })
+    }
+
     /// Each model, caught up with what changed, against the capacity recomputed over every
-    /// pod, under a reserve and a watermark; and the index's other sums against theirs.
+    /// pod under `demand`; and the index's other sums against theirs.
     fn assert_same(
         nodes: &mut ViewCache<String, NodeView, Touched>,
         pods: &mut ViewCache<PodCapacityKey, PodView, PodIndex>,
         models: &mut [PoolModel],
+        demand: &Demand,
     ) {
-        let policy = CapacityPolicy {
-            reserve: resources(&[Some(500), None, Some(1000)]),
-            watermark_percent: 90,
-            ..Default::default()
-        };
-        let demand = OnlineDemand { policy: &policy, hpas: &[], to_come: &[], now: jiff::Timestamp::UNIX_EPOCH };
+        let demand =
+            OnlineDemand { policy: &demand.policy, hpas: &demand.hpas, to_come: &demand.to_come, now: demand.now };
         let touched = nodes.derived.take().joined(pods.derived.take_touched());
         for model in models {
             model.catch_up(&touched, nodes.views(), &pods.derived);
@@ -421,11 +552,14 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
-        /// After any sequence of node and pod adds, updates, deletes and re-lists, the pool
-        /// models caught up with the nodes that changed equal the capacity recomputed over
-        /// every node and pod.
+        /// After any sequence of node and pod adds, updates, deletes and re-lists, under any
+        /// reserve, watermark, HPA headroom, replicas to come and window (open or closed), the
+        /// pool models caught up with the nodes that changed equal the capacity recomputed
+        /// over every node and pod.
         #[test]
-        fn the_incremental_model_equals_the_full_recomputation(ops in proptest::collection::vec(arb_op(), 1..60)) {
+        fn the_incremental_model_equals_the_full_recomputation(
+            ops in proptest::collection::vec(arb_op(), 1..60), demand in arb_demand(),
+        ) {
             let mut nodes = ViewCache::with(Touched::default());
             let mut pods = ViewCache::with(PodIndex::new(MODES, CEILING));
             nodes.apply(Event::Init);
@@ -442,7 +576,7 @@ mod tests {
                     Op::Relist(gone) => relist(&mut pods, gone),
                     Op::RelistNodes(gone) => relist(&mut nodes, gone),
                 }
-                assert_same(&mut nodes, &mut pods, &mut models);
+                assert_same(&mut nodes, &mut pods, &mut models, &demand);
             }
         }
     }

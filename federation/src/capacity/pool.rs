@@ -1,63 +1,20 @@
 //! A pool's capacity kept node by node: what each member node of the pool adds to the pool's
 //! sums is remembered ([`PoolModel`]), so a computation redoes only the nodes that changed
 //! since the last one ([`Touched`], from the node watch and from [`PodIndex`]) and not every
-//! node of the pool. [`crate::capacity::pool_capacity_in`] is the reference it equals (see the
-//! property test in [`crate::capacity_index`]).
+//! node of the pool. [`super::reference::pool_capacity_in`] is the reference it equals (see the
+//! property test in [`super::index`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tidepool_api::Resources;
 use tidepool_api::crd::{PoolMode, PoolToleration};
 
-use crate::capacity::{
+use super::index::{PodIndex, Tally, Touched};
+use super::{
     GPU_PRODUCT_LABEL, NodeFree, NodeView, OnlineDemand, Placed, PlannerOrder, PoolCapacity, announced, counted,
     lendable, planner_order,
 };
-use crate::capacity_index::{PodIndex, Tally};
-
-/// Names of the member nodes whose view or pods changed since the pool models last looked,
-/// or `all` after a re-list.
-#[derive(Debug, Clone, Default)]
-pub struct Touched {
-    names: HashSet<String>,
-    all: bool,
-}
-
-impl Touched {
-    pub fn note(&mut self, node: &str) {
-        if !self.all && !self.names.contains(node) {
-            self.names.insert(node.to_owned());
-        }
-    }
-
-    /// Everything may have changed (a re-list): the models start over.
-    pub fn note_all(&mut self) {
-        self.all = true;
-        self.names.clear();
-    }
-
-    /// Whether nothing was noted.
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.names.is_empty()
-    }
-
-    /// What was noted, leaving nothing noted.
-    pub fn take(&mut self) -> Touched {
-        std::mem::take(self)
-    }
-
-    /// What either noted.
-    pub fn joined(mut self, other: Touched) -> Touched {
-        if other.all {
-            self.note_all();
-        }
-        for name in &other.names {
-            self.note(name);
-        }
-        self
-    }
-}
 
 /// What one member node of the pool adds to its sums, kept to take it out again.
 #[derive(Debug)]
