@@ -100,7 +100,9 @@ fn views(nodes: &Store<Node>) -> Vec<NodeView> {
 /// Until the training cluster serves Kueue's ClusterQueues.
 async fn served(ctx: &Context) {
     loop {
-        match tidepool_federation::discovery::serves(&ctx.training, &format!("{GROUP}/{VERSION}"), "clusterqueues").await {
+        match tidepool_federation::discovery::serves(&ctx.training, &format!("{GROUP}/{VERSION}"), "clusterqueues")
+            .await
+        {
             Ok(true) => return,
             Ok(false) => debug!("the training cluster serves no Kueue API (yet)"),
             Err(e) => warn!(error = %e, "cannot ask the training cluster whether it serves Kueue"),

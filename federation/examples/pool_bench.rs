@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use tidepool_api::Resources;
 use tidepool_api::crd::PoolMode;
-use tidepool_federation::capacity::{CapacityPolicy, NodeView, OnlineDemand, PodView, pool_capacity_in};
 use tidepool_federation::capacity::index::PodIndex;
 use tidepool_federation::capacity::index::Touched;
 use tidepool_federation::capacity::pool::PoolModel;
+use tidepool_federation::capacity::{CapacityPolicy, NodeView, OnlineDemand, PodView, pool_capacity_in};
 
 /// Computations per batch, and batches per row (the median is printed).
 const BATCH: u32 = 200;

@@ -552,7 +552,9 @@ async fn start_session(
         session.fence.cancel();
         return Ok(handle);
     }
-    handle.tasks.spawn("MemberCluster capacity status", publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
+    handle
+        .tasks
+        .spawn("MemberCluster capacity status", publish_capacity(ctx.training.clone(), name.clone(), handle.clone()));
     handle.tasks.spawn("status follower", follow_health(handle.clone(), ctx.trigger.clone(), ObjectRef::from_obj(mc)));
     ctx.sessions()?.insert(name.clone(), session);
     publish(ctx)?;

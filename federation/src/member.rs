@@ -5,44 +5,28 @@
 //! capacity model, [`crate::capacity`]) and its eviction-request watch; dropping it stops
 //! them all.
 
-
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
-use tidepool_api::sync::Locked;
 use tidepool_api::{MemberName, PoolName, VirtualNodeName};
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tracing::error;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use tidepool_api::Resources;
 use tidepool_api::metrics::metrics;
 
-use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, worth_publishing,
-};
-use crate::capacity::index::{PodIndex, Touched};
-use crate::health::Health;
-use crate::pod_network::PodNetwork;
 use crate::capacity::pool::PoolModel;
-use crate::priority::{PriorityConflict, offload_ceiling};
-use crate::capacity::wire::{MemberNode, MemberPod};
 use crate::capacity::publisher::{PoolOut, run_publisher};
 use crate::capacity::watches::{Caches, Signals};
+use crate::capacity::{CapacityPolicy, PoolCapacity};
+use crate::health::Health;
 use crate::member_tasks::MemberTasks;
+use crate::pod_network::PodNetwork;
+use crate::priority::PriorityConflict;
 use crate::view_cache::Wakeups;
 
 /// A connected member as the rest of tidepool sees it.
@@ -185,7 +169,6 @@ impl Drop for Session {
     }
 }
 
-
 impl Session {
     /// Starts the member's watches and its capacity publisher. The caller has already
     /// checked that it answers.
@@ -200,7 +183,10 @@ impl Session {
         let cancelled = CancellationToken::new();
         let (health_tx, health) = watch::channel(Health::default());
         let tasks = MemberTasks::new(name.clone(), health_tx.clone(), cancelled.clone());
-        tasks.spawn("health probe", crate::health::run(client.clone(), health_tx.clone(), options.loss_timeout, cancelled.clone()));
+        tasks.spawn(
+            "health probe",
+            crate::health::run(client.clone(), health_tx.clone(), options.loss_timeout, cancelled.clone()),
+        );
         let modes: Vec<PoolMode> = pools.iter().map(|p| p.mode).collect();
         let caches = Caches::watch(&client, &modes, policy.hpa_percent > 0, &tasks);
         let (handles, outs): (Vec<_>, Vec<_>) = pools.iter().map(|pool| pool_channel(&name, pool)).unzip();

@@ -3,40 +3,18 @@
 //! one ([`spawn_cache`]) and how it wakes its reader ([`Wakeups`]). Used by the capacity
 //! model's watches and by the eviction requests' watch.
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
+use kube::{Api, Client};
 use tidepool_api::sync::Locked;
-use tidepool_api::{MemberName, PoolName, VirtualNodeName};
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tokio::sync::Notify;
+use tracing::{error, warn};
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use tidepool_api::Resources;
-use tidepool_api::metrics::metrics;
-
-use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, worth_publishing,
-};
-use crate::capacity::index::PodIndex;
-use crate::health::Health;
-use crate::pod_network::PodNetwork;
-use crate::capacity::index::Touched;
-use crate::capacity::pool::PoolModel;
-use crate::priority::{PriorityConflict, offload_ceiling};
 use crate::member_tasks::MemberTasks;
 
 /// Set by the watches, taken by the capacity publisher.
@@ -159,7 +137,10 @@ impl<K: Eq + Hash, V, D> ViewCache<K, V, D> {
 }
 
 /// The view of one watch event; `None` for an object the view leaves out.
-pub(crate) fn view_event<T, K, V>(event: watcher::Event<T>, view: fn(&T) -> Option<(K, V)>) -> Option<watcher::Event<(K, V)>> {
+pub(crate) fn view_event<T, K, V>(
+    event: watcher::Event<T>,
+    view: fn(&T) -> Option<(K, V)>,
+) -> Option<watcher::Event<(K, V)>> {
     match event {
         watcher::Event::Apply(o) => view(&o).map(watcher::Event::Apply),
         watcher::Event::Delete(o) => view(&o).map(watcher::Event::Delete),
@@ -189,36 +170,33 @@ pub(crate) fn spawn_cache<T, K, V, D, S>(
 {
     let (cache, wakeups) = (cache.clone(), wakeups.clone());
     let mut events = Box::pin(events.take_until(tasks.cancelled().clone().cancelled_owned()));
-    tasks.spawn(
-        what,
-        async move {
-            while let Some(event) = events.next().await {
-                let event = match event {
-                    Ok(event) => event,
-                    Err(e) => {
-                        warn!(error = %e, "member watch failed; retrying with backoff");
-                        continue;
-                    }
-                };
-                let Some(e) = view_event(event, view) else { continue };
-                let demand =
-                    matches!(&e, watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) if online_demand(v));
-                let changed = match cache.locked("member view") {
-                    Ok(mut c) => c.apply(e),
-                    Err(e) => {
-                        error!(error = %e, "member watch stopped");
-                        return;
-                    }
-                };
-                if changed {
-                    if demand {
-                        wakeups.demand.store(true, Ordering::Relaxed);
-                    }
-                    wakeups.changed.notify_one();
+    tasks.spawn(what, async move {
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    warn!(error = %e, "member watch failed; retrying with backoff");
+                    continue;
                 }
+            };
+            let Some(e) = view_event(event, view) else { continue };
+            let demand =
+                matches!(&e, watcher::Event::Apply((_, v)) | watcher::Event::Delete((_, v)) if online_demand(v));
+            let changed = match cache.locked("member view") {
+                Ok(mut c) => c.apply(e),
+                Err(e) => {
+                    error!(error = %e, "member watch stopped");
+                    return;
+                }
+            };
+            if changed {
+                if demand {
+                    wakeups.demand.store(true, Ordering::Relaxed);
+                }
+                wakeups.changed.notify_one();
             }
-        },
-    );
+        }
+    });
 }
 
 #[cfg(test)]

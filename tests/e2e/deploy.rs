@@ -555,16 +555,33 @@ async fn member_slices_are_held_to_tidepools(lp_member: &Client, offload_ns: &st
         .unwrap()
     };
     let plain = json!({"addresses": ["10.250.0.7"], "hostname": "trainer-0"});
-    slices.create(&dry, &slice("tidepool.io", true, plain.clone())).await.expect("member: a native slice as tidepool writes it");
-    let node = Api::<Node>::all(lp_member.clone()).list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
+    slices
+        .create(&dry, &slice("tidepool.io", true, plain.clone()))
+        .await
+        .expect("member: a native slice as tidepool writes it");
+    let node = Api::<Node>::all(lp_member.clone()).list(&ListParams::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
     for (what, s) in [
-        ("member: a slice as the member's own controller's", slice("endpointslice-controller.k8s.io", true, plain.clone())),
+        (
+            "member: a slice as the member's own controller's",
+            slice("endpointslice-controller.k8s.io", true, plain.clone()),
+        ),
         ("member: a slice owned by nothing", slice("tidepool.io", false, plain)),
         (
             "member: a slice naming a member pod",
-            slice("tidepool.io", true, json!({"addresses": ["10.250.0.7"], "targetRef": {"kind": "Pod", "name": "online-0", "namespace": "prod"}})),
+            slice(
+                "tidepool.io",
+                true,
+                json!({"addresses": ["10.250.0.7"], "targetRef": {"kind": "Pod", "name": "online-0", "namespace": "prod"}}),
+            ),
         ),
-        ("member: a slice naming a member node", slice("tidepool.io", true, json!({"addresses": ["10.250.0.7"], "nodeName": node}))),
+        (
+            "member: a slice naming a member node",
+            slice("tidepool.io", true, json!({"addresses": ["10.250.0.7"], "nodeName": node})),
+        ),
     ] {
         refused_by_policy(slices.create(&dry, &s).await, what);
     }

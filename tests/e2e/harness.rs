@@ -6,18 +6,18 @@
 //! skip silently.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::MemberCluster;

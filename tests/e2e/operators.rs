@@ -197,8 +197,9 @@ impl Bridge {
             mc.spec.pools = vec![real_pool(&env)];
             apply_member_cluster(&training, &mc).await;
         }
-        let dispatcher =
-            format!("deficitHysteresisSeconds: 1, reclaimGraceSeconds: {{high: 180, medium: 180, low: 180}}{dispatcher}");
+        let dispatcher = format!(
+            "deficitHysteresisSeconds: 1, reclaimGraceSeconds: {{high: 180, medium: 180, low: 180}}{dispatcher}"
+        );
         let tidepool = Tidepool::start_config(&env, test, ns, &dispatcher, &kubelet_config(&env));
         let b = Bridge { env, training, members, ns: ns.to_owned(), test: test.to_owned(), _tidepool: tidepool };
         for i in 0..2 {

@@ -163,14 +163,17 @@ impl<'a> Elastic<'a> {
         let on_a = on_a.as_str();
         let pods = wait_for(WAIT, &what, || async move {
             let pods = self.b.live(&self.selector).await;
-            let on = |p: &Pod, i: u32, node: &str| p.name_any() == self.worker(i) && phase(p) == "Running" && node_of(p) == node;
+            let on = |p: &Pod, i: u32, node: &str| {
+                p.name_any() == self.worker(i) && phase(p) == "Running" && node_of(p) == node
+            };
             let placed =
                 pods.iter().filter(|p| on(p, 0, core_node) || on(p, 1, core_node) || on(p, 2, on_a) || on(p, 3, on_a));
             (pods.len() == 4 && placed.count() == 4).then_some(pods)
         })
         .await;
         let w0 = self.worker(0);
-        wait_for(WAIT, "the job at 4", || async { worlds(&self.b.log(&w0, None).await).contains(&4).then_some(()) }).await;
+        wait_for(WAIT, "the job at 4", || async { worlds(&self.b.log(&w0, None).await).contains(&4).then_some(()) })
+            .await;
         let steps = self.b.await_steps(&w0, None, 2).await;
         (pods, steps)
     }
@@ -202,8 +205,14 @@ impl<'a> Elastic<'a> {
             explain(self.b, &self.b.ns, &self.selector, &[&w0, &self.worker(1)]).await;
             panic!("timed out after {WAIT:?} waiting for the job to re-form at 2 and train");
         }
-        let running: Vec<_> =
-            self.b.live(&self.selector).await.into_iter().filter(|p| phase(p) == "Running").map(|p| p.name_any()).collect();
+        let running: Vec<_> = self
+            .b
+            .live(&self.selector)
+            .await
+            .into_iter()
+            .filter(|p| phase(p) == "Running")
+            .map(|p| p.name_any())
+            .collect();
         println!("running on the floor: {running:?}");
         assert!(running.contains(&w0) && running.contains(&self.worker(1)), "the core kept running");
     }

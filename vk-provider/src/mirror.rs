@@ -29,8 +29,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::context::{Context, OffloadWatch};
-use crate::native_slices::NativePod;
-use crate::services::{self, MirrorTarget, Step};
+use crate::services::{self, MirrorTarget, NativePod, Step, key_of};
 
 /// Safety-net pass interval.
 const PERIOD: Duration = Duration::from_secs(30);
@@ -59,7 +58,8 @@ pub(crate) async fn run(ctx: Arc<Context>, watch: OffloadWatch, mut trigger: mps
         }
     });
     // Native pods coming, going or changing address change the native slices.
-    let mut native_changes = std::pin::pin!(ctx.training_pods.subscribe().filter(|e| std::future::ready(touches_native(e))));
+    let mut native_changes =
+        std::pin::pin!(ctx.training_pods.subscribe().filter(|e| std::future::ready(touches_native(e))));
     let mut state = State::default();
     loop {
         tokio::select! {
@@ -198,10 +198,6 @@ async fn mirrors_in(
         }
     }
     Ok(existing)
-}
-
-pub(crate) fn key_of(m: &ObjectMeta) -> (String, String) {
-    (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
 }
 
 /// This member's offload namespaces (this instance's, with its prefix: other members may

@@ -14,9 +14,8 @@ use tidepool_api::pod::PodLite;
 use tracing::{debug, info, warn};
 
 use crate::context::{Context, OffloadWatch};
-use crate::mirror::key_of;
-use crate::native_slices::{self, NativePod, SliceStep};
-use crate::services;
+use crate::native_slices::{self, SliceStep};
+use crate::services::{self, NativePod, key_of};
 
 /// The training pods the dispatcher placed natively that have an address.
 pub(crate) fn native_pods(ctx: &Context) -> Vec<Arc<PodLite>> {
@@ -85,7 +84,9 @@ async fn slices_in(
     );
     let mut existing = Vec::new();
     for ns in namespaces {
-        match Api::<EndpointSlice>::namespaced(member.client.clone(), ns).list(&ListParams::default().labels(&selector)).await
+        match Api::<EndpointSlice>::namespaced(member.client.clone(), ns)
+            .list(&ListParams::default().labels(&selector))
+            .await
         {
             Ok(list) => existing.extend(list.items),
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => {

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tidepool_api::pod::PodAddress;
 
-use crate::services::{mirrorable, selects};
+use crate::services::{NativePod, key_of, mirrorable, selects};
 
 /// The `kubernetes.io/service-name` label: the Service a slice belongs to.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -36,21 +36,6 @@ pub const SLICE_MANAGER: &str = "tidepool.io";
 /// Suffix of a native slice's name: six letters, where the member's controller appends five
 /// random ones to the Service's name, so the two never collide.
 pub const SLICE_SUFFIX: &str = "-native";
-
-/// A native pod of the training cluster: its namespace, labels and address.
-#[derive(Debug, Clone, Copy)]
-pub struct NativePod<'a> {
-    pub namespace: &'a str,
-    pub labels: Option<&'a BTreeMap<String, String>>,
-    pub address: &'a PodAddress,
-}
-
-/// Whether training Service `svc` selects one of the `native` pods: then, where the member
-/// runs a copy in its namespace, the Service is mirrored for the native pods' sake too.
-pub fn selects_native(svc: &Service, native: &[NativePod<'_>]) -> bool {
-    let (Some(ns), Some(selector)) = (svc.metadata.namespace.as_deref(), mirrorable(svc)) else { return false };
-    native.iter().any(|p| p.namespace == ns && selects(selector, p.labels))
-}
 
 /// The native slice of `mirror` (as it is in the member, with its UID), made from its
 /// training Service `svc`: the `native` pods `svc` selects, or `None` when it selects none.
@@ -102,10 +87,8 @@ fn family_of(ip: &str) -> Option<&'static str> {
 /// controller derives them, and its hostname when its subdomain is the Service's name.
 fn endpoint(address: &PodAddress, family: &str, service: &str, publish_not_ready: bool) -> Option<Endpoint> {
     let ip = address.ips.iter().find(|ip| family_of(ip) == Some(family))?;
-    let hostname = address
-        .hostname
-        .clone()
-        .filter(|h| address.subdomain.as_deref() == Some(service) && is_dns_label(h));
+    let hostname =
+        address.hostname.clone().filter(|h| address.subdomain.as_deref() == Some(service) && is_dns_label(h));
     Some(Endpoint {
         addresses: vec![ip.clone()],
         conditions: Some(EndpointConditions {
@@ -154,15 +137,10 @@ pub enum SliceStep {
     Delete(String, String),
 }
 
-fn key_of(meta: &ObjectMeta) -> (String, String) {
-    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
-}
-
 /// The writes that turn `existing` (this instance's native slices in the member) into
 /// `desired`: a slice whose endpoints, ports, labels and owner are as wanted is left alone.
 pub fn plan(desired: &[EndpointSlice], existing: &[EndpointSlice]) -> Vec<SliceStep> {
-    let have: BTreeMap<(String, String), &EndpointSlice> =
-        existing.iter().map(|s| (key_of(&s.metadata), s)).collect();
+    let have: BTreeMap<(String, String), &EndpointSlice> = existing.iter().map(|s| (key_of(&s.metadata), s)).collect();
     let mut steps = Vec::new();
     for slice in desired {
         match have.get(&key_of(&slice.metadata)) {
@@ -183,9 +161,8 @@ pub fn plan(desired: &[EndpointSlice], existing: &[EndpointSlice]) -> Vec<SliceS
 }
 
 fn same(a: &EndpointSlice, b: &EndpointSlice) -> bool {
-    let owners = |s: &EndpointSlice| {
-        s.metadata.owner_references.iter().flatten().map(|o| o.uid.clone()).collect::<Vec<_>>()
-    };
+    let owners =
+        |s: &EndpointSlice| s.metadata.owner_references.iter().flatten().map(|o| o.uid.clone()).collect::<Vec<_>>();
     a.address_type == b.address_type
         && a.endpoints.clone().unwrap_or_default() == b.endpoints.clone().unwrap_or_default()
         && a.ports.clone().unwrap_or_default() == b.ports.clone().unwrap_or_default()
@@ -196,7 +173,7 @@ fn same(a: &EndpointSlice, b: &EndpointSlice) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::services::{MirrorTarget, mirrored_service};
+    use crate::services::{MirrorTarget, mirrored_service, selects_native};
     use serde_json::json;
 
     fn worker0() -> Service {

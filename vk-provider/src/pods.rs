@@ -492,7 +492,8 @@ struct Known {
     pool: PoolHandle,
     namespace: String,
     member_ns: String,
-    health: tidepool_federation::Health,
+    /// Boxed: a reconcile waiting for a write slot holds it (see `future_sizes`).
+    health: Box<tidepool_federation::Health>,
     existing: Option<Arc<OffloadPod>>,
     step: Step,
 }
@@ -507,7 +508,7 @@ impl Known {
         let member_ns = watch.member.namespaces.member_ns(&namespace);
         // The member's health (see tidepool_federation::health) first: a member that does
         // not answer is not waited for.
-        let health = watch.member.health.borrow().clone();
+        let health = Box::new(watch.member.health.borrow().clone());
         let listed = health.is_answering() && watch.store.listed(Duration::from_secs(10)).await;
         let existing = watch.store.get(&member_ns, &pod.name_any());
         let handed_over = ctx.handed_over(pod)?;

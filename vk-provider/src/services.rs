@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 use tidepool_api::keys;
 
-use crate::native_slices::{NativePod, selects_native};
+use tidepool_api::pod::PodAddress;
 
 /// The label key a copy carries for training label key `key`: `svc.tidepool.io/k-<hash>`
 /// (16 hex digits of its SHA-256). Fixed length, so any key fits a label name.
@@ -59,6 +59,21 @@ pub fn selects(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<Str
 
 /// A training Service: namespace and name.
 pub type ServiceKey = (String, String);
+
+/// A native pod of the training cluster: its namespace, labels and address.
+#[derive(Debug, Clone, Copy)]
+pub struct NativePod<'a> {
+    pub namespace: &'a str,
+    pub labels: Option<&'a BTreeMap<String, String>>,
+    pub address: &'a PodAddress,
+}
+
+/// Whether training Service `svc` selects one of the `native` pods: then, where the member
+/// runs a copy in its namespace, the Service is mirrored for the native pods' sake too.
+pub fn selects_native(svc: &Service, native: &[NativePod<'_>]) -> bool {
+    let (Some(ns), Some(selector)) = (svc.metadata.namespace.as_deref(), mirrorable(svc)) else { return false };
+    native.iter().any(|p| p.namespace == ns && selects(selector, p.labels))
+}
 
 /// The training Services to mirror into a member: those that select a training pod with a
 /// copy there, and those that select a native pod of a namespace with a copy there (its
@@ -185,7 +200,8 @@ pub enum Step {
     Delete(String, String),
 }
 
-fn key_of(meta: &ObjectMeta) -> (String, String) {
+/// A namespaced object's namespace and name.
+pub fn key_of(meta: &ObjectMeta) -> (String, String) {
     (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
 }
 
@@ -233,7 +249,6 @@ pub fn updated(existing: &Service, desired: &Service) -> Service {
 mod tests {
     use super::*;
     use serde_json::json;
-    use tidepool_api::pod::PodAddress;
 
     fn service(v: serde_json::Value) -> Service {
         serde_json::from_value(v).unwrap()
@@ -352,7 +367,10 @@ mod tests {
         let native = [NativePod { namespace: "team-a", labels: Some(&master_labels), address: &address }];
         let worker_copy = vec![("team-a".to_owned(), labels(&[("role", "worker")]))];
         let want = |ns: &str, name: &str| (ns.to_owned(), name.to_owned());
-        assert_eq!(wanted(&services, &worker_copy, &native), BTreeSet::from([want("team-a", "job-master"), want("team-a", "w")]));
+        assert_eq!(
+            wanted(&services, &worker_copy, &native),
+            BTreeSet::from([want("team-a", "job-master"), want("team-a", "w")])
+        );
         // No copy in the namespace: the native pods alone mirror nothing.
         let elsewhere = vec![("team-b".to_owned(), labels(&[("role", "worker")]))];
         assert!(wanted(&services, &elsewhere, &native).is_empty());

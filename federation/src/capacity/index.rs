@@ -36,6 +36,16 @@ impl Touched {
         self.names.clear();
     }
 
+    /// Whether everything was noted (a re-list).
+    pub fn is_all(&self) -> bool {
+        self.all
+    }
+
+    /// The names noted (none when [`Touched::is_all`]).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
     /// Whether nothing was noted.
     pub fn is_empty(&self) -> bool {
         !self.all && self.names.is_empty()
@@ -301,12 +311,13 @@ impl Derived<PodCapacityKey, PodView> for PodIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{
-        CapacityPolicy, HardTaint, HpaView, NodeView, OnlineDemand, OnlineParts, ReplicasToCome, Window, pool_capacity_in,
-    };
-    use crate::view_cache::ViewCache;
     use crate::capacity::pool::PoolModel;
+    use crate::capacity::{
+        CapacityPolicy, HardTaint, HpaView, NodeView, OnlineDemand, OnlineParts, ReplicasToCome, Window,
+        pool_capacity_in,
+    };
     use crate::priority::priority_conflict;
+    use crate::view_cache::ViewCache;
     use kube::runtime::watcher::Event;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
@@ -488,7 +499,8 @@ mod tests {
                     reserve: reserve.clone(),
                 });
                 let open = window.as_ref().is_some_and(|(_, open)| *open);
-                let now: jiff::Timestamp = if open { "2026-12-05T12:30:00Z" } else { "2026-12-05T06:00:00Z" }.parse().unwrap();
+                let now: jiff::Timestamp =
+                    if open { "2026-12-05T12:30:00Z" } else { "2026-12-05T06:00:00Z" }.parse().unwrap();
                 let policy = CapacityPolicy {
                     reserve: resources(&[Some(500), None, Some(1000)]),
                     watermark_percent,

@@ -7,10 +7,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use tidepool_api::Resources;
 use tidepool_api::colocation::Colocation;
-use tidepool_api::crd::{PoolMode, PoolToleration};
-use tidepool_api::{Resources, keys};
+use tidepool_api::crd::PoolToleration;
 
 use super::*;
 

@@ -74,7 +74,7 @@ impl PoolModel {
 
     /// Brings the model up to date with the `touched` nodes; `nodes` holds every node view.
     pub fn catch_up(&mut self, touched: &Touched, nodes: &HashMap<String, NodeView>, index: &PodIndex) {
-        if touched.all {
+        if touched.is_all() {
             self.members.clear();
             self.records.clear();
             (self.allocatable, self.online, self.used) = Default::default();
@@ -84,7 +84,7 @@ impl PoolModel {
             }
             return;
         }
-        for name in &touched.names {
+        for name in touched.names() {
             self.update(name, nodes.get(name), index);
         }
     }

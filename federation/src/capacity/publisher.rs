@@ -2,42 +2,19 @@
 //! change, spaced by what a computation costs, and publishes what is due on each pool's
 //! channel (small drifts wait, see [`super::publish`]).
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
-use tidepool_api::sync::Locked;
-use tidepool_api::{MemberName, PoolName, VirtualNodeName};
-use tokio::sync::{Notify, watch};
+use tidepool_api::MemberName;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tracing::debug;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use tidepool_api::Resources;
 use tidepool_api::metrics::metrics;
 
+use crate::capacity::{PUBLISH_MAX_INTERVAL, PoolCapacity, worth_publishing};
 use crate::view_cache::Wakeups;
-use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, worth_publishing,
-};
-use crate::capacity::index::PodIndex;
-use crate::health::Health;
-use crate::pod_network::PodNetwork;
-use crate::capacity::index::Touched;
-use crate::capacity::pool::PoolModel;
-use crate::priority::{PriorityConflict, offload_ceiling};
-use crate::capacity::wire::{MemberNode, MemberPod};
 
 /// Shortest spacing of two capacity computations: the events of a burst that arrive
 /// within it cost one computation.
@@ -66,9 +43,6 @@ pub(crate) fn coalesce_after(cost: Duration, short: bool) -> Duration {
     cost.saturating_mul(10).clamp(least, COALESCE_MAX)
 }
 
-
-}
-
 /// What becomes of a pool's newly computed capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Publication {
@@ -83,7 +57,12 @@ pub(crate) enum Publication {
 /// Whether `next` goes out now, given the published `current`, how long ago the pool last
 /// published and whether a gang waits for capacity (`wanted`): room that grows may be what it
 /// waits for. Pure.
-pub(crate) fn publication(current: &PoolCapacity, next: &PoolCapacity, since_published: Duration, wanted: bool) -> Publication {
+pub(crate) fn publication(
+    current: &PoolCapacity,
+    next: &PoolCapacity,
+    since_published: Duration,
+    wanted: bool,
+) -> Publication {
     if current == next {
         Publication::Unchanged
     } else if since_published < PUBLISH_MAX_INTERVAL
@@ -229,6 +208,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use tidepool_api::Resources;
 
     fn pool(cpu: &str, gpus: &str, used_gpus: &str) -> PoolCapacity {
         PoolCapacity {

@@ -3,14 +3,9 @@
 //! incrementally ([`super::pool::PoolModel`]), and the property test in [`super::index`]
 //! holds the two equal.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use tidepool_api::colocation::Colocation;
 use tidepool_api::crd::{PoolMode, PoolToleration};
-use tidepool_api::{Resources, keys};
 
 use super::*;
 

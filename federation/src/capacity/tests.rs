@@ -1,8 +1,13 @@
 //! Tests of the capacity model: the views, the policy, publication and the reference model.
 
 use super::*;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
+use tidepool_api::crd::{PoolMode, PoolToleration};
+use tidepool_api::{Resources, keys};
 
 fn node(name: &str, alloc: &[(&str, &str)]) -> NodeView {
     NodeView {
@@ -47,8 +52,7 @@ fn online_demand_counts_for_a_dedicated_pool_only_if_it_tolerates_the_taint() {
 #[test]
 fn a_tainted_node_lends_only_to_a_pool_whose_copies_tolerate_its_taints() {
     let mut dedicated = node("dedicated", &[("cpu", "8")]);
-    dedicated.taints =
-        vec![HardTaint { key: "lend".into(), value: Some("yes".into()), effect: "NoSchedule".into() }];
+    dedicated.taints = vec![HardTaint { key: "lend".into(), value: Some("yes".into()), effect: "NoSchedule".into() }];
     let nodes = [node("plain", &[("cpu", "4")]), dedicated];
     let untolerated: Vec<&NodeView> = nodes.iter().filter(|n| n.tolerated_by(&[])).collect();
     assert_eq!(
@@ -247,13 +251,7 @@ fn policy(reserve: &[(&str, &str)], watermark: u32) -> CapacityPolicy {
     CapacityPolicy { reserve: r(reserve), watermark_percent: watermark, ..Default::default() }
 }
 
-fn under(
-    nodes: &[NodeView],
-    pods: &[PodView],
-    policy: &CapacityPolicy,
-    hpas: &[HpaView],
-    now: &str,
-) -> PoolCapacity {
+fn under(nodes: &[NodeView], pods: &[PodView], policy: &CapacityPolicy, hpas: &[HpaView], now: &str) -> PoolCapacity {
     let demand = OnlineDemand { policy, hpas, to_come: &[], now: now.parse().unwrap() };
     pool_capacity_under(nodes, pods, &BTreeMap::new(), &demand)
 }
@@ -309,15 +307,11 @@ fn a_window_reserves_from_exactly_its_lead_time_before_the_start() {
 #[test]
 fn hpa_headroom_is_growth_times_replica_requests_times_factor() {
     let nodes = [node("a", &[("cpu", "64")])];
-    let hpa =
-        HpaView { max_replicas: 10, current_replicas: 4, per_replica: r(&[("cpu", "2")]), ..Default::default() };
+    let hpa = HpaView { max_replicas: 10, current_replicas: 4, per_replica: r(&[("cpu", "2")]), ..Default::default() };
     let mut p = policy(&[], 100);
     p.hpa_percent = 50;
     // (10 − 4) × 2 cpu × 50% = 6 cpu.
-    assert_eq!(
-        under(&nodes, &[], &p, std::slice::from_ref(&hpa), "2026-11-30T12:00:00Z").capacity.get("cpu"),
-        58_000
-    );
+    assert_eq!(under(&nodes, &[], &p, std::slice::from_ref(&hpa), "2026-11-30T12:00:00Z").capacity.get("cpu"), 58_000);
     // An HPA whose pods cannot land in the pool holds nothing back there.
     let elsewhere = HpaView { node_selector: BTreeMap::from([("pool".into(), "cpu".into())]), ..hpa };
     assert_eq!(under(&nodes, &[], &p, &[elsewhere], "2026-11-30T12:00:00Z").capacity.get("cpu"), 64_000);
@@ -423,10 +417,7 @@ fn requests_follow_the_scheduler_rules() {
     }))
     .unwrap();
     // containers: cpu 1.5, gpu 2; init max cpu 4; sidecar memory; overhead 100m; one pod.
-    assert_eq!(
-        pod_requests(&spec),
-        r(&[("cpu", "4100m"), ("nvidia.com/gpu", "2"), ("memory", "1Gi"), ("pods", "1")])
-    );
+    assert_eq!(pod_requests(&spec), r(&[("cpu", "4100m"), ("nvidia.com/gpu", "2"), ("memory", "1Gi"), ("pods", "1")]));
 }
 
 proptest! {
@@ -629,15 +620,7 @@ fn model(c: &Case) -> Expected {
         [Some(m)] => Some(format!("model-{m}")),
         _ => None,
     };
-    Expected {
-        capacity,
-        used,
-        held_back: held,
-        nodes: in_pool.len() as u32,
-        gpu_product,
-        free_per_node: free,
-        placed,
-    }
+    Expected { capacity, used, held_back: held, nodes: in_pool.len() as u32, gpu_product, free_per_node: free, placed }
 }
 
 /// The same case as views, through the function under test.
@@ -647,8 +630,7 @@ fn product(c: &Case) -> Expected {
         .iter()
         .enumerate()
         .map(|(i, (ready, cordoned, gpu_label, gpu_model, alloc))| {
-            let mut labels =
-                BTreeMap::from([("pool".to_owned(), if *gpu_label { "gpu" } else { "cpu" }.to_owned())]);
+            let mut labels = BTreeMap::from([("pool".to_owned(), if *gpu_label { "gpu" } else { "cpu" }.to_owned())]);
             if let Some(m) = gpu_model {
                 labels.insert(GPU_PRODUCT_LABEL.to_owned(), format!("model-{m}"));
             }
@@ -777,20 +759,18 @@ fn arb_case() -> impl Strategy<Value = Case> {
         window,
         0i64..(2 * 86_400),
     )
-        .prop_map(
-            |(nodes, pods, gpu_pool, reserve, watermark, hpa_percent, hpas, to_come, window, now)| Case {
-                nodes,
-                pods,
-                gpu_pool,
-                reserve,
-                watermark,
-                hpa_percent,
-                hpas,
-                to_come,
-                window,
-                now,
-            },
-        )
+        .prop_map(|(nodes, pods, gpu_pool, reserve, watermark, hpa_percent, hpas, to_come, window, now)| Case {
+            nodes,
+            pods,
+            gpu_pool,
+            reserve,
+            watermark,
+            hpa_percent,
+            hpas,
+            to_come,
+            window,
+            now,
+        })
 }
 
 proptest! {

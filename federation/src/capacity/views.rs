@@ -1,16 +1,12 @@
 //! What the capacity model reads of a member's nodes and pods: [`NodeView`] and [`PodView`],
 //! made from the objects the member watches decode ([`super::wire`]).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use tidepool_api::colocation::Colocation;
-use tidepool_api::crd::{PoolMode, PoolToleration};
+use tidepool_api::crd::PoolToleration;
 use tidepool_api::{Resources, keys};
-
-use super::*;
 
 /// What the capacity model needs of a member node.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -2,44 +2,26 @@
 //! change), HPAs and workloads, each into its [`super::cache::ViewCache`], and the
 //! computation of every pool's capacity from them.
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
+use kube::{Client, ResourceExt};
+use tidepool_api::crd::PoolMode;
 use tidepool_api::sync::Locked;
-use tidepool_api::{MemberName, PoolName, VirtualNodeName};
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tokio::sync::watch;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use tidepool_api::Resources;
-use tidepool_api::metrics::metrics;
 
-use crate::capacity::workloads::{HpaRef, Template, WorkloadKey, hpa_view, join_hpas, replicas_to_come, template_view};
-use crate::member_tasks::MemberTasks;
-use crate::view_cache::{ViewCache, Wakeups, spawn_cache, watch_all};
-use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, worth_publishing,
-};
 use crate::capacity::index::PodIndex;
-use crate::health::Health;
-use crate::pod_network::PodNetwork;
 use crate::capacity::index::Touched;
 use crate::capacity::pool::PoolModel;
-use crate::priority::{PriorityConflict, offload_ceiling};
 use crate::capacity::wire::{MemberNode, MemberPod};
+use crate::capacity::workloads::{HpaRef, Template, WorkloadKey, hpa_view, join_hpas, replicas_to_come, template_view};
+use crate::capacity::{CapacityPolicy, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity};
+use crate::member_tasks::MemberTasks;
+use crate::pod_network::PodNetwork;
+use crate::priority::{PriorityConflict, offload_ceiling};
+use crate::view_cache::{ViewCache, Wakeups, spawn_cache, watch_all};
 
 /// The trimmed views of one member's watches, and how the watches wake the capacity
 /// publisher.
@@ -141,3 +123,4 @@ pub(crate) struct Signals {
     pub(crate) conflict: watch::Sender<Option<PriorityConflict>>,
     /// The pod network of the member's nodes ([`crate::pod_network`]).
     pub(crate) pod_network: watch::Sender<PodNetwork>,
+}

@@ -2,42 +2,18 @@
 //! may still grow) and replicas to come (asked for, no pod yet), from the HPA, Deployment
 //! and StatefulSet views. Pure.
 
-#![allow(unused_imports)]
-use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::BTreeMap;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tidepool_api::crd::{PoolMode, PoolSpec, PoolToleration};
-use tidepool_api::sync::Locked;
-use tidepool_api::{MemberName, PoolName, VirtualNodeName};
-use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use kube::ResourceExt;
+use tidepool_api::crd::PoolToleration;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use tidepool_api::Resources;
-use tidepool_api::metrics::metrics;
 
-use crate::view_cache::ViewCache;
-use crate::capacity::{
-    CapacityPolicy, HpaView, NodeView, OnlineDemand, PUBLISH_MAX_INTERVAL, PodCapacityKey, PodView, PoolCapacity,
-    ReplicasToCome, pod_requests, worth_publishing,
-};
 use crate::capacity::index::PodIndex;
-use crate::health::Health;
-use crate::pod_network::PodNetwork;
-use crate::capacity::index::Touched;
-use crate::capacity::pool::PoolModel;
-use crate::priority::{PriorityConflict, offload_ceiling};
-use crate::capacity::wire::{MemberNode, MemberPod};
+use crate::capacity::{HpaView, ReplicasToCome, pod_requests};
+use crate::view_cache::ViewCache;
 
 /// Namespace, kind and name of an HPA's scale target.
 pub(crate) type WorkloadKey = (String, String, String);
@@ -93,7 +69,10 @@ pub(crate) fn template_view(
     ))
 }
 
-pub(crate) fn join_hpas(hpas: &ViewCache<WorkloadKey, HpaRef>, templates: &ViewCache<WorkloadKey, Template>) -> Vec<HpaView> {
+pub(crate) fn join_hpas(
+    hpas: &ViewCache<WorkloadKey, HpaRef>,
+    templates: &ViewCache<WorkloadKey, Template>,
+) -> Vec<HpaView> {
     hpas.values()
         .filter_map(|h| {
             let t = templates.get(&h.target)?;
@@ -138,6 +117,11 @@ pub(crate) fn replicas_to_come(templates: &ViewCache<WorkloadKey, Template>, pod
 mod tests {
     use super::*;
     use crate::capacity::OnlineParts;
+    use crate::capacity::PodView;
+    use crate::priority::offload_ceiling;
+    use kube::runtime::watcher;
+    use tidepool_api::crd::PoolMode;
+    #[test]
     fn hpa_headroom_counts_from_the_replicas_already_asked_for() {
         let target: WorkloadKey = ("ns".into(), "Deployment".into(), "web".into());
         let mut hpas = ViewCache::default();
