@@ -150,6 +150,10 @@ pub(crate) fn view_event<T, K, V>(
     }
 }
 
+/// How a watched object becomes a view (`None`: not kept), and whether a view is online
+/// demand (its change wakes the capacity publisher sooner).
+pub(crate) type ViewOf<T, K, V> = (fn(&T) -> Option<(K, V)>, fn(&V) -> bool);
+
 /// Keeps `cache` in step with `events` as task `what` of `tasks` (until the session stops),
 /// waking its reader on every event that changes a view (and flagging `online_demand`
 /// changes). A poisoned cache ends the watch, with an error logged, which marks the member
@@ -157,7 +161,7 @@ pub(crate) fn view_event<T, K, V>(
 pub(crate) fn spawn_cache<T, K, V, D, S>(
     events: S,
     cache: &Arc<Mutex<ViewCache<K, V, D>>>,
-    (view, online_demand): (fn(&T) -> Option<(K, V)>, fn(&V) -> bool),
+    (view, online_demand): ViewOf<T, K, V>,
     wakeups: &Wakeups,
     tasks: &MemberTasks,
     what: &'static str,
