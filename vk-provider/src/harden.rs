@@ -29,8 +29,6 @@
 use k8s_openapi::api::core::v1::{Capabilities, Container, EnvVar, PodSpec, SeccompProfile};
 use tidepool_api::crd::{Confinement, PodSecurityLevel};
 
-use crate::policy::PolicyViolation;
-
 /// Resource names of GPUs (and other accelerators) their device plugins hand out.
 pub const ACCELERATOR_RESOURCES: [&str; 3] = ["nvidia.com/gpu", "amd.com/gpu", "habana.ai/gaudi"];
 
@@ -48,8 +46,9 @@ fn is_device_env(name: &str) -> bool {
     })
 }
 
-/// Refuses a container environment variable (or `envFrom` prefix) that names devices.
-pub fn check_device_env(spec: &PodSpec) -> Result<(), PolicyViolation> {
+/// Refuses a container environment variable (or `envFrom` prefix) that names devices: the
+/// refused field's path and why (the offload policy reports it as its violation).
+pub fn check_device_env(spec: &PodSpec) -> Result<(), (String, String)> {
     let kinds =
         [("initContainers", spec.init_containers.as_deref().unwrap_or_default()), ("containers", &spec.containers)];
     for (kind, containers) in kinds {
@@ -86,8 +85,8 @@ fn hides_devices(var: &EnvVar) -> bool {
     var.value_from.is_none() && matches!(var.value.as_deref().unwrap_or_default(), "" | "void" | "none")
 }
 
-fn violation(field: String, reason: impl Into<String>) -> PolicyViolation {
-    PolicyViolation { field, reason: reason.into() }
+fn violation(field: String, reason: impl Into<String>) -> (String, String) {
+    (field, reason.into())
 }
 
 /// Hardens the copy's spec `s` as its member asks (see the module's header).
@@ -230,14 +229,14 @@ mod tests {
             let s = spec(
                 json!({"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}, {"name": name, "value": "all"}]}]}),
             );
-            let err = check_device_env(&s).unwrap_err();
-            assert_eq!(err.field, "spec.containers[0].env[1].name", "{name}");
+            let (field, _) = check_device_env(&s).unwrap_err();
+            assert_eq!(field, "spec.containers[0].env[1].name", "{name}");
         }
         for prefix in ["NVIDIA_", "NV", "HABANA_VISIBLE_DEVICES"] {
             let s = spec(
                 json!({"initContainers": [{"name": "i", "envFrom": [{"prefix": prefix, "configMapRef": {"name": "m"}}]}], "containers": []}),
             );
-            assert_eq!(check_device_env(&s).unwrap_err().field, "spec.initContainers[0].envFrom[0].prefix", "{prefix}");
+            assert_eq!(check_device_env(&s).unwrap_err().0, "spec.initContainers[0].envFrom[0].prefix", "{prefix}");
         }
         let fine = spec(json!({"containers": [{"name": "a", "env": [{"name": "CUDA_HOME", "value": "/x"}],
             "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "m"}}]}]}));

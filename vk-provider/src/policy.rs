@@ -78,7 +78,7 @@ pub fn check(pod: &Pod, allow: &PolicyAllow) -> Result<(), PolicyViolation> {
     let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
     check_pod_fields(spec, allow)?;
     check_volumes(spec, allow)?;
-    crate::harden::check_device_env(spec)?;
+    crate::harden::check_device_env(spec).map_err(|(field, reason)| PolicyViolation { field, reason })?;
     let init = spec.init_containers.iter().flatten().map(|c| (c.security_context.as_ref(), c.ports.as_deref()));
     let app = spec.containers.iter().map(|c| (c.security_context.as_ref(), c.ports.as_deref()));
     let ephemeral =
