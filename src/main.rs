@@ -206,7 +206,7 @@ async fn start(
     let owned = ownership.owned.as_ref().map(tidepool_federation::fence::Owned::members);
     let federation = tidepool_federation::Federation::start(tasks, training.clone(), config.clone(), ownership);
     // Before anything else runs: a kubelet API that cannot start is a configuration error.
-    tidepool_vk::kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
+    tidepool_kubelet::start(&config.kubelet, training.clone(), federation.members()).await?;
     // One watch of the training cluster's pods, shared by the pod sync and the dispatcher.
     let pods = tidepool_federation::TrainingPods::start(tasks, training.clone());
     // Reclaim's member deletes go through the pod sync, the one writer of offload copies.

@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::lifecycle::v1alpha1::EvictionRequest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -30,63 +29,8 @@ use tidepool_federation::eviction_requests::EvictionAsk;
 use tracing::{info, warn};
 
 use crate::context::{Context, publish};
-use crate::reclaim::{self, Cause, ReclaimEnd};
-
-/// Condition types and reasons of the request's status that Kubernetes defines.
-pub(crate) const TARGET_EVICTED: &str = "TargetEvicted";
-const FAILED: &str = "Failed";
-const AWAITING: &str = "AwaitingEviction";
-const POD_DELETED: &str = "PodDeleted";
-const CANCELED: &str = "CanceledDueToNoRequesters";
-
-/// The status conditions of a request whose target is under notice (`message` says until
-/// when): tidepool's notice, the target not evicted yet, the request not failed.
-pub(crate) fn awaiting(message: &str, now: &Time) -> serde_json::Value {
-    json!([
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": "NoticeSent",
-          "message": message, "lastTransitionTime": now },
-        { "type": TARGET_EVICTED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
-        { "type": FAILED, "status": "False", "reason": AWAITING, "message": "", "lastTransitionTime": now },
-    ])
-}
-
-/// The status conditions of a request whose notice was withdrawn (`message` says why).
-pub(crate) fn canceled(message: &str, now: &Time) -> serde_json::Value {
-    json!([
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "False", "reason": keys::REASON_EVICTION_WITHDRAWN,
-          "message": message, "lastTransitionTime": now },
-        { "type": FAILED, "status": "True", "reason": CANCELED, "message": message, "lastTransitionTime": now },
-    ])
-}
-
-/// The status conditions of a request whose target went (`target_reason`: `PodDeleted`,
-/// `PodTerminal`) as the reclaim `end`ed, in `message`'s words.
-pub(crate) fn ended(target_reason: &str, message: &str, end: &ReclaimEnd, now: &Time) -> serde_json::Value {
-    let reason = match end.outcome() {
-        "acknowledged" => "Acknowledged",
-        "exited" => "Exited",
-        _ => "DeadlinePassed",
-    };
-    json!([
-        { "type": TARGET_EVICTED, "status": "True", "reason": target_reason, "message": message, "lastTransitionTime": now },
-        { "type": keys::CONDITION_CHECKPOINT_NOTICE, "status": "True", "reason": reason,
-          "message": end.to_string(), "lastTransitionTime": now },
-    ])
-}
-
-/// Merges `conditions` into the status of request `name` (a strategic merge: by condition
-/// type); one deleted meanwhile has nobody to tell.
-pub(crate) async fn write_request_status(
-    api: &Api<EvictionRequest>,
-    name: &str,
-    conditions: serde_json::Value,
-) -> kube::Result<()> {
-    let patch = Patch::Strategic(json!({ "status": { "conditions": conditions } }));
-    match api.patch_status(name, &PatchParams::default(), &patch).await {
-        Err(e) if tidepool_federation::api_code(&e, &[404]) => Ok(()),
-        other => other.map(|_| ()),
-    }
-}
+use crate::eviction_status::{FAILED, asks_for, awaiting, canceled, write_status};
+use crate::notice::{self as reclaim_notice, Cause};
 
 /// What one copy's requests call for. Pure: from the reason of the training pod's notice,
 /// if any, and the requests that name the copy.
@@ -118,14 +62,6 @@ fn answer<'a>(notice_reason: Option<&str>, acted: bool, asks: &'a [EvictionAsk])
     }
 }
 
-/// The requests of `found` (those naming `p`'s copy's UID) that name the copy in `member`
-/// exactly (namespace, name, UID): one made in another namespace, or naming another pod, is
-/// not for this copy.
-fn asks_for(member: &MemberHandle, p: &PodLite, found: &[EvictionAsk]) -> Vec<EvictionAsk> {
-    let (ns, name) = (member.namespaces.member_ns(&p.namespace().unwrap_or_default()), p.name_any());
-    found.iter().filter(|a| a.namespace == ns && a.target_name == name).cloned().collect()
-}
-
 /// Answers the eviction requests of every member that serves them: the step of the reclaim
 /// pass that follows its own victims.
 pub(crate) async fn answer_all(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: jiff::Timestamp) {
@@ -135,13 +71,13 @@ pub(crate) async fn answer_all(ctx: &Arc<Context>, pods: &[Arc<PodLite>], now: j
         let on_member =
             pods.iter().filter(|p| p.is_live() && p.node_name().is_some_and(|n| member.pool_for_node(n).is_some()));
         for p in on_member {
-            let reason = reclaim::notice_reason(p);
+            let reason = reclaim_notice::notice_reason(p);
             // Most passes: no request in the member, no notice of one to withdraw.
             if asks.is_empty() && reason != Some(keys::REASON_EVICTION_REQUESTED) {
                 continue;
             }
             // A copy not known yet is left for a later pass (never read as "no request").
-            let Some(copy_uid) = reclaim::copy_uid(member, p) else { continue };
+            let Some(copy_uid) = reclaim_notice::copy_uid(member, p) else { continue };
             let for_copy = asks_for(member, p, asks.get(&copy_uid).map_or(&[], Vec::as_slice));
             let acted = p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) || p.status.containers_exited;
             let Some(todo) = answer(reason, acted, &for_copy) else { continue };
@@ -161,7 +97,7 @@ async fn notice(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, ask: &Ev
         text: format!("member {} asks to evict this pod's copy", member.name),
         demand: format!("EvictionRequest {} from {}", ask.key(), ask.requester),
     };
-    reclaim::notice(ctx, p, &cause, reclaim::reclaim_band(p), "asked by the member", now).await;
+    reclaim_notice::notice(ctx, p, &cause, reclaim_notice::reclaim_band(p), "asked by the member", now).await;
     // The request hears of it at the next pass, from the pod's notice as written
     // ([`Answer::Report`]): never a notice it was not given.
 }
@@ -169,7 +105,7 @@ async fn notice(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, ask: &Ev
 /// Tells `asks` that `p` is under notice, and until when.
 async fn report(ctx: &Context, member: &MemberHandle, p: &PodLite, asks: &[&EvictionAsk]) {
     let grace = &ctx.config.dispatcher.reclaim_grace_seconds;
-    let until = reclaim::deadline_of(p, grace).map_or_else(|| "its deadline".to_owned(), |d| d.to_string());
+    let until = reclaim_notice::deadline_of(p, grace).map_or_else(|| "its deadline".to_owned(), |d| d.to_string());
     let message = format!(
         "training pod {}/{} was told to checkpoint; its copy is deleted at the checkpoint's ack, \
          at the exit of its containers or at {until}",
@@ -212,30 +148,6 @@ async fn withdraw(ctx: &Arc<Context>, member: &MemberHandle, p: &PodLite, told: 
     let conditions = canceled("withdrawn before the copy was evicted", &now);
     for ask in told {
         write_status(member, ask, &conditions).await;
-    }
-}
-
-/// The reclaim of `p` ended and `freed` (its copy's member and UID) is deleted: every request
-/// that named the copy shows it evicted, and how the checkpoint went.
-pub(crate) async fn evicted(ctx: &Context, p: &PodLite, freed: Option<(Arc<MemberHandle>, String)>, end: &ReclaimEnd) {
-    let Some((member, copy_uid)) = freed else { return };
-    let Some(found) = member.eviction_requests.as_ref().and_then(|a| a.for_target(&copy_uid)) else { return };
-    let asks = asks_for(&member, p, &found);
-    if asks.is_empty() {
-        return;
-    }
-    ctx.wrote();
-    let conditions = ended(POD_DELETED, &format!("copy deleted: {end}"), end, &Time(jiff::Timestamp::now()));
-    for ask in asks.iter().filter(|a| !a.shows(TARGET_EVICTED)) {
-        write_status(&member, ask, &conditions).await;
-    }
-}
-
-/// Merges `conditions` into the status of member request `ask`.
-async fn write_status(member: &MemberHandle, ask: &EvictionAsk, conditions: &serde_json::Value) {
-    let api = Api::<EvictionRequest>::namespaced(member.client.clone(), &ask.namespace);
-    if let Err(e) = write_request_status(&api, &ask.name, conditions.clone()).await {
-        warn!(member = %member.name, request = %ask.key(), error = %e, "cannot write eviction request status");
     }
 }
 

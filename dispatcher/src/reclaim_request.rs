@@ -22,8 +22,8 @@ use tidepool_api::pod::PodLite;
 use tracing::warn;
 
 use crate::context::Context;
-use crate::eviction;
-use crate::reclaim::ReclaimEnd;
+use crate::eviction_status;
+use crate::reclaim_end::ReclaimEnd;
 
 /// `spec.requester` of tidepool's requests.
 pub(crate) const REQUESTER: &str = "tidepool.io/reclaim";
@@ -78,7 +78,7 @@ pub(crate) async fn noticed(ctx: &Context, p: &PodLite, message: &str) {
         warn!(pod = %p.name_any(), error = %e, "cannot record the reclaim as an eviction request");
         return;
     }
-    write_status(ctx, p, eviction::awaiting(message, &Time(jiff::Timestamp::now()))).await;
+    write_status(ctx, p, eviction_status::awaiting(message, &Time(jiff::Timestamp::now()))).await;
 }
 
 /// `p` ended `Failed` with `message`, its reclaim as `end` says.
@@ -86,7 +86,7 @@ pub(crate) async fn ended(ctx: &Context, p: &PodLite, end: &ReclaimEnd, message:
     if !recorded(ctx, p).await {
         return;
     }
-    write_status(ctx, p, eviction::ended("PodTerminal", message, end, &Time(jiff::Timestamp::now()))).await;
+    write_status(ctx, p, eviction_status::ended("PodTerminal", message, end, &Time(jiff::Timestamp::now()))).await;
 }
 
 /// `p`'s notice was withdrawn: so is the request.
@@ -103,14 +103,14 @@ pub(crate) async fn withdrawn(ctx: &Context, p: &PodLite, message: &str) {
         }
         return;
     }
-    write_status(ctx, p, eviction::canceled(message, &Time(jiff::Timestamp::now()))).await;
+    write_status(ctx, p, eviction_status::canceled(message, &Time(jiff::Timestamp::now()))).await;
 }
 
 async fn write_status(ctx: &Context, p: &PodLite, conditions: serde_json::Value) {
     let Some(name) = name_of(p) else { return };
     ctx.wrote();
     let api = Api::<EvictionRequest>::namespaced(ctx.training.clone(), &p.namespace().unwrap_or_default());
-    if let Err(e) = eviction::write_request_status(&api, &name, conditions).await {
+    if let Err(e) = eviction_status::write_request_status(&api, &name, conditions).await {
         warn!(pod = %p.name_any(), error = %e, "cannot write the reclaim's eviction request status");
     }
 }

@@ -18,7 +18,6 @@ pub mod gang_group;
 mod handover;
 pub mod harden;
 pub mod isolation;
-pub mod kubelet;
 mod member_events;
 mod mirror;
 mod native_names;

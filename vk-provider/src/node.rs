@@ -190,7 +190,7 @@ pub fn remove_withdrawn(patch: &mut serde_json::Value, before: &Resources, now: 
 /// Annotations of a virtual node: where metrics-server reads its pods' usage on the
 /// kubelet API all virtual nodes share ([`crate::kubelet`]).
 pub fn node_annotations(pool: &PoolHandle) -> BTreeMap<String, String> {
-    let path = crate::kubelet::resource_metrics_path(pool.node.as_str());
+    let path = tidepool_kubelet::resource_metrics_path(pool.node.as_str());
     BTreeMap::from([(keys::ANNOTATION_RESOURCE_METRICS_PATH.to_owned(), path)])
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
 use hyper::{Request, Response, StatusCode};
@@ -17,8 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::exec::{CHUNK, PROTOCOL_HEADER, wants_spdy, write_frames};
-use super::spdy::{self, Codec, FLAG_FIN, Frame};
+use super::exec::{PROTOCOL_HEADER, wants_spdy};
+use super::frames::{CHUNK, ClientFrames, write_frames};
+use super::spdy::{self, FLAG_FIN, Frame};
 use super::target::{Refusal, Target, resolve};
 use super::{Body, Context, full, text};
 
@@ -92,28 +93,15 @@ async fn session<IO>(io: IO, target: Target)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut read_half, write_half) = tokio::io::split(io);
+    let (read_half, write_half) = tokio::io::split(io);
     let (out, out_rx) = mpsc::channel::<Frame>(64);
     let writer = tokio::spawn(write_frames(write_half, out_rx));
     let target = std::sync::Arc::new(target);
-    let mut codec = Codec::new();
-    let mut buf = BytesMut::with_capacity(CHUNK);
+    let mut frames = ClientFrames::new(read_half, out.clone(), "port-forward");
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     // Client bytes for each open data stream, to its pair's member connection.
     let mut inbound: HashMap<u32, mpsc::Sender<Bytes>> = HashMap::new();
-    loop {
-        let frame = match codec.decode(&mut buf) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => match read_half.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => continue,
-            },
-            Err(error) => {
-                warn!(%error, "port-forward: bad SPDY data from the client");
-                let _ = out.send(Frame::GoAway { last_good: 0, status: 1 }).await;
-                break;
-            }
-        };
+    while let Some(frame) = frames.next().await {
         match frame {
             Frame::SynStream { stream, headers, .. } => {
                 let (request, port, data) = match stream_kind(&headers) {
@@ -152,10 +140,6 @@ where
             Frame::RstStream { stream, .. } => {
                 inbound.remove(&stream);
             }
-            Frame::Ping { id } => {
-                let _ = out.send(Frame::Ping { id }).await;
-            }
-            Frame::GoAway { .. } => break,
             _ => {}
         }
     }

@@ -103,7 +103,7 @@ impl Drop for Closed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubelet::query_pairs;
+    use crate::query_pairs;
 
     #[test]
     fn the_api_servers_log_options_map_one_to_one() {

@@ -1,6 +1,6 @@
 //! From a training pod to its offload pod: the pod's node names the member session (the
 //! node is one of that member's pools), and the copy lives under the same name in the
-//! member's offload namespace (see [`crate::translate`]), carrying the pod's UID.
+//! member's offload namespace (tidepool-vk's translation), carrying the pod's UID.
 
 use std::sync::Arc;
 

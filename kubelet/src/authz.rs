@@ -288,7 +288,7 @@ async fn review(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubelet::tls::testing::Ca;
+    use crate::tls::testing::Ca;
 
     /// Verb, subresources tried, pod named.
     type Expected = (&'static str, &'static [&'static str], Option<(&'static str, &'static str)>);

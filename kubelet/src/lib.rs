@@ -1,5 +1,5 @@
 //! Tidepool's kubelet API: the one HTTPS server behind every virtual node's
-//! `InternalIP:kubeletEndpoint.Port` (see [`crate::node`]), which the training cluster's API
+//! `InternalIP:kubeletEndpoint.Port` (the virtual nodes tidepool-vk makes), which the training cluster's API
 //! server calls for `kubectl logs`, `exec`, `attach` and `port-forward` on offloaded pods.
 //!
 //! Requests are routed by pod, not by node: the training pod names its virtual node, the
@@ -24,6 +24,7 @@ mod bootstrap;
 mod csr;
 mod der;
 mod exec;
+mod frames;
 mod logs;
 mod portforward;
 pub mod spdy;
@@ -32,7 +33,7 @@ mod target;
 mod tls;
 mod usage;
 
-pub(crate) use stats::resource_metrics_path;
+pub use stats::resource_metrics_path;
 
 pub use bootstrap::CertError;
 

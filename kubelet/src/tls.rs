@@ -136,10 +136,10 @@ pub(super) mod testing {
 
     use super::*;
 
-    pub(in crate::kubelet) const ADDRESS: &str = "10.0.0.1";
+    pub(crate) const ADDRESS: &str = "10.0.0.1";
 
     /// A CA: its certificate and what signs with it.
-    pub(in crate::kubelet) struct Ca {
+    pub(crate) struct Ca {
         pub der: CertificateDer<'static>,
         pub pem: String,
         params: rcgen::CertificateParams,
@@ -147,7 +147,7 @@ pub(super) mod testing {
     }
 
     impl Ca {
-        pub(in crate::kubelet) fn new(name: &str) -> Self {
+        pub(crate) fn new(name: &str) -> Self {
             let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
             let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
             params.distinguished_name.push(rcgen::DnType::CommonName, name);
@@ -157,17 +157,13 @@ pub(super) mod testing {
         }
 
         /// A leaf certificate for `sans`, named `cn`, with its key.
-        pub(in crate::kubelet) fn issue(
-            &self,
-            cn: &str,
-            sans: &[&str],
-        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        pub(crate) fn issue(&self, cn: &str, sans: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
             self.leaf(cn, None, sans)
         }
 
         /// A client certificate `CN=cn` in organization `organization` (at most one: rcgen
         /// keeps one value per name type), with its key.
-        pub(in crate::kubelet) fn issue_with(
+        pub(crate) fn issue_with(
             &self,
             cn: &str,
             organization: &[&str],
@@ -193,14 +189,14 @@ pub(super) mod testing {
             (cert, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())))
         }
 
-        pub(in crate::kubelet) fn roots(&self) -> Arc<RootCertStore> {
+        pub(crate) fn roots(&self) -> Arc<RootCertStore> {
             let mut roots = RootCertStore::empty();
             roots.add(self.der.clone()).unwrap();
             Arc::new(roots)
         }
     }
 
-    pub(in crate::kubelet) fn client(
+    pub(crate) fn client(
         server_ca: &Ca,
         identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>,
     ) -> TlsConnector {
@@ -216,7 +212,7 @@ pub(super) mod testing {
     }
 
     /// One handshake: the serving certificate the client saw, or why it failed on either side.
-    pub(in crate::kubelet) async fn handshake(
+    pub(crate) async fn handshake(
         server: &Arc<ServerConfig>,
         client: &TlsConnector,
     ) -> Result<CertificateDer<'static>, String> {

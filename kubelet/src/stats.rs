@@ -37,7 +37,7 @@ use super::usage::{self, Counters, NodeUsage, PodMetrics, TrainingPod};
 use super::{Body, Context, full, text};
 
 /// The path metrics-server is pointed at for `node` (the node's annotation).
-pub(crate) fn resource_metrics_path(node: &str) -> String {
+pub fn resource_metrics_path(node: &str) -> String {
     format!("/metrics/resource/{node}")
 }
 

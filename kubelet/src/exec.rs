@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::SinkExt;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
@@ -22,7 +22,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use super::spdy::{self, Codec, FLAG_FIN, Frame};
+use super::frames::{CHUNK, ClientFrames, write_frames};
+use super::spdy::{self, FLAG_FIN, Frame};
 use super::target::{Refusal, Target, resolve};
 use super::{Body, Context, flag, full, text};
 
@@ -34,8 +35,6 @@ pub(super) const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the API server gets to close the connection once everything was sent.
 const LINGER: Duration = Duration::from_secs(5);
-/// Largest DATA payload written.
-pub(super) const CHUNK: usize = 32 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -326,51 +325,22 @@ async fn pump<R: AsyncRead + Unpin>(source: Option<R>, stream: Option<u32>, out:
     let _ = out.send(Frame::Data { stream, flags: FLAG_FIN, data: Bytes::new() }).await;
 }
 
-pub(super) async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(mut io: W, mut frames: mpsc::Receiver<Frame>) {
-    let mut codec = Codec::new();
-    let mut buf = BytesMut::new();
-    while let Some(frame) = frames.recv().await {
-        buf.clear();
-        if let Err(error) = codec.encode(&frame, &mut buf) {
-            warn!(%error, "kubelet API: cannot encode a SPDY frame");
-            break;
-        }
-        if io.write_all(&buf).await.is_err() || io.flush().await.is_err() {
-            break;
-        }
-    }
-    let _ = io.shutdown().await;
-}
-
 /// Reads the client's frames until it hangs up: answers new streams and pings, reports the
 /// stream ids once every expected stream is open, and passes stdin and resize data on.
 async fn read_frames<R: tokio::io::AsyncRead + Unpin>(
-    mut io: R,
+    io: R,
     out: mpsc::Sender<Frame>,
     expected: Vec<Channel>,
     ready: oneshot::Sender<StreamIds>,
     stdin: mpsc::Sender<Bytes>,
     resize: mpsc::Sender<TerminalSize>,
 ) {
-    let mut codec = Codec::new();
-    let mut buf = BytesMut::with_capacity(CHUNK);
+    let mut frames = ClientFrames::new(io, out.clone(), "exec");
     let mut channels: HashMap<u32, Channel> = HashMap::new();
     let mut ready = Some(ready);
     let mut stdin = Some(stdin);
     let mut resize_buf = Vec::new();
-    loop {
-        let frame = match codec.decode(&mut buf) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => match io.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => continue,
-            },
-            Err(error) => {
-                warn!(%error, "exec: bad SPDY data from the client");
-                let _ = out.send(Frame::GoAway { last_good: 0, status: 1 }).await;
-                return;
-            }
-        };
+    while let Some(frame) = frames.next().await {
         match frame {
             Frame::SynStream { stream, headers, .. } => {
                 let Some(channel) = spdy::header(&headers, "streamtype").and_then(Channel::parse) else {
@@ -406,20 +376,8 @@ async fn read_frames<R: tokio::io::AsyncRead + Unpin>(
                 }
                 _ => {}
             },
-            Frame::RstStream { stream, .. } => {
-                if channels.get(&stream) == Some(&Channel::Stdin) {
-                    stdin = None;
-                }
-            }
-            Frame::Ping { id } => {
-                let _ = out.send(Frame::Ping { id }).await;
-            }
-            Frame::GoAway { .. } => return,
-            Frame::SynReply { .. }
-            | Frame::Headers { .. }
-            | Frame::Settings { .. }
-            | Frame::WindowUpdate { .. }
-            | Frame::Unknown { .. } => {}
+            Frame::RstStream { stream, .. } if channels.get(&stream) == Some(&Channel::Stdin) => stdin = None,
+            _ => {}
         }
     }
 }
@@ -446,7 +404,9 @@ fn take_sizes(buf: &mut Vec<u8>) -> Vec<TerminalSize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubelet::query_pairs;
+    use crate::query_pairs;
+    use crate::spdy::Codec;
+    use bytes::BytesMut;
 
     #[test]
     fn the_streams_waited_for_follow_the_query() {
