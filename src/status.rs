@@ -33,11 +33,44 @@ fn amount(map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::
     map.get(name).and_then(|q| parse_milli(&q.0).ok()).unwrap_or(0)
 }
 
+/// The status of the bridge as the training cluster records it: reads the MemberClusters and
+/// the pods, then [`format`]s them.
 pub async fn render(client: Client, scheduler_name: &str) -> anyhow::Result<String> {
-    let mut out = String::new();
     let members = Api::<MemberCluster>::all(client.clone()).list(&ListParams::default()).await?;
+    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await?;
+    Ok(format(&members.items, &pods.items, scheduler_name, jiff::Timestamp::now())?)
+}
+
+/// The whole text of `tidepool status`. Pure.
+pub fn format(
+    members: &[MemberCluster],
+    pods: &[Pod],
+    scheduler_name: &str,
+    now: jiff::Timestamp,
+) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    members_section(&mut out, members)?;
+    let live: Vec<&Pod> = pods.iter().filter(|p| live(p)).collect();
+    let ours: Vec<&Pod> = live
+        .iter()
+        .copied()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name))
+        .collect();
+    gangs_section(&mut out, &ours)?;
+    reclaims_section(&mut out, &live, now)?;
+    Ok(out)
+}
+
+/// Not deleted and not ended.
+fn live(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// Each member, its readiness and each pool's GPU and CPU: used of what it lends.
+fn members_section(out: &mut String, members: &[MemberCluster]) -> std::fmt::Result {
     writeln!(out, "MEMBERS")?;
-    for m in &members.items {
+    for m in members {
         let status = m.status.clone().unwrap_or_default();
         let ready = status.conditions.iter().find(|c| c.type_ == keys::CONDITION_READY);
         let state = ready.map_or("Unknown".to_owned(), |c| {
@@ -52,60 +85,62 @@ pub async fn render(client: Client, scheduler_name: &str) -> anyhow::Result<Stri
                     continue;
                 }
                 let deficit = if deficit > 0 { format!("  deficit {}", format_milli(deficit)) } else { String::new() };
-                writeln!(
-                    out,
-                    "    {:<36} {label:<3} [{}] {:>6} / {:<6}{deficit}",
-                    p.virtual_node,
-                    bar(used, cap, 24),
-                    format_milli(used),
-                    format_milli(cap)
-                )?;
+                let (bar, used, cap) = (bar(used, cap, 24), format_milli(used), format_milli(cap));
+                writeln!(out, "    {:<36} {label:<3} [{bar}] {used:>6} / {cap:<6}{deficit}", p.virtual_node)?;
             }
         }
     }
+    Ok(())
+}
 
-    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await?;
-    let live = |p: &Pod| {
-        p.metadata.deletion_timestamp.is_none()
-            && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-    };
-    let ours: Vec<&Pod> = pods
-        .items
-        .iter()
-        .filter(|p| live(p) && p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name))
-        .collect();
-    let mut gangs: BTreeMap<String, (usize, usize, Option<String>, Option<String>)> = BTreeMap::new();
-    for p in &ours {
-        let key = tidepool_dispatcher::gang::gang_of_pod(p).to_string();
-        let e = gangs.entry(key).or_default();
+/// One gang as the status shows it.
+#[derive(Default)]
+struct GangLine {
+    bound: usize,
+    pending: usize,
+    /// A node one of its pods is bound to.
+    node: Option<String>,
+    /// Why one of its pending pods waits (its `PodScheduled=False` message).
+    why: Option<String>,
+}
+
+/// The gangs of `ours` (live pods of tidepool's scheduler): placed ones with their node and
+/// the elastic pods still waiting, then those with no pod placed and why.
+fn gangs_section(out: &mut String, ours: &[&Pod]) -> std::fmt::Result {
+    let mut gangs: BTreeMap<String, GangLine> = BTreeMap::new();
+    for p in ours {
+        let g = gangs.entry(tidepool_dispatcher::gang::gang_of_pod(p).to_string()).or_default();
         match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
             Some(node) => {
-                e.0 += 1;
-                e.2 = Some(node);
+                g.bound += 1;
+                g.node = Some(node);
             }
             None => {
-                e.1 += 1;
-                let why = p.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+                g.pending += 1;
+                let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+                let why = conditions.and_then(|cs| {
                     cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False").and_then(|c| c.message.clone())
                 });
-                if why.is_some() {
-                    e.3 = why;
-                }
+                g.why = why.or(g.why.take());
             }
         }
     }
     writeln!(out, "\nGANGS PLACED")?;
-    for (key, (bound, pending, node, _)) in gangs.iter().filter(|(_, g)| g.0 > 0) {
-        let waiting = if *pending > 0 { format!(" (+{pending} elastic waiting)") } else { String::new() };
-        writeln!(out, "  {key:<48} {bound:>4} pods on {}{waiting}", node.as_deref().unwrap_or("?"))?;
+    for (key, g) in gangs.iter().filter(|(_, g)| g.bound > 0) {
+        let waiting = if g.pending > 0 { format!(" (+{} elastic waiting)", g.pending) } else { String::new() };
+        writeln!(out, "  {key:<48} {:>4} pods on {}{waiting}", g.bound, g.node.as_deref().unwrap_or("?"))?;
     }
     writeln!(out, "\nGANGS WAITING")?;
-    for (key, (_, pending, _, why)) in gangs.iter().filter(|(_, g)| g.0 == 0) {
-        writeln!(out, "  {key:<48} {pending:>4} pods  {}", why.as_deref().unwrap_or("not yet considered"))?;
+    for (key, g) in gangs.iter().filter(|(_, g)| g.bound == 0) {
+        writeln!(out, "  {key:<48} {:>4} pods  {}", g.pending, g.why.as_deref().unwrap_or("not yet considered"))?;
     }
+    Ok(())
+}
+
+/// Every live pod under a reclaim notice: its band, node, deadline and whether it acked.
+fn reclaims_section(out: &mut String, live: &[&Pod], now: jiff::Timestamp) -> std::fmt::Result {
     writeln!(out, "\nRECLAIMS IN PROGRESS")?;
-    let now = jiff::Timestamp::now();
-    for p in pods.items.iter().filter(|p| live(p)) {
+    for p in live {
         let Some(deadline) = p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE) else { continue };
         let left = deadline.parse::<jiff::Timestamp>().map_or(String::new(), |d| {
             let secs = d.duration_since(now).as_secs();
@@ -122,7 +157,7 @@ pub async fn render(client: Client, scheduler_name: &str) -> anyhow::Result<Stri
             p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("?")
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -137,5 +172,91 @@ mod tests {
         assert_eq!(bar(20, 16, 8), "#######!");
         assert_eq!(bar(2, 0, 4), "!!!!");
         assert_eq!(bar(0, 0, 4), "....");
+    }
+
+    fn member(name: &str, ready: (&str, &str, &str), pools: serde_json::Value) -> MemberCluster {
+        let (status, reason, message) = ready;
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tidepool.io/v1alpha1", "kind": "MemberCluster",
+            "metadata": {"name": name},
+            "spec": {"kubeconfigSecretRef": {"name": "k", "namespace": "tidepool-system"}},
+            "status": {"conditions": [{"type": "Ready", "status": status, "reason": reason, "message": message,
+                                       "lastTransitionTime": "2026-12-05T10:00:00Z"}],
+                       "pools": pools},
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str, gang: &str, node: Option<&str>, extra: serde_json::Value) -> Pod {
+        let mut pod = serde_json::json!({
+            "metadata": {"name": name, "namespace": "team", "labels": {"tidepool.io/band": "low"},
+                         "annotations": {"tidepool.io/gang": gang}},
+            "spec": {"schedulerName": "tidepool", "nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": if node.is_some() { "Running" } else { "Pending" }},
+        });
+        json_merge(&mut pod, extra);
+        serde_json::from_value(pod).unwrap()
+    }
+
+    fn json_merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
+    /// `tidepool status` as an operator reads it (deploy/docs/operations.md): each member's
+    /// readiness and pools, placed gangs with their elastic pods waiting, waiting gangs with
+    /// the dispatcher's reason, and reclaims under way; ended pods and other schedulers'
+    /// pods are left out.
+    #[test]
+    fn the_status_shows_members_gangs_and_reclaims() {
+        let members = [
+            member(
+                "member-a",
+                ("True", "Connected", ""),
+                serde_json::json!([{
+                "name": "default", "virtualNode": "tidepool-member-a", "nodes": 2,
+                "capacity": {"cpu": "8", "nvidia.com/gpu": "4"}, "used": {"cpu": "6", "nvidia.com/gpu": "4"},
+                "deficit": {"cpu": "500m"}}]),
+            ),
+            member("member-b", ("False", "Unreachable", "dial tcp: refused"), serde_json::json!([])),
+        ];
+        let waiting = serde_json::json!({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "gang team/big: 3 of 4 pods fit on no pool"}]}});
+        let noticed = serde_json::json!({"metadata": {"annotations": {
+            "tidepool.io/reclaim-deadline": "2026-12-05T10:01:00Z", "tidepool.io/checkpoint-done": "step=40"}}});
+        let pods = [
+            pod("ps-0", "ctr", Some("tidepool-member-a"), noticed),
+            pod("worker-0", "ctr", Some("tidepool-member-a"), serde_json::json!({})),
+            pod("worker-1", "ctr", None, serde_json::json!({})),
+            pod("big-0", "big", None, waiting),
+            pod("done-0", "done", Some("tidepool-member-a"), serde_json::json!({"status": {"phase": "Succeeded"}})),
+            pod("other-0", "other", None, serde_json::json!({"spec": {"schedulerName": "default-scheduler"}})),
+        ];
+        let now: jiff::Timestamp = "2026-12-05T10:00:30Z".parse().unwrap();
+        let text = format(&members, &pods, "tidepool", now).unwrap();
+        let expected = [
+            "MEMBERS",
+            "  member-a  Ready",
+            "    tidepool-member-a                    gpu [########################]      4 / 4     ",
+            "    tidepool-member-a                    cpu [##################......]      6 / 8       deficit 500m",
+            "  member-b  NotReady (Unreachable: dial tcp: refused)",
+            "",
+            "GANGS PLACED",
+            "  team/gang/ctr                                       2 pods on tidepool-member-a (+1 elastic waiting)",
+            "",
+            "GANGS WAITING",
+            "  team/gang/big                                       1 pods  gang team/big: 3 of 4 pods fit on no pool",
+            "",
+            "RECLAIMS IN PROGRESS",
+            "  team/ps-0 band low on tidepool-member-a: deadline 2026-12-05T10:01:00Z (30s left, checkpoint acked)",
+            "",
+        ];
+        assert_eq!(text, expected.join("\n"));
     }
 }

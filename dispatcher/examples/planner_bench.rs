@@ -515,6 +515,45 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
     sorted[((sorted.len() - 1) * p) / 100]
 }
 
+/// The first table: the 10 pools, snapshot and sequential, tidepool's planner against the
+/// aggregate-only path; tidepool's slowest rate.
+fn pool_table(gangs: &[GangDemand], pools: &[PoolView]) -> f64 {
+    let mut tidepool_rate = f64::INFINITY;
+    // A warm-up of each path (caches, allocator), then the scenarios with the path that goes
+    // first alternating, so neither path always runs on a warmer machine.
+    for path in [Path::Tidepool, Path::Aggregate] {
+        let _ = measure(path, gangs, pools, false);
+    }
+    for (i, (name, commit)) in [("snapshot", false), ("sequential", true)].into_iter().enumerate() {
+        let order = if i % 2 == 0 { [Path::Tidepool, Path::Aggregate] } else { [Path::Aggregate, Path::Tidepool] };
+        for path in order {
+            let o = measure(path, gangs, pools, commit);
+            let mut sorted = o.decide.clone();
+            sorted.sort();
+            let decide: Duration = sorted.iter().sum();
+            let rate = sorted.len() as f64 / decide.as_secs_f64().max(1e-9);
+            if path == Path::Tidepool {
+                tidepool_rate = tidepool_rate.min(rate);
+            }
+            println!(
+                "{:<11} {:<29} {:>9} {:>7} {:>8} {:>9} {:>10.1} {:>12.0} {:>8.1} {:>8.1} {:>9.1}",
+                name,
+                path.label(),
+                sorted.len(),
+                o.placed,
+                o.refused,
+                o.stranded,
+                decide.as_secs_f64() * 1e3,
+                rate,
+                percentile(&sorted, 50).as_secs_f64() * 1e6,
+                percentile(&sorted, 99).as_secs_f64() * 1e6,
+                o.wall.as_secs_f64() * 1e3,
+            );
+        }
+    }
+    tidepool_rate
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parse = |i: usize, default: u64| args.get(i).map_or(Ok(default), |a| a.parse::<u64>());
@@ -550,39 +589,7 @@ fn main() -> ExitCode {
         "p99 us",
         "wall ms"
     );
-    let mut tidepool_rate = f64::INFINITY;
-    // A warm-up of each path (caches, allocator), then the scenarios with the path that goes
-    // first alternating, so neither path always runs on a warmer machine.
-    for path in [Path::Tidepool, Path::Aggregate] {
-        let _ = measure(path, &gangs, &pools, false);
-    }
-    for (i, (name, commit)) in [("snapshot", false), ("sequential", true)].into_iter().enumerate() {
-        let order = if i % 2 == 0 { [Path::Tidepool, Path::Aggregate] } else { [Path::Aggregate, Path::Tidepool] };
-        for path in order {
-            let o = measure(path, &gangs, &pools, commit);
-            let mut sorted = o.decide.clone();
-            sorted.sort();
-            let decide: Duration = sorted.iter().sum();
-            let rate = sorted.len() as f64 / decide.as_secs_f64().max(1e-9);
-            if path == Path::Tidepool {
-                tidepool_rate = tidepool_rate.min(rate);
-            }
-            println!(
-                "{:<11} {:<29} {:>9} {:>7} {:>8} {:>9} {:>10.1} {:>12.0} {:>8.1} {:>8.1} {:>9.1}",
-                name,
-                path.label(),
-                sorted.len(),
-                o.placed,
-                o.refused,
-                o.stranded,
-                decide.as_secs_f64() * 1e3,
-                rate,
-                percentile(&sorted, 50).as_secs_f64() * 1e6,
-                percentile(&sorted, 99).as_secs_f64() * 1e6,
-                o.wall.as_secs_f64() * 1e3,
-            );
-        }
-    }
+    let tidepool_rate = pool_table(&gangs, &pools);
     println!();
     println!("stranded: admitted, but the member scheduler cannot bind all {PODS_PER_GANG} pods (a partial gang)");
     println!(

@@ -470,8 +470,8 @@ async fn enforce_deadlines(
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
-    use serde_json::json;
     use proptest::prelude::*;
+    use serde_json::json;
     use tidepool_federation::capacity::GPU;
 
     /// A training pod from its JSON, as the cache holds it.

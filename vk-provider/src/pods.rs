@@ -288,56 +288,11 @@ fn start_offload_watch(
 ) -> OffloadWatch {
     let span = info_span!("offload_watch", member = %member.name);
     let _entered = span.enter();
-    let (store, mut writer) = crate::offload_cache::cache();
-    let selector = format!(
-        "{}={},{}={}",
-        keys::LABEL_ORIGIN_CLUSTER,
-        ctx.config.cluster_name,
-        keys::LABEL_ORIGIN_MEMBER,
-        member.name
-    );
-    let events = watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
-        .default_backoff()
-        .map(|event| event.map(|e| translate::map_event(e, |pod| Arc::new(OffloadPod::from(pod)))))
-        // What `reflect` and `touched_objects` do, into tidepool's own cache (see
-        // `crate::offload_cache`).
-        .map(move |event| {
-            if let Ok(e) = &event {
-                writer.apply(e);
-            }
-            event
-        })
-        .filter_map(|event| async move {
-            match event {
-                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => Some(Ok(o)),
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                Err(e) => Some(Err(e)),
-            }
-        })
-        .take_until(member.cancelled.clone().cancelled_owned());
+    let (store, writer) = crate::offload_cache::cache();
+    let events = copy_events(ctx, &member, writer);
     let (collect_tx, collect_rx) = mpsc::channel::<collect::Request>(256);
-    let copy_selector = referenced::copy_selector(&ctx.config.cluster_name, member.name.as_str());
     let (copy_tx, copy_rx) = mpsc::channel::<Change>(256);
-    let namespace_selector = format!(
-        "{}={},{}={}",
-        keys::LABEL_MANAGED_BY,
-        keys::MANAGED_BY,
-        keys::LABEL_ORIGIN_CLUSTER,
-        ctx.config.cluster_name
-    );
-    let copies = MemberCopies::start(
-        &member.client,
-        member.name.as_str(),
-        &namespace_selector,
-        &copy_selector,
-        &member.tasks,
-        copy_tx,
-        Isolation::new(
-            member.client.clone(),
-            (&ctx.config.cluster_name, member.name.as_str()),
-            member.confinement.network_policy.clone(),
-        ),
-    );
+    let copies = member_copies(ctx, &member, copy_tx);
     let watch = OffloadWatch {
         member: member.clone(),
         store: store.clone(),
@@ -367,6 +322,67 @@ fn start_offload_watch(
     tasks.spawn("source follower", sources.in_current_span());
     tasks.spawn("collector", collect::run(ctx.clone(), watch.clone(), collect_rx).in_current_span());
     watch
+}
+
+/// The watch of `member`'s copies of this cluster's pods, applied to tidepool's own cache
+/// through `writer` (what `reflect` and `touched_objects` do, see `crate::offload_cache`) and
+/// passed on one copy at a time; it ends with the session.
+fn copy_events(
+    ctx: &Context,
+    member: &MemberHandle,
+    mut writer: crate::offload_cache::OffloadCacheWriter,
+) -> impl futures::Stream<Item = Result<Arc<OffloadPod>, watcher::Error>> + Send + 'static {
+    let selector = format!(
+        "{}={},{}={}",
+        keys::LABEL_ORIGIN_CLUSTER,
+        ctx.config.cluster_name,
+        keys::LABEL_ORIGIN_MEMBER,
+        member.name
+    );
+    watcher(Api::<Pod>::all(member.client.clone()), watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .map(|event| event.map(|e| translate::map_event(e, |pod| Arc::new(OffloadPod::from(pod)))))
+        .map(move |event| {
+            if let Ok(e) = &event {
+                writer.apply(e);
+            }
+            event
+        })
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => Some(Ok(o)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .take_until(member.cancelled.clone().cancelled_owned())
+}
+
+/// The watches of `member`'s reflected ConfigMap and Secret copies and of its offload
+/// namespaces (their isolation kept), changes sent to `copy_tx`.
+fn member_copies(ctx: &Context, member: &MemberHandle, copy_tx: mpsc::Sender<Change>) -> MemberCopies {
+    let copy_selector = referenced::copy_selector(&ctx.config.cluster_name, member.name.as_str());
+    let namespace_selector = format!(
+        "{}={},{}={}",
+        keys::LABEL_MANAGED_BY,
+        keys::MANAGED_BY,
+        keys::LABEL_ORIGIN_CLUSTER,
+        ctx.config.cluster_name
+    );
+    let isolation = Isolation::new(
+        member.client.clone(),
+        (&ctx.config.cluster_name, member.name.as_str()),
+        member.confinement.network_policy.clone(),
+    );
+    MemberCopies::start(
+        &member.client,
+        member.name.as_str(),
+        &namespace_selector,
+        &copy_selector,
+        &member.tasks,
+        copy_tx,
+        isolation,
+    )
 }
 
 /// Who hears of a change of one of a member's offload pods.
