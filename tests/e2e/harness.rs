@@ -575,6 +575,11 @@ impl Tidepool {
         Tidepool { child, log, metrics_port, _dir: dir }
     }
 
+    /// The bridge configuration file this tidepool runs with.
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("tidepool.yaml")
+    }
+
     /// The text of tidepool's `/metrics` (empty while it does not answer yet).
     #[allow(dead_code)]
     pub fn scrape(&self) -> String {

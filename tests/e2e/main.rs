@@ -35,6 +35,7 @@ mod plugin;
 mod pytorchjob;
 mod real_nodes;
 mod reclaim;
+mod refusals;
 mod restart;
 mod services;
 mod sharding;

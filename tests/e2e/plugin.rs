@@ -19,6 +19,32 @@ const TEST: &str = "plugin";
 const NS: &str = "e2e-plugin";
 const NODE: &str = "tidepool-plugin-member-b";
 
+/// A kubeconfig with the training cluster as context `training` and member-b as the
+/// current context.
+fn two_contexts(env: &Env, dir: &Path) -> std::path::PathBuf {
+    let read = |cluster: &str| -> serde_json::Value {
+        serde_saphyr::from_str(&std::fs::read_to_string(env.kubeconfig_path(cluster)).unwrap()).unwrap()
+    };
+    let (training, member) = (read("training"), read("member-b"));
+    let entry = |config: &serde_json::Value, list: &str| config[list][0].clone();
+    let named = |mut v: serde_json::Value, name: &str| {
+        v["name"] = json!(name);
+        v
+    };
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "member",
+        "clusters": [named(entry(&training, "clusters"), "training"), named(entry(&member, "clusters"), "member")],
+        "users": [named(entry(&training, "users"), "training"), named(entry(&member, "users"), "member")],
+        "contexts": [
+            {"name": "training", "context": {"cluster": "training", "user": "training"}},
+            {"name": "member", "context": {"cluster": "member", "user": "member"}},
+        ],
+    });
+    let path = dir.join("two-contexts.kubeconfig");
+    std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();
+    path
+}
+
 /// Runs `kubectl tidepool ARGS` with the plugin (a link named `kubectl-tidepool` to the
 /// binary under test) first on PATH. Returns exit code, stdout, stderr.
 async fn plugin(env: &Env, bin_dir: &Path, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
@@ -88,7 +114,7 @@ async fn kubectl_tidepool_shows_a_tenant_their_gangs_and_an_admin_the_members() 
     let training = env.client("training").await;
     prepare(&env, &training, TEST, NS).await;
     bridge_member(&env, &training, TEST, NS, "plugin-member-b", "member-b").await;
-    let _tidepool = Tidepool::start(&env, TEST, NS);
+    let tidepool = Tidepool::start(&env, TEST, NS);
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(training.clone());
     wait_for(Duration::from_secs(60), "virtual node", || {
         let nodes = nodes.clone();
@@ -202,6 +228,39 @@ async fn kubectl_tidepool_shows_a_tenant_their_gangs_and_an_admin_the_members() 
     let (code, out, _) = plugin(&env, dir.path(), &admin, &["members"]).await;
     assert_eq!(code, 0);
     assert!(out.lines().any(|l| l.starts_with("plugin-member-b") && l.contains("Ready")), "{out}");
+    // `--context`: with another cluster (member-b, which has no MemberClusters) as the
+    // kubeconfig's current context, the named context is the one read.
+    let two = two_contexts(&env, dir.path());
+    let (code, _, err) = plugin(&env, dir.path(), &two, &["members"]).await;
+    assert_eq!(code, 1, "the current context (member-b) has no MemberClusters: {err}");
+    let (code, out, err) = plugin(&env, dir.path(), &two, &["members", "--context", "training"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("plugin-member-b") && l.contains("Ready")), "{out}");
+
+    // `tidepool status` (operations.md) with the bridge's own config: the member Ready with
+    // its pool, the fitting gang placed on its node, the other waiting with its reason.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .arg("status")
+        .arg("--config")
+        .arg(tidepool.config_path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{out}{}", String::from_utf8_lossy(&status.stderr));
+    let section = |name: &str| -> Vec<String> {
+        out.split("\n\n").find(|s| s.starts_with(name)).unwrap_or_default().lines().skip(1).map(str::to_owned).collect()
+    };
+    let members = section("MEMBERS");
+    assert!(members.iter().any(|l| l.trim() == "plugin-member-b  Ready"), "{out}");
+    assert!(members.iter().any(|l| l.contains(NODE) && l.contains("gpu [")), "{out}");
+    let placed = section("GANGS PLACED");
+    assert!(placed.iter().any(|l| l.contains("/fits") && l.contains(&format!("2 pods on {NODE}"))), "{out}");
+    let waiting = section("GANGS WAITING");
+    assert!(
+        waiting.iter().any(|l| l.contains("/huge") && l.contains("2 pods") && !l.contains("not yet considered")),
+        "{out}"
+    );
+
     // The placed gang's copies hold member-b's GPUs: gone before the next test needs them.
     drain_pods(&training, NS).await;
 }

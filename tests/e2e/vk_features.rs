@@ -264,6 +264,37 @@ async fn configmaps_and_secrets_follow_their_pod_into_the_member_and_leave_with_
     wait_phase(&member_pods, &waiting, "Running").await;
     assert!(member_cms.get_opt(&late).await.unwrap().is_some());
 
+    // 3b. A ConfigMap of the member's own under the name a pod references: never
+    //     overwritten; the pod waits, saying so (`ReflectionConflict`, as troubleshooting.md
+    //     shows it), and is not offloaded.
+    let taken = format!("taken-{id}");
+    config_maps.create(&PostParams::default(), &cm(&taken, "ours")).await.unwrap();
+    let theirs = member_cms.create(&PostParams::default(), &cm(&taken, "theirs")).await.unwrap();
+    let blocked = format!("blocked-{id}");
+    let pod = bound_pod(
+        &blocked,
+        NODE,
+        json!({"containers": [{"name": "main", "image": "example.invalid/trainer:1",
+                               "envFrom": [{"configMapRef": {"name": taken}}]}]}),
+    );
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let notes = wait_for(Duration::from_secs(30), "ReflectionConflict event", || {
+        let (training, blocked) = (s.training.clone(), blocked.clone());
+        async move {
+            let notes = event_notes(&training, NS, &blocked, "ReflectionConflict").await;
+            (!notes.is_empty()).then_some(notes)
+        }
+    })
+    .await;
+    let said = format!("member {MEMBER} already has ConfigMap {member_ns}/{taken} that tidepool did not copy");
+    assert!(notes.iter().any(|n| n.contains(&said)), "{notes:?}");
+    let now = member_cms.get(&taken).await.unwrap();
+    assert_eq!(now.metadata.uid, theirs.metadata.uid, "the member's ConfigMap was replaced");
+    assert_eq!(now.data.unwrap()["lr"], "theirs", "the member's ConfigMap was overwritten");
+    assert!(member_pods.get_opt(&blocked).await.unwrap().is_none(), "offloaded over a conflicting ConfigMap");
+    delete_pod(&pods, &blocked).await;
+    member_cms.delete(&taken, &DeleteParams::default()).await.unwrap();
+
     // 4. Secret contents never reach the log: the whole log of this tidepool, read from the
     //    file it writes (not a tail), in plain text or base64 as the API carries it.
     let log = tidepool.log();
@@ -281,7 +312,7 @@ async fn configmaps_and_secrets_follow_their_pod_into_the_member_and_leave_with_
         wait_gone(&member_cms, name, Duration::from_secs(60), "ConfigMap copy removed").await;
     }
     wait_gone(&member_secrets, &creds, Duration::from_secs(60), "Secret copy removed").await;
-    for name in [&trainer, &waiting] {
+    for name in [&trainer, &waiting, &blocked] {
         wait_gone(&pods, name, Duration::from_secs(60), "training pod deleted").await;
     }
     // The training objects themselves are the tenant's and stay.
