@@ -128,7 +128,7 @@ async fn hold_back_the_real_nodes_cpu(s: &Setup) {
 }
 
 #[tokio::test]
-async fn a_real_process_runs_on_the_members_real_node_and_its_logs_and_exec_come_back() {
+async fn a_real_process_runs_on_the_members_real_node_and_its_logs_exec_and_attach_come_back() {
     let s = Setup::start("").await;
     let id = run_id();
     let name = format!("hello-{id}");
@@ -181,6 +181,41 @@ async fn a_real_process_runs_on_the_members_real_node_and_its_logs_and_exec_come
             let (_, out, _) = kubectl(env, "training", &["-n", NS, "logs", name], None).await;
             out.ends_with(&format!("after exec {id}\n")).then_some(())
         }
+    })
+    .await;
+
+    // kubectl attach (tenants.md): the container's stdin and stdout through the training
+    // cluster. It reads lines until its stdin closes (stdinOnce: when attach ends), then exits.
+    let listener = format!("listener-{id}");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": listener},
+        "spec": {
+            "nodeName": NODE, "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+            "tolerations": [{"key": keys::TAINT_VIRTUAL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "main", "image": s.env.var("WORKLOAD_IMAGE"), "imagePullPolicy": "Never",
+                "stdin": true, "stdinOnce": true,
+                "command": ["/bin/sh", "-c", "while read line; do echo \"got $line\"; done; echo bye"],
+                "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}}
+            }]
+        }
+    }))
+    .unwrap();
+    s.pods().create(&PostParams::default(), &pod).await.unwrap();
+    s.await_container(&listener, "listener running", Duration::from_secs(90), |c| {
+        c.state.as_ref()?.running.as_ref().map(|_| ())
+    })
+    .await;
+    let (code, out, err) =
+        kubectl(&s.env, "training", &["-n", NS, "attach", "-i", &listener], Some("one\ntwo\n")).await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "got one\ngot two\nbye\n"),
+        "kubectl attach: {err}\n{}",
+        s.tidepool.log_tail()
+    );
+    s.await_container(&listener, "listener exited 0 after attach", Duration::from_secs(60), |c| {
+        c.state.as_ref()?.terminated.as_ref().filter(|t| t.exit_code == 0).map(|_| ())
     })
     .await;
     drain_pods(&s.training, NS).await;
