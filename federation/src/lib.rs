@@ -2,7 +2,8 @@
 //! plumbing every part of tidepool runs on.
 //!
 //! Owns, for the members: the `MemberCluster` controller (credentials from Secrets, vetting,
-//! connection, status conditions), one [`member::Session`] per connected member, its health
+//! connection, status conditions), one [`member::Session`] per connected member with its
+//! supervised tasks ([`member_tasks`]: one that stops marks the member), its health
 //! ([`health`]), its client's rate limits, fencing and request counts ([`throttle`],
 //! [`fence`], [`api_metrics`]), what it serves ([`discovery`]), its eviction requests
 //! ([`eviction_requests`]), pod networks that collide ([`pod_network`]) and online pods

@@ -19,6 +19,7 @@ mod handover;
 pub mod harden;
 pub mod isolation;
 mod member_events;
+mod member_pods;
 mod mirror;
 mod native_names;
 pub mod native_slices;

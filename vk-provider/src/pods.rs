@@ -43,6 +43,7 @@ use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, de
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
 use crate::handover;
 use crate::isolation::Isolation;
+use crate::member_pods::{self, Created};
 use crate::offload::OffloadPod;
 use crate::offload_cache::OffloadCache;
 use crate::referenced::{self, Source};
@@ -865,13 +866,16 @@ impl PodSync<'_> {
         Ok(Some(Action::requeue(after)))
     }
 
-    /// Creates the copy; the member's watch brings it back, and with it the next sync.
+    /// Creates the copy ([`member_pods::create_copy`]); the member's watch brings it back,
+    /// and with it the next sync.
     async fn create(&self, offload: &Pod) -> Result<Action, Error> {
         let (ctx, pod, member) = (self.ctx, self.pod, self.member());
         let (member_ns, name) = (&self.member_ns, pod.name_any());
-        let api = Api::<Pod>::namespaced(member.client.clone(), member_ns);
-        match api.create(&PostParams::default(), offload).await {
-            Ok(_) => {
+        let created = member_pods::create_copy(&member.client, (member_ns, offload), (&ctx.config.cluster_name, pod))
+            .await
+            .map_err(|e| Error::member(&member.name, "create offload pod", e))?;
+        match created {
+            Created::Made => {
                 info!(member = %member.name, "offload pod created");
                 let msg = format!("created {member_ns}/{name} in member {}", member.name);
                 // Off the pod's sync path: its status changes, which follow at once, must
@@ -882,32 +886,26 @@ impl PodSync<'_> {
                         .in_current_span(),
                 );
             }
-            // Already there: ours (the watch brings it, and the next sync), or a pod our
-            // watch never sees (another origin): reported, never overwritten.
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                if let Some(msg) = foreign_pod(ctx, &member.client, (member_ns, &name), pod).await {
-                    let msg = format!("member {}: {msg}", member.name);
-                    publish(ctx, pod, EventType::Warning, "OffloadConflict", &msg).await;
-                    return Ok(Action::requeue(step::CONFLICT));
-                }
+            Created::There => {}
+            // Another origin's pod: reported, never overwritten.
+            Created::Foreign(msg) => {
+                let msg = format!("member {}: {msg}", member.name);
+                publish(ctx, pod, EventType::Warning, "OffloadConflict", &msg).await;
+                return Ok(Action::requeue(step::CONFLICT));
             }
-            // The band PriorityClasses are gone (deleted by the member's admin, or by the drain
-            // of another MemberCluster on the same API server): made again, then the create.
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("no PriorityClass") => {
-                warn!(member = %member.name, error = %e.message, "offload PriorityClasses missing in the member: creating them again");
+            Created::PriorityClassesMissing(why) => {
+                warn!(member = %member.name, error = %why, "offload PriorityClasses missing in the member: creating them again");
                 tidepool_federation::member::bootstrap(&member.client)
                     .await
                     .map_err(|e| Error::member(&member.name, "create offload PriorityClasses", e))?;
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                // The namespace went away under us; create (and bind, and watch) it again next
-                // time.
+            Created::NamespaceGone => {
+                // Create (and bind, and watch) it again next time.
                 ctx.namespaces.locked(NAMESPACES)?.remove(&(member.name.clone(), member_ns.clone()));
                 self.watch.copies.leave(member_ns);
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
-            Err(e) => return Err(Error::member(&member.name, "create offload pod", e)),
         }
         Ok(Action::await_change())
     }
@@ -983,22 +981,19 @@ impl PodSync<'_> {
 /// notice condition is there ([`translate::notice_for_copy`]), and takes it off the copy once
 /// the notice is withdrawn (a member's eviction request withdrawn before the deadline).
 async fn sync_notice(watch: &OffloadWatch, pod: &PodLite, copy: &OffloadPod) -> Result<(), Error> {
-    let key = keys::ANNOTATION_RECLAIM_DEADLINE;
     let want = translate::notice_for_copy(pod.annotations(), pod.status.tidepool_conditions());
     if copy.reclaim_deadline() == want {
         return Ok(());
     }
     let member = &watch.member;
     let _slot = slot(&watch.writes).await;
-    let api = Api::<Pod>::namespaced(member.client.clone(), copy.namespace());
-    let patch = json!({ "metadata": { "annotations": { key: want } } });
-    api.patch(copy.name(), &PatchParams::default(), &Patch::Merge(patch))
+    let wrote = member_pods::sync_notice(&member.client, copy, want)
         .await
         .map_err(|e| Error::member(&member.name, "copy reclaim notice to offload pod", e))?;
-    if want.is_some() {
-        info!(member = %member.name, "reclaim notice copied to the offload pod");
-    } else {
-        info!(member = %member.name, "withdrawn reclaim notice taken off the offload pod");
+    match (wrote, want) {
+        (false, _) => {}
+        (true, Some(_)) => info!(member = %member.name, "reclaim notice copied to the offload pod"),
+        (true, None) => info!(member = %member.name, "withdrawn reclaim notice taken off the offload pod"),
     }
     Ok(())
 }
@@ -1117,22 +1112,6 @@ async fn fail_pod(ctx: &Context, pod: &PodLite, end: &Ending<'_>) -> Result<(), 
 /// `Recorder`, which keeps every Event it published for minutes (to count repeats) and
 /// scans all of them on each publish: with an Event per offloaded pod, that is a cache the
 /// size of the cluster and a scan of it per pod.
-/// Why member pod `ns/name`, found where `pod`'s copy was to be created, is not its copy (it
-/// lacks `pod`'s origin UID), or `None` if it is, or is the copy of an earlier pod of the same
-/// name of this training cluster (the next reconcile sees it in the watch and deletes it or
-/// waits for it to go), or is gone, or cannot be read now (the next reconcile looks again).
-async fn foreign_pod(ctx: &Context, client: &kube::Client, (ns, name): (&str, &str), pod: &PodLite) -> Option<String> {
-    let found = Api::<Pod>::namespaced(client.clone(), ns).get_opt(name).await.ok()??;
-    let label = |k: &str| found.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
-    let annotation = |k: &str| found.metadata.annotations.as_ref().and_then(|a| a.get(k)).cloned();
-    let ours = label(keys::LABEL_ORIGIN_CLUSTER).as_deref() == Some(ctx.config.cluster_name.as_str())
-        && annotation(keys::ANNOTATION_ORIGIN_NAMESPACE) == pod.metadata.namespace;
-    if ours || OffloadPod::from(found).is_copy_of(pod) {
-        return None;
-    }
-    Some(format!("already has pod {ns}/{name} with another origin"))
-}
-
 async fn publish(ctx: &Context, pod: &PodLite, type_: EventType, reason: &str, note: &str) {
     let namespace = pod.namespace().unwrap_or_default();
     let now = jiff::Timestamp::now();
