@@ -611,6 +611,22 @@ impl Tidepool {
         self.child.id()
     }
 
+    /// SIGTERM, as a rollout stops a pod, then waits (60 s at most) for the process to end:
+    /// its shutdown code runs. Whether it ended by itself.
+    #[allow(dead_code)]
+    pub fn terminate(&mut self) -> bool {
+        let sent = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "cannot send SIGTERM to tidepool {}", self.child.id());
+        for _ in 0..600 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.kill();
+        false
+    }
+
     /// SIGKILL, as a crash would: no shutdown code runs.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -358,9 +358,65 @@ async fn a_killed_replica_s_members_are_served_by_the_others_with_one_writer_eac
         assert!(!agents[agents.len() - 1].contains(&format!("({})", identity(victim))), "{agents:?}");
     }
 
-    // 6. Clean up through the survivors.
+    // 6. A replica stopped cleanly (SIGTERM) releases its member Leases (operations.md): a
+    //    watch of the Leases sees each of them with no holder, before the lease duration
+    //    could have freed it, and another replica takes it.
+    let owners = self::holders(&leases).await;
+    let owns = |r: usize| owners.iter().filter(|(_, h)| **h == identity(r)).map(|(i, _)| *i).collect::<Vec<_>>();
+    let stopping = (0..REPLICAS).filter(|r| replicas[*r].is_some()).max_by_key(|r| owns(*r).len()).unwrap();
+    let given_up = owns(stopping);
+    assert!(!given_up.is_empty(), "the replica to stop owns members: {owners:?}");
+    let released = released_leases(&leases).await;
+    let stopped = Instant::now();
+    assert!(replicas[stopping].as_mut().unwrap().terminate(), "tidepool did not end after SIGTERM");
+    replicas[stopping] = None;
+    wait_for(Duration::from_secs(LEASE_SECONDS), "the stopped replica's Leases released", || async {
+        let seen = released.borrow().clone();
+        given_up.iter().all(|i| seen.contains(&format!("tidepool-member-{}", member(*i)))).then_some(())
+    })
+    .await;
+    eprintln!("sharding: {} Lease(s) released {:?} after SIGTERM", given_up.len(), stopped.elapsed());
+    wait_for(Duration::from_secs(60), "the stopped replica's members taken by the others", || async {
+        let now = holders_of(&leases, &given_up).await;
+        (now.len() == given_up.len() && now.iter().all(|h| h != &identity(stopping))).then_some(())
+    })
+    .await;
+
+    // 7. Clean up through the survivors.
     drain_pods(&training, NS).await;
     reset_members(&training, TEST).await;
+}
+
+/// The names of the member Leases a watch has seen with no holder (released), from now on
+/// (once the watch has listed them).
+async fn released_leases(leases: &Api<Lease>) -> tokio::sync::watch::Receiver<BTreeSet<String>> {
+    let (tx, rx) = tokio::sync::watch::channel(BTreeSet::new());
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let mut listed_tx = Some(listed_tx);
+    let config = kube::runtime::watcher::Config::default().labels("tidepool.io/shard-lease=member");
+    let stream = kube::runtime::watcher(leases.clone(), config);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = futures::StreamExt::next(&mut stream).await {
+            if let Ok(kube::runtime::watcher::Event::InitDone) = event
+                && let Some(listed) = listed_tx.take()
+            {
+                let _ = listed.send(());
+            }
+            let Ok(kube::runtime::watcher::Event::Apply(lease)) = event else { continue };
+            let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
+            if holder.is_none() {
+                tx.send_modify(|seen| {
+                    seen.insert(lease.name_any());
+                });
+            }
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), listed).await.expect("the Lease watch listed").unwrap();
+    rx
 }
 
 async fn holders_of(leases: &Api<Lease>, members: &[usize]) -> Vec<String> {
