@@ -47,7 +47,7 @@ fn two_contexts(env: &Env, dir: &Path) -> std::path::PathBuf {
 
 /// Runs `kubectl tidepool ARGS` with the plugin (a link named `kubectl-tidepool` to the
 /// binary under test) first on PATH. Returns exit code, stdout, stderr.
-async fn plugin(env: &Env, bin_dir: &Path, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn plugin(env: &Env, bin_dir: &Path, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     // kubectl finds a plugin from the arguments before the first flag: flags come after.
     let child = tokio::process::Command::new(env.var("KUBECTL"))
@@ -103,7 +103,7 @@ fn gang_pod(name: &str, gang: &str, gpus: u32) -> Pod {
     .unwrap()
 }
 
-fn items(stdout: &str) -> Vec<serde_json::Value> {
+pub(crate) fn items(stdout: &str) -> Vec<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
     v["items"].as_array().cloned().unwrap_or_default()
 }

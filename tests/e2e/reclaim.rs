@@ -222,6 +222,26 @@ async fn online_growth_reclaims_low_then_whole_gangs_then_high_with_notice_first
         })
         .await;
     }
+    // `kubectl tidepool reclaims` (operations.md) lists both under notice, in band medium,
+    // on member-b's virtual node, not acknowledged yet, their deadline ahead.
+    let plugin_dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tidepool"), plugin_dir.path().join("kubectl-tidepool")).unwrap();
+    let args = ["reclaims", "-n", NS, "-o", "json"];
+    let (code, out, err) =
+        crate::plugin::plugin(&env, plugin_dir.path(), &env.kubeconfig_path("training"), &args).await;
+    assert_eq!(code, 0, "kubectl tidepool reclaims: {err}");
+    let rows = crate::plugin::items(&out);
+    for m in &medium {
+        let row = rows.iter().find(|r| r["pod"] == m.as_str()).unwrap_or_else(|| panic!("{m} not listed: {out}"));
+        assert_eq!((row["namespace"].as_str(), row["band"].as_str()), (Some(NS), Some("medium")), "{row}");
+        assert_eq!(
+            (row["node"].as_str(), row["acknowledged"].as_bool()),
+            (Some("tidepool-reclaim-b"), Some(false)),
+            "{row}"
+        );
+        assert!(row["secondsLeft"].as_i64().is_some_and(|s| s > 0), "{row}");
+    }
+    assert!(rows.iter().all(|r| r["pod"] != high.as_str()), "the high pod is under no notice: {out}");
     let gvk = kube::api::GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
     let pod_groups = Api::<kube::api::DynamicObject>::namespaced_with(
         training.clone(),
