@@ -46,11 +46,14 @@ async fn refuse(client: &Client, name: &str, (operation, resource): (&str, &str)
     Api::<ValidatingAdmissionPolicy>::all(client.clone()).patch(name, &pp, &Patch::Apply(&policy)).await.unwrap();
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
     bindings.patch(name, &pp, &Patch::Apply(&binding)).await.unwrap();
+    // The API server takes a new policy from its own watch, a moment after the write.
+    tokio::time::sleep(Duration::from_secs(2)).await;
 }
 
 async fn lift(client: &Client, name: &str) {
     let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).delete(name, &DeleteParams::default()).await;
     let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone()).delete(name, &DeleteParams::default()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
 }
 
 /// A pod bound by hand to the member's virtual node.
@@ -85,6 +88,14 @@ async fn event_note(training: &Client, name: &str, reason: &str) -> String {
 
 async fn phase(pods: &Api<Pod>, name: &str) -> Option<String> {
     pods.get_opt(name).await.ok()??.status?.phase
+}
+
+/// Waits until pod `name` of `pods` is Running.
+async fn running(pods: &Api<Pod>, name: &str, what: &str) {
+    wait_for(Duration::from_secs(60), what, || async move {
+        (phase(pods, name).await.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
 }
 
 /// A change of the pod, which has the pod sync look at it again (a refused pod is otherwise
@@ -125,39 +136,22 @@ async fn a_members_refusal_and_the_training_clusters_are_said_on_the_pod_and_not
     assert_ne!(phase(&pods, &first).await.as_deref(), Some("Failed"), "a refusal failed the pod");
     // Lifted: the pod's next change makes the copy, and it runs.
     lift(&member, member_policy).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     touch(&pods, &first).await;
-    wait_for(Duration::from_secs(60), "the copy made once the member allows it", || {
-        let pods = pods.clone();
-        let first = first.clone();
-        async move { (phase(&pods, &first).await.as_deref() == Some("Running")).then_some(()) }
-    })
-    .await;
+    running(&pods, &first, "the copy made once the member allows it").await;
 
     // 2. The training cluster refuses tidepool's status write: TrainingForbidden; the copy
     //    runs, the training pod stays Pending until the refusal is lifted.
     let said = "pod status is frozen during the e2e change freeze";
     refuse(&training, training_policy, ("UPDATE", "pods/status"), NS, said).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let second = format!("second-{}", run_id());
     pods.create(&PostParams::default(), &bound_pod(&second)).await.unwrap();
     let note = event_note(&training, &second, "TrainingForbidden").await;
     assert!(note.contains(said), "{note}");
-    wait_for(Duration::from_secs(60), "the copy running in the member", || {
-        let (member_pods, second) = (member_pods.clone(), second.clone());
-        async move { (phase(&member_pods, &second).await.as_deref() == Some("Running")).then_some(()) }
-    })
-    .await;
+    running(&member_pods, &second, "the copy running in the member").await;
     assert_ne!(phase(&pods, &second).await.as_deref(), Some("Running"), "a status went past the refusal");
     lift(&training, training_policy).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     touch(&pods, &second).await;
-    wait_for(Duration::from_secs(60), "the status written once the training cluster allows it", || {
-        let pods = pods.clone();
-        let second = second.clone();
-        async move { (phase(&pods, &second).await.as_deref() == Some("Running")).then_some(()) }
-    })
-    .await;
+    running(&pods, &second, "the status written once the training cluster allows it").await;
     drain_pods(&training, NS).await;
     Api::<MemberCluster>::all(training.clone()).delete(MEMBER, &DeleteParams::default()).await.unwrap();
     drop(tidepool);
