@@ -110,10 +110,19 @@ fn main() -> anyhow::Result<()> {
                 config.kubelet.node_address =
                     address.parse().with_context(|| format!("TIDEPOOL_KUBELET_NODE_ADDRESS={address}: not an IP"))?;
             }
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config, exit_on_stdin_eof))
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let result = runtime.block_on(run(config, exit_on_stdin_eof));
+            // What is still running once `run` is done (the blocking read of standard input
+            // with --exit-on-stdin-eof, a request abandoned at the shutdown grace) does not
+            // hold the process: dropping the runtime would wait for blocking reads forever.
+            runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+            result
         }
     }
 }
+
+/// How long tasks still running after `tidepool run` stopped get before the process exits.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 /// The CRDs as one YAML stream; `deploy/crds/` holds exactly this (checked by a test).
 fn crds_yaml() -> anyhow::Result<String> {

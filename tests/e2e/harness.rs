@@ -103,7 +103,9 @@ pub fn offload_ns(ns: &str) -> String {
 
 pub fn run_id() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    format!("{:x}", (nanos as u64) ^ u64::from(std::process::id()))[..8].to_owned()
+    // The low bits: they change every nanosecond (the high ones only every 4 s, and two
+    // tidepools started together would share a log file).
+    format!("{:08x}", (nanos as u32) ^ std::process::id())
 }
 
 /// One write of tidepool (user agent `tidepool/…`) to a member, from the member's audit log

@@ -298,16 +298,22 @@ async fn an_elastic_pytorchjob_keeps_its_core_native_and_borrows_its_elastic_wor
     let w0_ip = pods.iter().find(|p| p.name_any() == job.worker(0)).and_then(|p| p.status.clone()?.pod_ip).unwrap();
     let slices = kube::Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::all(b.members[0].clone());
     let by_service = kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={}", job.worker(0)));
-    let listed: Vec<Vec<String>> = slices
-        .list(&by_service)
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .flat_map(|s| s.endpoints.into_iter().flatten().map(|e| e.addresses))
-        .collect();
+    let listed = wait_for(Duration::from_secs(30), "member-a's slice listing worker 0's native IP", || {
+        let (slices, by_service, w0_ip) = (slices.clone(), by_service.clone(), w0_ip.clone());
+        async move {
+            let listed: Vec<Vec<String>> = slices
+                .list(&by_service)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .flat_map(|s| s.endpoints.into_iter().flatten().map(|e| e.addresses))
+                .collect();
+            listed.iter().any(|a| a.contains(&w0_ip)).then_some(listed)
+        }
+    })
+    .await;
     println!("member-a's endpoints of {}: {listed:?} (worker 0 at {w0_ip})", job.worker(0));
-    assert!(listed.iter().any(|a| a.contains(&w0_ip)), "member-a lists worker 0's native IP");
     let (touched, watch) = watch_untouched(&b.training, ns, vec![job.worker(0), job.worker(1)]);
     job.reclaim_elastic(&pods, 0).await;
     job.grow_back(&core_node, &before).await;
