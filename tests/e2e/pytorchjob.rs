@@ -134,6 +134,9 @@ impl<'a> Elastic<'a> {
         let mut template = json!({"spec": {"schedulerName": scheduler_name(&b.test), "containers": [container]}});
         if native {
             template["metadata"] = json!({"annotations": {keys::ANNOTATION_NATIVE: "core"}});
+            // The training cluster's real node keeps other pods off with its taint.
+            let taint = b.env.var("REAL_NODE_TAINT");
+            template["spec"]["tolerations"] = json!([{"key": taint, "operator": "Exists", "effect": "NoSchedule"}]);
         }
         let job = json!({
             "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
