@@ -343,7 +343,8 @@ pub struct ReclaimRow {
     pub acknowledged: bool,
 }
 
-fn live(p: &Pod) -> bool {
+/// Not deleted and not ended (`Succeeded` or `Failed`).
+pub(crate) fn live(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
         && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }

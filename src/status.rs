@@ -50,7 +50,7 @@ pub fn format(
 ) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     members_section(&mut out, members)?;
-    let live: Vec<&Pod> = pods.iter().filter(|p| live(p)).collect();
+    let live: Vec<&Pod> = pods.iter().filter(|p| crate::kubectl::live(p)).collect();
     let ours: Vec<&Pod> = live
         .iter()
         .copied()
@@ -59,12 +59,6 @@ pub fn format(
     gangs_section(&mut out, &ours)?;
     reclaims_section(&mut out, &live, now)?;
     Ok(out)
-}
-
-/// Not deleted and not ended.
-fn live(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
 /// Each member, its readiness and each pool's GPU and CPU: used of what it lends.

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tidepool_api::{MemberCluster, keys};
@@ -72,16 +71,8 @@ fn bound_pod(name: &str) -> Pod {
 
 /// The note of the first Event with `reason` about pod `name`, once there is one.
 async fn event_note(training: &Client, name: &str, reason: &str) -> String {
-    let events = Api::<Event>::namespaced(training.clone(), NS);
-    wait_for(Duration::from_secs(60), &format!("{reason} Event on pod {name}"), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items.into_iter().find_map(|e| {
-                (e.reason.as_deref() == Some(reason) && e.regarding.as_ref()?.name.as_deref() == Some(name))
-                    .then(|| e.note.unwrap_or_default())
-            })
-        }
+    wait_for(Duration::from_secs(60), &format!("{reason} Event on pod {name}"), || async move {
+        crate::vk_features::event_notes(training, NS, name, reason).await.into_iter().next()
     })
     .await
 }

@@ -77,7 +77,7 @@ where
 }
 
 /// The notes of the Events with `reason` about pod `name`.
-async fn event_notes(training: &Client, ns: &str, name: &str, reason: &str) -> Vec<String> {
+pub(crate) async fn event_notes(training: &Client, ns: &str, name: &str, reason: &str) -> Vec<String> {
     let events = Api::<Event>::namespaced(training.clone(), ns).list(&ListParams::default()).await.unwrap();
     events
         .items
