@@ -565,8 +565,9 @@ impl Tidepool {
             // how long a reclaim's member delete took).
             .env(
                 "RUST_LOG",
-                std::env::var("TIDEPOOL_TEST_LOG")
-                    .unwrap_or_else(|_| "info,tidepool_vk=debug,tidepool_federation=debug,kube=warn".to_owned()),
+                std::env::var("TIDEPOOL_TEST_LOG").unwrap_or_else(|_| {
+                    "info,tidepool_vk=debug,tidepool_kubelet=debug,tidepool_federation=debug,kube=warn".to_owned()
+                }),
             )
             .envs(vars.iter().copied())
             .stdin(Stdio::piped())
