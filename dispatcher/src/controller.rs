@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
@@ -124,8 +124,7 @@ async fn labels_on_binding(training: &Client) -> bool {
             return false;
         }
     };
-    let minor: u32 = version.minor.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
-    let copies = version.major == "1" && minor >= 35;
+    let copies = round::copies_binding_labels(&version.major, &version.minor);
     info!(version = %version.git_version, labels_on_binding = copies, "bindings record the placement");
     copies
 }
@@ -476,28 +475,14 @@ async fn relabel(ctx: &Context, pod: &PodLite, band: Band, role: &str) {
 async fn bind(ctx: &Context, pod: &PodLite, node: &str, band: Band, stamp: &Stamp) -> Result<()> {
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let name = pod.name_any();
-    if !ctx.labels_on_binding.load(std::sync::atomic::Ordering::Relaxed) {
+    let (first, binding) = stamp.writes(&name, node, ctx.labels_on_binding.load(std::sync::atomic::Ordering::Relaxed));
+    if let Some(patch) = first {
         ctx.wrote();
-        let patch = json!({ "metadata": { "labels": stamp.labels, "annotations": stamp.annotations } });
         if let Err(e) = api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
             warn!(pod = %name, error = %e, "cannot label pod before binding; will retry");
             return forget(ctx, pod);
         }
     }
-    let binding = Binding {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some(stamp.labels.clone()),
-            annotations: Some(stamp.annotations.clone()),
-            ..Default::default()
-        },
-        target: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.to_owned()),
-            ..Default::default()
-        },
-    };
     match api.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
         Ok(_) => {
             debug!(pod = %name, node, "bound");

@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{Binding, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use tidepool_api::Resources;
 use tidepool_api::keys::{self, Band, Native};
@@ -177,6 +179,43 @@ impl Stamp {
         p.metadata.annotations.get_or_insert_default().extend(self.annotations.clone());
         p
     }
+
+    /// The writes that bind pod `name` to `node` with this record: the Binding, carrying it,
+    /// and, where the training API server does not copy a Binding's labels onto its pod
+    /// (`labels_on_binding` false: older than 1.35, or `PodTopologyLabelsAdmission` off), a
+    /// merge patch that puts the record on the pod first.
+    pub(crate) fn writes(
+        &self,
+        name: &str,
+        node: &str,
+        labels_on_binding: bool,
+    ) -> (Option<serde_json::Value>, Binding) {
+        let first = (!labels_on_binding)
+            .then(|| serde_json::json!({ "metadata": { "labels": self.labels, "annotations": self.annotations } }));
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(self.labels.clone()),
+                annotations: Some(self.annotations.clone()),
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_owned()),
+                ..Default::default()
+            },
+        };
+        (first, binding)
+    }
+}
+
+/// Whether a training API server of this version copies a Binding's labels onto its pod:
+/// since 1.35 (`PodTopologyLabelsAdmission`, beta and on by default). `minor` may carry a
+/// suffix (`"35+"`); one that does not parse counts as older.
+pub(crate) fn copies_binding_labels(major: &str, minor: &str) -> bool {
+    let minor: u32 = minor.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0);
+    major.parse::<u32>().is_ok_and(|m| m > 1 || (m == 1 && minor >= 35))
 }
 
 /// A core pod of a new gang as planned: its band and the node it was simulated on (a member
@@ -1016,6 +1055,33 @@ mod tests {
         assert_eq!(p.node_name(), Some("tidepool-a"));
         assert_eq!(tidepool_api::pod::band_of(&p.metadata, p.node_name()), Some(Band::Medium));
         assert!(crate::restart::is_core(&p));
+    }
+
+    #[test]
+    fn a_training_server_older_than_1_35_gets_the_record_on_the_pod_before_the_binding() {
+        assert!(!copies_binding_labels("1", "34"));
+        assert!(!copies_binding_labels("1", "34+"));
+        assert!(!copies_binding_labels("1", ""));
+        assert!(copies_binding_labels("1", "35"));
+        assert!(copies_binding_labels("1", "37+"));
+        let core = Stamp::new(
+            "tidepool-a",
+            Band::High,
+            &Role::Core { size: 2, planned_node: None },
+            &plan::Domain::default(),
+            "t",
+        );
+        let (first, binding) = core.writes("w-0", "tidepool-a", copies_binding_labels("1", "34"));
+        let first = first.expect("an older server is given the labels in a patch before the binding");
+        assert_eq!(first["metadata"]["labels"][keys::LABEL_BAND], "high");
+        assert_eq!(first["metadata"]["labels"][keys::LABEL_ROLE], "core");
+        assert_eq!(first["metadata"]["annotations"][keys::ANNOTATION_GANG_CORE], "2");
+        assert_eq!(binding.target.name.as_deref(), Some("tidepool-a"));
+        assert_eq!(binding.metadata.labels.as_ref(), Some(&core.labels));
+        let (first, binding) = core.writes("w-0", "tidepool-a", copies_binding_labels("1", "37"));
+        assert_eq!(first, None, "a 1.35+ server copies the Binding's labels: one write");
+        assert_eq!(binding.metadata.name.as_deref(), Some("w-0"));
+        assert_eq!(binding.metadata.annotations.as_ref(), Some(&core.annotations));
     }
 
     #[test]
