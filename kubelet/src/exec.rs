@@ -13,9 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::SinkExt;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use kube::api::{AttachParams, AttachedProcess, TerminalSize};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -25,12 +23,11 @@ use tracing::{debug, info, warn};
 use super::frames::{CHUNK, ClientFrames, write_frames};
 use super::spdy::{self, FLAG_FIN, Frame};
 use super::target::{Refusal, Target, resolve};
-use super::{Body, Context, flag, full, text};
+use super::{Body, Context, flag, text, upgrade};
 
 /// The only stream protocol spoken: the one with the Status on the error stream and a resize
 /// stream. Every API server since 1.4 offers it.
 pub(crate) const PROTOCOL_V4: &str = "v4.channel.k8s.io";
-pub(super) const PROTOCOL_HEADER: &str = "X-Stream-Protocol-Version";
 /// How long the API server gets to open the streams it asked for (kubelet's default).
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the API server gets to close the connection once everything was sent.
@@ -111,29 +108,6 @@ impl Options {
     }
 }
 
-/// The protocol to answer with: the client's first one this server speaks.
-fn negotiate(req: &Request<Incoming>) -> Option<&'static str> {
-    req.headers()
-        .get_all(PROTOCOL_HEADER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == PROTOCOL_V4)
-        .then_some(PROTOCOL_V4)
-}
-
-pub(super) fn wants_spdy(req: &Request<Incoming>) -> bool {
-    let has = |name, token: &str| {
-        req.headers()
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    };
-    has(CONNECTION, "upgrade") && has(UPGRADE, "SPDY/3.1")
-}
-
 pub(crate) async fn serve(
     ctx: &Context,
     kind: Kind,
@@ -143,15 +117,9 @@ pub(crate) async fn serve(
     query: &[(String, String)],
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    if !wants_spdy(&req) {
-        return text(StatusCode::BAD_REQUEST, "exec and attach need a Connection: Upgrade to SPDY/3.1");
+    if let Some(refused) = upgrade::refusal(req.headers(), "exec and attach", PROTOCOL_V4) {
+        return refused;
     }
-    let Some(protocol) = negotiate(&req) else {
-        return text(
-            StatusCode::FORBIDDEN,
-            &format!("unable to negotiate a stream protocol: this kubelet speaks {PROTOCOL_V4}"),
-        );
-    };
     let options = match Options::parse(kind, query) {
         Ok(o) => o,
         Err(message) => return text(StatusCode::BAD_REQUEST, &message),
@@ -160,23 +128,12 @@ pub(crate) async fn serve(
         Ok(t) => t,
         Err(Refusal(status, message)) => return text(status, &message),
     };
-    let upgrade = hyper::upgrade::on(&mut req);
-    let (pod, container) = (pod.to_owned(), container.to_owned());
-    tokio::spawn(async move {
-        match upgrade.await {
-            Ok(upgraded) => {
-                info!(pod, member = %target.member.name, ?kind, command = ?options.command, "remote command");
-                session(TokioIo::new(upgraded), target, container, kind, options).await;
-            }
-            Err(error) => warn!(pod, %error, "exec upgrade failed"),
-        }
-    });
-    let mut response = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-    let h = response.headers_mut();
-    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(UPGRADE, HeaderValue::from_static("SPDY/3.1"));
-    h.insert(PROTOCOL_HEADER, HeaderValue::from_static(protocol));
-    response
+    let member = target.member.name.clone();
+    info!(pod, %member, ?kind, command = ?options.command, "remote command");
+    let container = container.to_owned();
+    upgrade::switch(&mut req, pod.to_owned(), "exec", PROTOCOL_V4, move |io| {
+        session(io, target, container, kind, options)
+    })
 }
 
 /// Streams of the session, by channel, once all expected ones are open.

@@ -31,6 +31,7 @@ pub mod spdy;
 mod stats;
 mod target;
 mod tls;
+mod upgrade;
 mod usage;
 
 pub use stats::resource_metrics_path;

@@ -10,60 +10,29 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use super::exec::{PROTOCOL_HEADER, wants_spdy};
 use super::frames::{CHUNK, ClientFrames, write_frames};
 use super::spdy::{self, FLAG_FIN, Frame};
 use super::target::{Refusal, Target, resolve};
-use super::{Body, Context, full, text};
+use super::{Body, Context, text, upgrade};
 
 /// The port-forward stream protocol kubelets speak.
 const PROTOCOL: &str = "portforward.k8s.io";
 
 pub(crate) async fn serve(ctx: &Context, namespace: &str, pod: &str, mut req: Request<Incoming>) -> Response<Body> {
-    if !wants_spdy(&req) {
-        return text(StatusCode::BAD_REQUEST, "port-forward needs a Connection: Upgrade to SPDY/3.1");
-    }
-    let offered = req
-        .headers()
-        .get_all(PROTOCOL_HEADER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == PROTOCOL);
-    if !offered {
-        return text(
-            StatusCode::FORBIDDEN,
-            &format!("unable to negotiate a stream protocol: this kubelet speaks {PROTOCOL}"),
-        );
+    if let Some(refused) = upgrade::refusal(req.headers(), "port-forward", PROTOCOL) {
+        return refused;
     }
     let target = match resolve(ctx, namespace, pod).await {
         Ok(t) => t,
         Err(Refusal(status, message)) => return text(status, &message),
     };
-    let upgrade = hyper::upgrade::on(&mut req);
-    let pod = pod.to_owned();
-    tokio::spawn(async move {
-        match upgrade.await {
-            Ok(upgraded) => {
-                info!(pod, member = %target.member.name, "port-forward");
-                session(TokioIo::new(upgraded), target).await;
-            }
-            Err(error) => warn!(pod, %error, "port-forward upgrade failed"),
-        }
-    });
-    let mut response = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-    let h = response.headers_mut();
-    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(UPGRADE, HeaderValue::from_static("SPDY/3.1"));
-    h.insert(PROTOCOL_HEADER, HeaderValue::from_static(PROTOCOL));
-    response
+    info!(pod, member = %target.member.name, "port-forward");
+    upgrade::switch(&mut req, pod.to_owned(), "port-forward", PROTOCOL, move |io| session(io, target))
 }
 
 /// The two streams of one forwarded connection, as they open.
