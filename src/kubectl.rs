@@ -444,8 +444,14 @@ pub fn jobs(pods: &[Pod], scheduler_name: &str, now: jiff::Timestamp) -> Vec<Job
             && (spec.and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name)
                 || p.labels().contains_key(keys::LABEL_BAND))
     });
+    gangs(ours, now)
+}
+
+/// `pods` grouped by gang, each gang's row of `kubectl tidepool jobs` (`tidepool status`
+/// shows the same rows). Pure.
+pub(crate) fn gangs<'a>(pods: impl Iterator<Item = &'a Pod>, now: jiff::Timestamp) -> Vec<JobRow> {
     let mut gangs: BTreeMap<String, JobRow> = BTreeMap::new();
-    for p in ours {
+    for p in pods {
         let key = tidepool_dispatcher::gang::gang_of_pod(p).to_string();
         let row = gangs.entry(key.clone()).or_insert_with(|| JobRow {
             namespace: p.namespace().unwrap_or_default(),

@@ -11,6 +11,8 @@ use kube::{Api, Client, ResourceExt};
 use tidepool_api::resources::{format_milli, parse_milli};
 use tidepool_api::{MemberCluster, keys};
 
+use crate::kubectl::{JobRow, ReclaimRow};
+
 const GPU: &str = "nvidia.com/gpu";
 
 /// A bar of `width` cells filled in proportion to `used` of `total`; a pool using more than
@@ -50,14 +52,11 @@ pub fn format(
 ) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     members_section(&mut out, members)?;
-    let live: Vec<&Pod> = pods.iter().filter(|p| crate::kubectl::live(p)).collect();
-    let ours: Vec<&Pod> = live
-        .iter()
-        .copied()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name))
-        .collect();
-    gangs_section(&mut out, &ours)?;
-    reclaims_section(&mut out, &live, now)?;
+    let ours = pods.iter().filter(|p| {
+        crate::kubectl::live(p) && p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name)
+    });
+    gangs_section(&mut out, &crate::kubectl::gangs(ours, now))?;
+    reclaims_section(&mut out, &crate::kubectl::reclaims(pods, now))?;
     Ok(out)
 }
 
@@ -87,68 +86,38 @@ fn members_section(out: &mut String, members: &[MemberCluster]) -> std::fmt::Res
     Ok(())
 }
 
-/// One gang as the status shows it.
-#[derive(Default)]
-struct GangLine {
-    bound: usize,
-    pending: usize,
-    /// A node one of its pods is bound to.
-    node: Option<String>,
-    /// Why one of its pending pods waits (its `PodScheduled=False` message).
-    why: Option<String>,
-}
-
-/// The gangs of `ours` (live pods of tidepool's scheduler): placed ones with their node and
-/// the elastic pods still waiting, then those with no pod placed and why.
-fn gangs_section(out: &mut String, ours: &[&Pod]) -> std::fmt::Result {
-    let mut gangs: BTreeMap<String, GangLine> = BTreeMap::new();
-    for p in ours {
-        let g = gangs.entry(tidepool_dispatcher::gang::gang_of_pod(p).to_string()).or_default();
-        match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
-            Some(node) => {
-                g.bound += 1;
-                g.node = Some(node);
-            }
-            None => {
-                g.pending += 1;
-                let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-                let why = conditions.and_then(|cs| {
-                    cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False").and_then(|c| c.message.clone())
-                });
-                g.why = why.or(g.why.take());
-            }
-        }
-    }
+/// The gangs (rows of `kubectl tidepool jobs`): placed ones with their nodes and the elastic
+/// pods still waiting, then those with no pod placed and why.
+fn gangs_section(out: &mut String, gangs: &[JobRow]) -> std::fmt::Result {
     writeln!(out, "\nGANGS PLACED")?;
-    for (key, g) in gangs.iter().filter(|(_, g)| g.bound > 0) {
-        let waiting = if g.pending > 0 { format!(" (+{} elastic waiting)", g.pending) } else { String::new() };
-        writeln!(out, "  {key:<48} {:>4} pods on {}{waiting}", g.bound, g.node.as_deref().unwrap_or("?"))?;
+    for g in gangs.iter().filter(|g| g.placed > 0) {
+        let pending = g.pods - g.placed;
+        let waiting = if pending > 0 { format!(" (+{pending} elastic waiting)") } else { String::new() };
+        writeln!(out, "  {:<48} {:>4} pods on {}{waiting}", g.gang, g.placed, g.nodes.join(","))?;
     }
     writeln!(out, "\nGANGS WAITING")?;
-    for (key, g) in gangs.iter().filter(|(_, g)| g.bound == 0) {
-        writeln!(out, "  {key:<48} {:>4} pods  {}", g.pending, g.why.as_deref().unwrap_or("not yet considered"))?;
+    for g in gangs.iter().filter(|g| g.placed == 0) {
+        writeln!(out, "  {:<48} {:>4} pods  {}", g.gang, g.pods, g.waiting.as_deref().unwrap_or("not yet considered"))?;
     }
     Ok(())
 }
 
-/// Every live pod under a reclaim notice: its band, node, deadline and whether it acked.
-fn reclaims_section(out: &mut String, live: &[&Pod], now: jiff::Timestamp) -> std::fmt::Result {
+/// Every live pod under a reclaim notice (rows of `kubectl tidepool reclaims`): its band,
+/// node, deadline and whether it acked.
+fn reclaims_section(out: &mut String, reclaims: &[ReclaimRow]) -> std::fmt::Result {
     writeln!(out, "\nRECLAIMS IN PROGRESS")?;
-    for p in live {
-        let Some(deadline) = p.annotations().get(keys::ANNOTATION_RECLAIM_DEADLINE) else { continue };
-        let left = deadline.parse::<jiff::Timestamp>().map_or(String::new(), |d| {
-            let secs = d.duration_since(now).as_secs();
-            if secs > 0 { format!("{secs}s left") } else { "deadline passed".to_owned() }
-        });
-        let acked =
-            if p.annotations().contains_key(keys::ANNOTATION_CHECKPOINT_DONE) { ", checkpoint acked" } else { "" };
-        let band = p.labels().get(keys::LABEL_BAND).cloned().unwrap_or_default();
+    for r in reclaims {
+        let left = match r.seconds_left {
+            Some(secs) if secs > 0 => format!("{secs}s left"),
+            Some(_) => "deadline passed".to_owned(),
+            None => String::new(),
+        };
+        let acked = if r.acknowledged { ", checkpoint acked" } else { "" };
+        let node = if r.node.is_empty() { "?" } else { &r.node };
         writeln!(
             out,
-            "  {}/{} band {band} on {}: deadline {deadline} ({left}{acked})",
-            p.namespace().unwrap_or_default(),
-            p.name_any(),
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("?")
+            "  {}/{} band {} on {node}: deadline {} ({left}{acked})",
+            r.namespace, r.pod, r.band, r.deadline
         )?;
     }
     Ok(())
