@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use tidepool_api::pod::PodLite;
@@ -21,6 +20,7 @@ use tracing::{debug, info};
 use crate::Error;
 use crate::copies::{self, MemberCopies, MetaStores};
 use crate::handover::Handovers;
+use crate::member_pods::{self, SentDeletions};
 use crate::offload::OffloadPod;
 use crate::offload_cache::OffloadCache;
 use crate::referenced::{References, Source};
@@ -95,50 +95,6 @@ pub(crate) struct OffloadWatch {
     pub(crate) writes: Arc<Semaphore>,
     /// Deletions of offload pods sent and perhaps not yet seen by `store`.
     pub(crate) deletions: Arc<SentDeletions>,
-}
-
-/// How long a deletion the member accepted keeps a second one of the same pod from being
-/// sent. A second one never helps (the member has the pod deleting or gone; one that did not
-/// reach it is released at once), so this only bounds the memory: far longer than the offload
-/// watch lags under a mass deletion on a loaded member (18 s was seen at 300 pods on 2 busy
-/// cores, with a 10 s memory each late pod was deleted two or three times).
-pub(crate) const DELETION_MEMORY: Duration = Duration::from_secs(300);
-
-/// The offload pods (by UID) whose deletion was sent in the last [`DELETION_MEMORY`]. Under
-/// a mass deletion the offload watch lags behind the deletions; a sync that reads a copy not
-/// yet shown as deleting must not delete it again: it may already be gone (a DELETE answered
-/// 404, a member call for nothing).
-#[derive(Debug, Default)]
-pub(crate) struct SentDeletions(Mutex<Sent>);
-
-#[derive(Debug, Default)]
-pub(crate) struct Sent {
-    at: HashMap<String, Instant>,
-    pruned: Option<Instant>,
-}
-
-impl SentDeletions {
-    /// Whether the deletion of the pod `uid` is to be sent at `now`; records it if so.
-    pub(crate) fn claim(&self, uid: &str, now: Instant) -> Result<bool, Poisoned> {
-        let mut sent = self.0.locked("sent deletions")?;
-        let old = |at: &Instant| now.saturating_duration_since(*at) >= DELETION_MEMORY;
-        // Old entries go at most once a second: a mass deletion claims thousands at once.
-        if sent.pruned.is_none_or(|p| now.saturating_duration_since(p) >= Duration::from_secs(1)) {
-            sent.at.retain(|_, at| !old(at));
-            sent.pruned = Some(now);
-        }
-        if sent.at.get(uid).is_some_and(|at| !old(at)) {
-            return Ok(false);
-        }
-        sent.at.insert(uid.to_owned(), now);
-        Ok(true)
-    }
-
-    /// The deletion of `uid` did not reach the member: the next look may send it again.
-    pub(crate) fn release(&self, uid: &str) -> Result<(), Poisoned> {
-        self.0.locked("sent deletions")?.at.remove(uid);
-        Ok(())
-    }
 }
 
 impl Context {
@@ -277,48 +233,19 @@ impl Context {
 }
 
 /// Deletes the offload pod `copy` (of this UID only) with `grace` seconds, unless its
-/// deletion was sent already (see [`SentDeletions`]).
+/// deletion was sent already (see [`SentDeletions`], [`member_pods::delete_copy`]).
 pub(crate) async fn delete_offload(watch: &OffloadWatch, copy: &OffloadPod, grace: Option<u32>) -> Result<(), Error> {
     let member = &watch.member;
-    let uid = copy.uid().unwrap_or_default();
-    if !watch.deletions.claim(uid, Instant::now())? {
-        debug!(member = %member.name, "offload pod deletion already sent; waiting for the member's watch");
-        return Ok(());
-    }
-    let dp = DeleteParams {
-        grace_period_seconds: grace,
-        preconditions: Some(Preconditions { uid: copy.uid().map(str::to_owned), resource_version: None }),
-        ..Default::default()
-    };
-    match Api::<Pod>::namespaced(member.client.clone(), copy.namespace()).delete(copy.name(), &dp).await {
-        Ok(_) => {
+    match member_pods::delete_copy(&member.client, &watch.deletions, copy, grace, Instant::now()).await {
+        Ok(true) => {
             info!(member = %member.name, ?grace, "offload pod deletion requested");
             Ok(())
         }
-        Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => {
-            info!(member = %member.name, ?grace, "offload pod deletion requested");
+        Ok(false) => {
+            debug!(member = %member.name, "offload pod deletion already sent; waiting for the member's watch");
             Ok(())
         }
-        Err(e) => {
-            watch.deletions.release(uid)?;
-            Err(Error::member(&member.name, "delete offload pod", e))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_deletion_is_sent_once_until_it_is_old_or_did_not_go_out() {
-        let sent = SentDeletions::default();
-        let t0 = Instant::now();
-        assert!(sent.claim("a", t0).unwrap());
-        assert!(!sent.claim("a", t0 + Duration::from_secs(1)).unwrap(), "the watch has not caught up yet");
-        assert!(sent.claim("b", t0).unwrap(), "another pod is another deletion");
-        assert!(sent.claim("a", t0 + DELETION_MEMORY).unwrap(), "a deletion the watch never showed goes again");
-        sent.release("b").unwrap();
-        assert!(sent.claim("b", t0 + Duration::from_secs(1)).unwrap(), "a deletion that failed goes again");
+        Err(member_pods::DeleteFailed::Member(e)) => Err(Error::member(&member.name, "delete offload pod", e)),
+        Err(member_pods::DeleteFailed::Poisoned(p)) => Err(p.into()),
     }
 }

@@ -1,19 +1,23 @@
 //! The pod sync's way to a member's pods, narrowed to what it asks of them (as
 //! virtual-kubelet's `PodLifecycleHandler` narrows a provider): create a copy, read one by
-//! name, move the reclaim notice onto it. [`MemberPods`] is that backend; `kube::Client` is
+//! name, move the reclaim notice onto it, delete it by its UID. [`MemberPods`] is that backend; `kube::Client` is
 //! the real one. What the sync makes of each answer ([`create_copy`], [`sync_notice`]) is
-//! written against the trait, so it is tested here on plain data with a member of the
+//! written against the trait ([`delete_copy`] too), so it is tested here on plain data with a member of the
 //! tests' own making: create idempotent on the origin UID, 409s, 404s, a refused write, a
 //! member that answers slowly.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tidepool_api::keys;
 use tidepool_api::pod::PodLite;
+use tidepool_api::sync::{Locked, Poisoned};
 
 use crate::offload::OffloadPod;
 
@@ -31,6 +35,15 @@ pub(crate) trait MemberPods: Send + Sync {
         key: &str,
         value: Option<&str>,
     ) -> impl Future<Output = kube::Result<()>> + Send;
+    /// Deletes pod `ns/name` if its UID is still `uid`, with `grace` seconds (the pod's own
+    /// when `None`).
+    fn delete(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        grace: Option<u32>,
+    ) -> impl Future<Output = kube::Result<()>> + Send;
 }
 
 impl MemberPods for kube::Client {
@@ -45,6 +58,59 @@ impl MemberPods for kube::Client {
     async fn annotate(&self, ns: &str, name: &str, key: &str, value: Option<&str>) -> kube::Result<()> {
         let patch = Patch::Merge(json!({ "metadata": { "annotations": { key: value } } }));
         Api::<Pod>::namespaced(self.clone(), ns).patch(name, &PatchParams::default(), &patch).await.map(|_| ())
+    }
+
+    async fn delete(&self, ns: &str, name: &str, uid: &str, grace: Option<u32>) -> kube::Result<()> {
+        let dp = DeleteParams {
+            grace_period_seconds: grace,
+            preconditions: Some(Preconditions { uid: Some(uid.to_owned()), resource_version: None }),
+            ..Default::default()
+        };
+        Api::<Pod>::namespaced(self.clone(), ns).delete(name, &dp).await.map(|_| ())
+    }
+}
+
+/// How long a deletion the member accepted keeps a second one of the same pod from being
+/// sent. A second one never helps (the member has the pod deleting or gone; one that did not
+/// reach it is released at once), so this only bounds the memory: far longer than the offload
+/// watch lags under a mass deletion on a loaded member (18 s was seen at 300 pods on 2 busy
+/// cores, with a 10 s memory each late pod was deleted two or three times).
+pub(crate) const DELETION_MEMORY: Duration = Duration::from_secs(300);
+
+/// The offload pods (by UID) whose deletion was sent in the last [`DELETION_MEMORY`]. Under
+/// a mass deletion the offload watch lags behind the deletions; a sync that reads a copy not
+/// yet shown as deleting must not delete it again: it may already be gone (a DELETE answered
+/// 404, a member call for nothing).
+#[derive(Debug, Default)]
+pub(crate) struct SentDeletions(Mutex<Sent>);
+
+#[derive(Debug, Default)]
+pub(crate) struct Sent {
+    at: HashMap<String, Instant>,
+    pruned: Option<Instant>,
+}
+
+impl SentDeletions {
+    /// Whether the deletion of the pod `uid` is to be sent at `now`; records it if so.
+    pub(crate) fn claim(&self, uid: &str, now: Instant) -> Result<bool, Poisoned> {
+        let mut sent = self.0.locked("sent deletions")?;
+        let old = |at: &Instant| now.saturating_duration_since(*at) >= DELETION_MEMORY;
+        // Old entries go at most once a second: a mass deletion claims thousands at once.
+        if sent.pruned.is_none_or(|p| now.saturating_duration_since(p) >= Duration::from_secs(1)) {
+            sent.at.retain(|_, at| !old(at));
+            sent.pruned = Some(now);
+        }
+        if sent.at.get(uid).is_some_and(|at| !old(at)) {
+            return Ok(false);
+        }
+        sent.at.insert(uid.to_owned(), now);
+        Ok(true)
+    }
+
+    /// The deletion of `uid` did not reach the member: the next look may send it again.
+    pub(crate) fn release(&self, uid: &str) -> Result<(), Poisoned> {
+        self.0.locked("sent deletions")?.at.remove(uid);
+        Ok(())
     }
 }
 
@@ -109,6 +175,40 @@ pub(crate) async fn sync_notice(member: &impl MemberPods, copy: &OffloadPod, wan
     }
     member.annotate(copy.namespace(), copy.name(), keys::ANNOTATION_RECLAIM_DEADLINE, want).await?;
     Ok(true)
+}
+
+/// Deletes `copy` (of its UID only) with `grace` seconds, unless its deletion was sent at
+/// `now` or lately and the member's watch has not shown it yet (`sent`): `false` then. A
+/// member that answers 404 (gone) or 409 (the name is another pod's now) has nothing left
+/// to delete; any other refusal is an error, and the next sync sends the deletion again.
+pub(crate) async fn delete_copy(
+    member: &impl MemberPods,
+    sent: &SentDeletions,
+    copy: &OffloadPod,
+    grace: Option<u32>,
+    now: Instant,
+) -> Result<bool, DeleteFailed> {
+    let uid = copy.uid().unwrap_or_default();
+    if !sent.claim(uid, now)? {
+        return Ok(false);
+    }
+    match member.delete(copy.namespace(), copy.name(), uid, grace).await {
+        Ok(()) => Ok(true),
+        Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => Ok(true),
+        Err(e) => {
+            sent.release(uid)?;
+            Err(DeleteFailed::Member(e))
+        }
+    }
+}
+
+/// Why a copy's deletion did not go out.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DeleteFailed {
+    #[error("the member refused: {0}")]
+    Member(kube::Error),
+    #[error(transparent)]
+    Poisoned(#[from] Poisoned),
 }
 
 #[cfg(test)]

@@ -26,6 +26,9 @@ struct Member {
     delay: Duration,
     reads_fail: bool,
     creates: Mutex<u32>,
+    /// Deletes answered 503 while set.
+    deletes_fail: std::sync::atomic::AtomicBool,
+    deletes: Mutex<u32>,
 }
 
 impl Default for Member {
@@ -37,6 +40,8 @@ impl Default for Member {
             delay: Duration::ZERO,
             reads_fail: false,
             creates: Mutex::new(0),
+            deletes_fail: false.into(),
+            deletes: Mutex::new(0),
         }
     }
 }
@@ -79,6 +84,27 @@ impl MemberPods for Member {
             None => annotations.remove(key),
         };
         Ok(())
+    }
+
+    /// As an API server with a UID precondition: 404 when there is no such pod, 409 when
+    /// the name is another pod's.
+    async fn delete(&self, ns: &str, name: &str, uid: &str, _: Option<u32>) -> kube::Result<()> {
+        *self.deletes.lock().unwrap() += 1;
+        if self.deletes_fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(api_error(503, "the server is currently unable to handle the request"));
+        }
+        let mut pods = self.pods.lock().unwrap();
+        let key = (ns.to_owned(), name.to_owned());
+        match pods.get(&key) {
+            None => Err(api_error(404, &format!("pods \"{name}\" not found"))),
+            Some(p) if p.metadata.uid.as_deref() != Some(uid) => {
+                Err(api_error(409, "Precondition failed: UID in precondition does not match"))
+            }
+            Some(_) => {
+                pods.remove(&key);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -186,6 +212,9 @@ async fn missing_priority_classes_are_named_and_any_other_refusal_is_the_callers
         async fn annotate(&self, _: &str, _: &str, _: &str, _: Option<&str>) -> kube::Result<()> {
             Ok(())
         }
+        async fn delete(&self, _: &str, _: &str, _: &str, _: Option<u32>) -> kube::Result<()> {
+            Ok(())
+        }
     }
     let refused = create_copy(&Refusing, (NS, &copy_of(&pod)), (CLUSTER, &pod)).await.unwrap_err();
     let error = crate::Error::member(&tidepool_api::MemberName::from("member-a"), "create offload pod", refused);
@@ -220,4 +249,50 @@ async fn the_notice_moves_onto_the_copy_once_and_off_when_withdrawn() {
     assert!(!sync_notice(&member, &read(), Some(deadline)).await.unwrap(), "written twice");
     assert!(sync_notice(&member, &read(), None).await.unwrap());
     assert_eq!(read().reclaim_deadline(), None);
+}
+
+#[test]
+fn a_deletion_is_sent_once_until_it_is_old_or_did_not_go_out() {
+    let sent = SentDeletions::default();
+    let t0 = Instant::now();
+    assert!(sent.claim("a", t0).unwrap());
+    assert!(!sent.claim("a", t0 + Duration::from_secs(1)).unwrap(), "the watch has not caught up yet");
+    assert!(sent.claim("b", t0).unwrap(), "another pod is another deletion");
+    assert!(sent.claim("a", t0 + DELETION_MEMORY).unwrap(), "a deletion the watch never showed goes again");
+    sent.release("b").unwrap();
+    assert!(sent.claim("b", t0 + Duration::from_secs(1)).unwrap(), "a deletion that failed goes again");
+}
+
+/// The member's copy `name` with member UID `uid`, stored in `member`.
+fn stored_copy(member: &Member, name: &str, uid: &str) -> OffloadPod {
+    let mut copy = copy_of(&training_pod(name, "t-1"));
+    copy.metadata.uid = Some(uid.to_owned());
+    member.pods.lock().unwrap().insert((NS.to_owned(), name.to_owned()), copy.clone());
+    OffloadPod::from(copy)
+}
+
+#[tokio::test]
+async fn a_copy_is_deleted_once_by_its_uid_and_again_only_when_the_member_did_not_take_it() {
+    let (member, sent, t0) = (Member::default(), SentDeletions::default(), Instant::now());
+    let copy = stored_copy(&member, "trainer-0", "m-1");
+    assert!(delete_copy(&member, &sent, &copy, Some(30), t0).await.unwrap());
+    assert!(member.pods.lock().unwrap().is_empty());
+    // The member's watch has not shown it gone yet: no second call.
+    assert!(!delete_copy(&member, &sent, &copy, Some(30), t0 + Duration::from_secs(2)).await.unwrap());
+    assert_eq!(*member.deletes.lock().unwrap(), 1);
+
+    // The name is another pod's now (a new copy of a pod of the same name): the precondition
+    // keeps it, and there is nothing left to delete.
+    let old = stored_copy(&member, "trainer-1", "m-2");
+    let new = stored_copy(&member, "trainer-1", "m-3");
+    assert!(delete_copy(&member, &sent, &old, None, t0).await.unwrap());
+    assert_eq!(OffloadPod::from(member.pods.lock().unwrap()[&(NS.to_owned(), "trainer-1".to_owned())].clone()), new);
+
+    // A member that does not answer: an error, and the next sync sends it again.
+    let copy = stored_copy(&member, "trainer-2", "m-4");
+    member.deletes_fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(delete_copy(&member, &sent, &copy, None, t0).await, Err(DeleteFailed::Member(_))));
+    member.deletes_fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(delete_copy(&member, &sent, &copy, None, t0 + Duration::from_secs(1)).await.unwrap());
+    assert!(!member.pods.lock().unwrap().contains_key(&(NS.to_owned(), "trainer-2".to_owned())));
 }
