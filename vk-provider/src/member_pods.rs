@@ -1,10 +1,10 @@
 //! The pod sync's way to a member's pods, narrowed to what it asks of them (as
 //! virtual-kubelet's `PodLifecycleHandler` narrows a provider): create a copy, read one by
-//! name, move the reclaim notice onto it, delete it by its UID. [`MemberPods`] is that backend; `kube::Client` is
-//! the real one. What the sync makes of each answer ([`create_copy`], [`sync_notice`]) is
-//! written against the trait ([`delete_copy`] too), so it is tested here on plain data with a member of the
-//! tests' own making: create idempotent on the origin UID, 409s, 404s, a refused write, a
-//! member that answers slowly.
+//! name, move the reclaim notice onto it, delete it by its UID. [`MemberPods`] is that
+//! backend; `kube::Client` is the real one. What the sync makes of each answer
+//! ([`create_copy`], [`sync_notice`], [`delete_copy`]) is written against the trait, so it
+//! is tested here on plain data with a member of the tests' own making: create idempotent
+//! on the origin UID, 409s, 404s, a refused write, a member that answers slowly.
 
 use std::collections::HashMap;
 use std::future::Future;
