@@ -17,6 +17,12 @@
 //! - in a **plain** namespace, and in one labelled as tidepool labels its offload namespaces
 //!   (Pod Security `enforce` and `warn` at the member's level).
 //!
+//! - as the **admin** (`system:masters`: no admission policy, no APF queue), and, for the
+//!   copy in the offload-like namespace, as **tidepool**'s member identity: the
+//!   ServiceAccount `tidepool-member/tidepool` of `deploy/manifests/member.yaml` (applied to
+//!   member-a), its pods allowed by a RoleBinding to `tidepool-offload` as tidepool makes
+//!   one, its writes checked by the release's ValidatingAdmissionPolicies.
+//!
 //! Every pod names a scheduler nobody runs, so nothing but its create touches it. Latency is
 //! read twice: at the client, and at the server from member-a's audit log
 //! (`requestReceivedTimestamp` → `stageTimestamp` of each create). The API server's CPU
@@ -121,10 +127,17 @@ struct Cell {
     apiserver_cpu: f64,
 }
 
-/// Creates `n` pods from `template` in `ns`, `concurrency` at a time; client latencies, the
+/// Creates `n` pods from `template` in `ns` as `client`, `concurrency` at a time (the
+/// admin `member` cleans up); client latencies, the
 /// API server's CPU seconds meanwhile, and (read later from the audit log) server latencies.
-async fn run_cell(env: &Env, member: &Client, (ns, template): (&str, &Value), n: usize, concurrency: usize) -> Cell {
-    let pods = Api::<Pod>::namespaced(member.clone(), ns);
+async fn run_cell(
+    env: &Env,
+    (member, client): (&Client, &Client),
+    (ns, template): (&str, &Value),
+    n: usize,
+    concurrency: usize,
+) -> Cell {
+    let (pods, creator) = (Api::<Pod>::namespaced(member.clone(), ns), Api::<Pod>::namespaced(client.clone(), ns));
     let apiserver = apiserver_pid(env);
     let tag = run_id();
     let since = jiff::Timestamp::now();
@@ -133,7 +146,7 @@ async fn run_cell(env: &Env, member: &Client, (ns, template): (&str, &Value), n:
     let mut client = Vec::with_capacity(n);
     for chunk in names.chunks(concurrency) {
         let creates = chunk.iter().map(|name| {
-            let (pods, pod) = (pods.clone(), named(template, name));
+            let (pods, pod) = (creator.clone(), named(template, name));
             async move {
                 let start = Instant::now();
                 pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -185,6 +198,49 @@ fn ms(sorted: &[f64], p: f64) -> String {
     if sorted.is_empty() { "–".to_owned() } else { format!("{:.1}", pct(sorted, p / 100.0) * 1e3) }
 }
 
+/// A client of member-a as tidepool's member identity (`deploy/manifests/member.yaml`,
+/// applied), allowed pods in `ns` as tidepool allows itself in an offload namespace.
+async fn tidepool_identity(env: &Env, member: &Client, ns: &str) -> Client {
+    ensure_namespace(member, "tidepool-member").await;
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/manifests/member.yaml");
+    let (code, _, err) = kubectl(env, "member-a", &["apply", "-f", manifest], None).await;
+    assert_eq!(code, 0, "kubectl apply {manifest}: {err}");
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "tidepool-offload", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tidepool-offload"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tidepool", "namespace": "tidepool-member"}],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(member.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let token = token(member, "tidepool-member", "tidepool").await;
+    client_from(&token_kubeconfig(env, env.var("MEMBER_A_SERVER"), &token)).await
+}
+
+/// A cell: who creates, which pod, in which namespace, how many at once.
+type Key = (&'static str, &'static str, &'static str, usize);
+
+/// Every cell once, in the order of the first round: the admin's four shapes and spaces,
+/// tidepool's identity only where it may create (its copy, in an offload namespace).
+fn cells_in_order(concurrency: usize) -> Vec<Key> {
+    let mut order = Vec::new();
+    for who in ["admin", "tidepool"] {
+        for shape in ["plain", "copy"] {
+            for space in ["plain", "offload-like"] {
+                if who == "tidepool" && (shape, space) != ("copy", "offload-like") {
+                    continue;
+                }
+                for c in [1, concurrency] {
+                    order.push((who, shape, space, c));
+                }
+            }
+        }
+    }
+    order
+}
+
 #[tokio::main]
 async fn main() {
     let env = Env::load();
@@ -200,26 +256,22 @@ async fn main() {
     println!("offload namespace labels: {offload_labels:?}\n");
     fresh_namespace(&member, PLAIN_NS, &BTreeMap::new()).await;
     fresh_namespace(&member, OFFLOAD_LIKE_NS, &offload_labels).await;
-    type Key = (&'static str, &'static str, usize);
+    let identity = tidepool_identity(&env, &member, OFFLOAD_LIKE_NS).await;
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
-    let shapes: [(&str, &Value); 2] = [("plain", &plain), ("copy", &copy)];
-    let spaces = [("plain", PLAIN_NS), ("offload-like", OFFLOAD_LIKE_NS)];
-    let mut order: Vec<(usize, usize, usize)> = Vec::new();
-    for s in 0..2 {
-        for ns in 0..2 {
-            for c in [1, concurrency] {
-                order.push((s, ns, c));
-            }
-        }
-    }
+    let mut order = cells_in_order(concurrency);
     for round in 0..rounds {
         let len = order.len();
         order.rotate_left(round % len);
-        for &(s, ns, c) in &order {
-            let ((shape, template), (space, namespace)) = (shapes[s], spaces[ns]);
-            let got = run_cell(&env, &member, (namespace, template), n, c).await;
-            let cell =
-                cells.entry((shape, space, c)).or_insert(Cell { client: vec![], server: vec![], apiserver_cpu: 0.0 });
+        for &(who, shape, space, c) in &order {
+            let template = if shape == "plain" { &plain } else { &copy };
+            let namespace = if space == "plain" { PLAIN_NS } else { OFFLOAD_LIKE_NS };
+            let client = if who == "admin" { &member } else { &identity };
+            let got = run_cell(&env, (&member, client), (namespace, template), n, c).await;
+            let cell = cells.entry((who, shape, space, c)).or_insert(Cell {
+                client: vec![],
+                server: vec![],
+                apiserver_cpu: 0.0,
+            });
             cell.client.extend(got.client);
             cell.server.extend(got.server);
             cell.apiserver_cpu += got.apiserver_cpu;
@@ -228,16 +280,16 @@ async fn main() {
     print_table(&mut cells, n * rounds);
 }
 
-fn print_table(cells: &mut BTreeMap<(&'static str, &'static str, usize), Cell>, per_cell: usize) {
+fn print_table(cells: &mut BTreeMap<Key, Cell>, per_cell: usize) {
     println!(
-        "| pod | namespace | concurrency | creates | client p50 ms | client p99 ms | server p50 ms | server p99 ms | API server CPU ms per create |"
+        "| as | pod | namespace | concurrency | creates | client p50 ms | client p99 ms | server p50 ms | server p99 ms | API server CPU ms per create |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for ((shape, space, c), cell) in cells.iter_mut() {
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for ((who, shape, space, c), cell) in cells.iter_mut() {
         cell.client.sort_by(f64::total_cmp);
         cell.server.sort_by(f64::total_cmp);
         println!(
-            "| {shape} | {space} | {c} | {} | {} | {} | {} | {} | {:.2} |",
+            "| {who} | {shape} | {space} | {c} | {} | {} | {} | {} | {} | {:.2} |",
             cell.server.len(),
             ms(&cell.client, 50.0),
             ms(&cell.client, 99.0),

@@ -71,7 +71,7 @@ async fn member_kubeconfig(env: &Env, member: &Client) -> String {
     .await;
     let port = env.var("MEMBER_A_SERVER").rsplit_once(':').unwrap().1.to_owned();
     let server = format!("https://{}:{port}", env.var("APISERVER_RELAY_HOST"));
-    crate::deploy::token_kubeconfig(env, &server, &token)
+    token_kubeconfig(env, &server, &token)
 }
 
 /// Approves the kubelet-serving CSRs the release's identity asked for, as an admin does.

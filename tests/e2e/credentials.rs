@@ -16,7 +16,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tidepool_api::{MemberCluster, keys};
 
-use crate::deploy::{token, token_kubeconfig};
 use crate::harness::*;
 
 const TEST: &str = "credentials";

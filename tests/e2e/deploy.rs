@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -14,7 +13,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::json;
 use tidepool_api::{BridgeConfig, keys};
@@ -408,39 +406,6 @@ const MEMBER_NS: &str = "tidepool-member";
 /// they do not touch a `tidepool` release installed in the same clusters.
 const RELEASE: &str = "e2e-lp";
 const SA: &str = "e2e-lp-tidepool";
-
-/// A token for ServiceAccount `namespace/name`, from the TokenRequest API.
-pub(crate) async fn token(client: &Client, namespace: &str, name: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { audiences: None, expiration_seconds: Some(3600), ..Default::default() }),
-        ..Default::default()
-    };
-    let api = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
-    let answer: TokenRequest = wait_for(Duration::from_secs(30), "service account token", || {
-        let api = api.clone();
-        let request = request.clone();
-        async move { api.create_subresource("token", name, &PostParams::default(), &request).await.ok() }
-    })
-    .await;
-    answer.status.unwrap().token.unwrap()
-}
-
-/// A kubeconfig that reaches `server` with a bearer token, everything embedded.
-pub(crate) fn token_kubeconfig(env: &Env, server: &str, token: &str) -> String {
-    use base64::Engine as _;
-    let ca = std::fs::read(Path::new(env.var("CP_PKI")).join("ca.crt")).unwrap();
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{server}\", certificate-authority-data: {ca}}}\n\
-         users:\n- name: u\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-    )
-}
-
-async fn client_from(kubeconfig: &str) -> Client {
-    let kubeconfig = Kubeconfig::from_yaml(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
-    Client::try_from(config).unwrap()
-}
 
 fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
     match result {

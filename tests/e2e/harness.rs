@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -919,4 +920,38 @@ pub fn watch_untouched(
         }
     });
     (seen, task)
+}
+
+/// A token for ServiceAccount `namespace/name`, from the TokenRequest API.
+pub async fn token(client: &Client, namespace: &str, name: &str) -> String {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { audiences: None, expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let api = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
+    let answer: TokenRequest = wait_for(Duration::from_secs(30), "service account token", || {
+        let api = api.clone();
+        let request = request.clone();
+        async move { api.create_subresource("token", name, &PostParams::default(), &request).await.ok() }
+    })
+    .await;
+    answer.status.unwrap().token.unwrap()
+}
+
+/// A kubeconfig that reaches `server` with a bearer token, everything embedded.
+pub fn token_kubeconfig(env: &Env, server: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = std::fs::read(Path::new(env.var("CP_PKI")).join("ca.crt")).unwrap();
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{server}\", certificate-authority-data: {ca}}}\n\
+         users:\n- name: u\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+    )
+}
+
+/// A client from kubeconfig text.
+pub async fn client_from(kubeconfig: &str) -> Client {
+    let kubeconfig = Kubeconfig::from_yaml(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+    Client::try_from(config).unwrap()
 }

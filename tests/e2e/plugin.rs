@@ -85,9 +85,9 @@ async fn tenant_kubeconfig(env: &Env, training: &Client, dir: &Path) -> std::pat
     }))
     .unwrap();
     Api::<RoleBinding>::namespaced(training.clone(), NS).patch("tenant", &ssa, &Patch::Apply(&binding)).await.unwrap();
-    let token = crate::deploy::token(training, NS, "tenant").await;
+    let token = token(training, NS, "tenant").await;
     let path = dir.join("tenant.kubeconfig");
-    std::fs::write(&path, crate::deploy::token_kubeconfig(env, env.var("TRAINING_SERVER"), &token)).unwrap();
+    std::fs::write(&path, token_kubeconfig(env, env.var("TRAINING_SERVER"), &token)).unwrap();
     path
 }
 
