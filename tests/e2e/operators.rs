@@ -220,9 +220,18 @@ impl Bridge {
 
     /// Lets member `i`'s real pool lend `milli` CPU (the rest held back, as online demand
     /// would take it), or everything (`None`).
+    /// Lets member `i`'s real pool lend `milli` CPU (see [`lend_real_cpu`]); a smaller loan is
+    /// waited for until the virtual node shows it, so nothing placed next is placed against
+    /// the larger one.
     pub async fn lend(&self, i: usize, milli: Option<u32>) {
         let (name, cluster) = &member_names(&self.test)[i];
         lend_real_cpu(&self.env, (&self.training, &self.members[i]), (name, cluster), milli).await;
+        let Some(m) = milli else { return };
+        let node = real_node(&self.test, i);
+        wait_for(Duration::from_secs(60), &format!("{node} lending at most {m}m CPU"), || async {
+            lendable_cpu(&self.training, &node).await.filter(|cpu| *cpu <= i64::from(m)).map(|_| ())
+        })
+        .await;
     }
 
     pub fn pods(&self) -> Api<Pod> {
