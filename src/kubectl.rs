@@ -28,8 +28,6 @@ use tidepool_api::resources::{format_bytes, format_milli, is_bytes, parse_milli}
 use tidepool_api::text::shown;
 use tidepool_api::{MemberCluster, keys};
 
-use crate::status::bar;
-
 const GPU: &str = "nvidia.com/gpu";
 const API_VERSION: &str = "tidepool.io/v1alpha1";
 
@@ -327,6 +325,22 @@ fn write_table(out: &mut String, rows: &[Vec<String>]) -> std::fmt::Result {
 }
 
 // ---------------------------------------------------------------------------------------
+/// A bar of `width` cells filled in proportion to `used` of `total`; a pool using more than
+/// it may lend ends in `!` (the deficit is printed next to it).
+pub fn bar(used: i64, total: i64, width: usize) -> String {
+    if total <= 0 {
+        return if used > 0 { "!".repeat(width) } else { ".".repeat(width) };
+    }
+    let filled = ((used.clamp(0, total) as i128 * width as i128) / total as i128) as usize;
+    let mut cells: Vec<char> = "#".repeat(filled).chars().chain(".".repeat(width - filled).chars()).collect();
+    if used > total
+        && let Some(last) = cells.last_mut()
+    {
+        *last = '!';
+    }
+    cells.into_iter().collect()
+}
+
 // reclaims, jobs, why
 
 /// A pod under a reclaim notice.

@@ -11,25 +11,9 @@ use kube::{Api, Client, ResourceExt};
 use tidepool_api::resources::{format_milli, parse_milli};
 use tidepool_api::{MemberCluster, keys};
 
-use crate::kubectl::{JobRow, ReclaimRow};
+use crate::kubectl::{JobRow, ReclaimRow, bar};
 
 const GPU: &str = "nvidia.com/gpu";
-
-/// A bar of `width` cells filled in proportion to `used` of `total`; a pool using more than
-/// it may lend ends in `!` (the deficit is printed next to it).
-pub fn bar(used: i64, total: i64, width: usize) -> String {
-    if total <= 0 {
-        return if used > 0 { "!".repeat(width) } else { ".".repeat(width) };
-    }
-    let filled = ((used.clamp(0, total) as i128 * width as i128) / total as i128) as usize;
-    let mut cells: Vec<char> = "#".repeat(filled).chars().chain(".".repeat(width - filled).chars()).collect();
-    if used > total
-        && let Some(last) = cells.last_mut()
-    {
-        *last = '!';
-    }
-    cells.into_iter().collect()
-}
 
 fn amount(map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>, name: &str) -> i64 {
     map.get(name).and_then(|q| parse_milli(&q.0).ok()).unwrap_or(0)

@@ -29,12 +29,12 @@ use tokio::sync::mpsc;
 use tracing::{error, info, instrument, warn};
 
 use crate::capacity::PoolCapacity;
+use crate::capacity::priority::PriorityConflict;
 use crate::context::{Cond, Context, condition, hand_over, hold, publish, stop};
 use crate::health::Health;
 use crate::kubeconfig::{self, KubeconfigError};
 use crate::member::{MemberHandle, Session, SessionOptions};
 use crate::pod_network::{PodNetwork, overlap_message};
-use crate::priority::PriorityConflict;
 use crate::{Error, MemberStats};
 
 /// How long a member's API server gets to answer the first request.

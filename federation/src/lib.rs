@@ -7,7 +7,7 @@
 //! ([`health`]), its client's rate limits, fencing and request counts ([`throttle`],
 //! [`fence`], [`api_metrics`]), what it serves ([`discovery`]), its eviction requests
 //! ([`eviction_requests`]), pod networks that collide ([`pod_network`]) and online pods
-//! below the offload priorities ([`priority`]); and the capacity model ([`capacity`], one
+//! below the offload priorities ([`capacity::priority`]); and the capacity model ([`capacity`], one
 //! folder: the member's watches into trimmed views ([`view_cache`]), the views, the model
 //! kept node by node, the publisher) that turns those watches into each pool's lendable
 //! capacity, published across replicas when sharded ([`published`]).
@@ -39,7 +39,6 @@ pub mod kubeconfig;
 pub mod member;
 pub mod member_tasks;
 pub mod pod_network;
-pub mod priority;
 pub mod published;
 pub mod tasks;
 pub mod throttle;

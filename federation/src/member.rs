@@ -20,13 +20,13 @@ use tracing::error;
 use tidepool_api::metrics::metrics;
 
 use crate::capacity::pool::PoolModel;
+use crate::capacity::priority::PriorityConflict;
 use crate::capacity::publisher::{PoolOut, run_publisher};
 use crate::capacity::watches::{Caches, Signals};
 use crate::capacity::{CapacityPolicy, PoolCapacity};
 use crate::health::Health;
 use crate::member_tasks::MemberTasks;
 use crate::pod_network::PodNetwork;
-use crate::priority::PriorityConflict;
 use crate::view_cache::Wakeups;
 
 /// A connected member as the rest of tidepool sees it.

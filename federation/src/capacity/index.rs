@@ -13,7 +13,7 @@ use tidepool_api::Resources;
 use tidepool_api::crd::PoolMode;
 
 use super::{PodCapacityKey, PodView, counted};
-use crate::priority::{EXAMPLES, PriorityConflict};
+use crate::capacity::priority::{EXAMPLES, PriorityConflict};
 
 /// Names of the member nodes whose view or pods changed since the pool models last looked,
 /// or `all` after a re-list.
@@ -275,7 +275,7 @@ impl PodIndex {
     }
 
     /// The online pods at or below the ceiling, as
-    /// [`crate::priority::priority_conflict`] reports them.
+    /// [`crate::capacity::priority::priority_conflict`] reports them.
     pub fn priority_conflict(&self) -> Option<PriorityConflict> {
         if self.low_priority.is_empty() {
             return None;
@@ -312,11 +312,11 @@ impl Derived<PodCapacityKey, PodView> for PodIndex {
 mod tests {
     use super::*;
     use crate::capacity::pool::PoolModel;
+    use crate::capacity::priority::priority_conflict;
     use crate::capacity::{
         CapacityPolicy, HardTaint, HpaView, NodeView, OnlineDemand, OnlineParts, ReplicasToCome, Window,
         pool_capacity_in,
     };
-    use crate::priority::priority_conflict;
     use crate::view_cache::ViewCache;
     use kube::runtime::watcher::Event;
     use proptest::prelude::*;

@@ -17,6 +17,7 @@
 //!    of views; pods are summed per node as they change ([`index::PodIndex`]), and which
 //!    nodes changed is noted ([`index::Touched`]);
 //! 4. [`workloads`]: HPA headroom and replicas to come, from the HPA and workload views;
+//!    [`priority`]: the online pods offload pods would not stay below (the admin is told);
 //! 5. [`pool`]: each pool's sums kept node by node ([`pool::PoolModel`]), redoing only the
 //!    nodes that changed;
 //! 6. [`model`]: the pool's [`PoolCapacity`] from its sums and the policy (what is held back,
@@ -31,6 +32,7 @@
 pub mod index;
 pub mod model;
 pub mod pool;
+pub mod priority;
 pub mod publish;
 pub(crate) mod publisher;
 pub mod reference;

@@ -15,12 +15,12 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use crate::capacity::index::PodIndex;
 use crate::capacity::index::Touched;
 use crate::capacity::pool::PoolModel;
+use crate::capacity::priority::{PriorityConflict, offload_ceiling};
 use crate::capacity::wire::{MemberNode, MemberPod};
 use crate::capacity::workloads::{HpaRef, Template, WorkloadKey, hpa_view, join_hpas, replicas_to_come, template_view};
 use crate::capacity::{CapacityPolicy, NodeView, OnlineDemand, PodCapacityKey, PodView, PoolCapacity};
 use crate::member_tasks::MemberTasks;
 use crate::pod_network::PodNetwork;
-use crate::priority::{PriorityConflict, offload_ceiling};
 use crate::view_cache::{ViewCache, Wakeups, spawn_cache, watch_all};
 
 /// The trimmed views of one member's watches, and how the watches wake the capacity

@@ -118,7 +118,7 @@ mod tests {
     use super::*;
     use crate::capacity::OnlineParts;
     use crate::capacity::PodView;
-    use crate::priority::offload_ceiling;
+    use crate::capacity::priority::offload_ceiling;
     use kube::runtime::watcher;
     use tidepool_api::crd::PoolMode;
     #[test]

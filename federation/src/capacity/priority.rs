@@ -8,7 +8,7 @@
 
 use tidepool_api::keys::Band;
 
-use crate::capacity::{PodCapacityKey, PodView};
+use super::{PodCapacityKey, PodView};
 
 /// Pods named in the condition message; the rest are counted.
 pub const EXAMPLES: usize = 3;
