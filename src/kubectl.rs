@@ -324,7 +324,6 @@ fn write_table(out: &mut String, rows: &[Vec<String>]) -> std::fmt::Result {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------
 /// A bar of `width` cells filled in proportion to `used` of `total`; a pool using more than
 /// it may lend ends in `!` (the deficit is printed next to it).
 pub fn bar(used: i64, total: i64, width: usize) -> String {
@@ -341,6 +340,7 @@ pub fn bar(used: i64, total: i64, width: usize) -> String {
     cells.into_iter().collect()
 }
 
+// ---------------------------------------------------------------------------------------
 // reclaims, jobs, why
 
 /// A pod under a reclaim notice.
@@ -663,6 +663,16 @@ fn print_why(items: &[PodExplanation], _wide: bool) -> Result<String, std::fmt::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bars_show_use_and_overuse() {
+        assert_eq!(bar(0, 16, 8), "........");
+        assert_eq!(bar(8, 16, 8), "####....");
+        assert_eq!(bar(16, 16, 8), "########");
+        assert_eq!(bar(20, 16, 8), "#######!");
+        assert_eq!(bar(2, 0, 4), "!!!!");
+        assert_eq!(bar(0, 0, 4), "....");
+    }
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()

@@ -111,16 +111,6 @@ fn reclaims_section(out: &mut String, reclaims: &[ReclaimRow]) -> std::fmt::Resu
 mod tests {
     use super::*;
 
-    #[test]
-    fn bars_show_use_and_overuse() {
-        assert_eq!(bar(0, 16, 8), "........");
-        assert_eq!(bar(8, 16, 8), "####....");
-        assert_eq!(bar(16, 16, 8), "########");
-        assert_eq!(bar(20, 16, 8), "#######!");
-        assert_eq!(bar(2, 0, 4), "!!!!");
-        assert_eq!(bar(0, 0, 4), "....");
-    }
-
     fn member(name: &str, ready: (&str, &str, &str), pools: serde_json::Value) -> MemberCluster {
         let (status, reason, message) = ready;
         serde_json::from_value(serde_json::json!({

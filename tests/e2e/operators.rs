@@ -218,8 +218,6 @@ impl Bridge {
         b
     }
 
-    /// Lets member `i`'s real pool lend `milli` CPU (the rest held back, as online demand
-    /// would take it), or everything (`None`).
     /// Lets member `i`'s real pool lend `milli` CPU (see [`lend_real_cpu`]); a smaller loan is
     /// waited for until the virtual node shows it, so nothing placed next is placed against
     /// the larger one.

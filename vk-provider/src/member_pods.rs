@@ -35,13 +35,13 @@ pub(crate) trait MemberPods: Send + Sync {
         key: &str,
         value: Option<&str>,
     ) -> impl Future<Output = kube::Result<()>> + Send;
-    /// Deletes pod `ns/name` if its UID is still `uid`, with `grace` seconds (the pod's own
-    /// when `None`).
+    /// Deletes pod `ns/name` if its UID is still `uid` (whatever it is when `None`), with
+    /// `grace` seconds (the pod's own when `None`).
     fn delete(
         &self,
         ns: &str,
         name: &str,
-        uid: &str,
+        uid: Option<&str>,
         grace: Option<u32>,
     ) -> impl Future<Output = kube::Result<()>> + Send;
 }
@@ -60,10 +60,10 @@ impl MemberPods for kube::Client {
         Api::<Pod>::namespaced(self.clone(), ns).patch(name, &PatchParams::default(), &patch).await.map(|_| ())
     }
 
-    async fn delete(&self, ns: &str, name: &str, uid: &str, grace: Option<u32>) -> kube::Result<()> {
+    async fn delete(&self, ns: &str, name: &str, uid: Option<&str>, grace: Option<u32>) -> kube::Result<()> {
         let dp = DeleteParams {
             grace_period_seconds: grace,
-            preconditions: Some(Preconditions { uid: Some(uid.to_owned()), resource_version: None }),
+            preconditions: Some(Preconditions { uid: uid.map(str::to_owned), resource_version: None }),
             ..Default::default()
         };
         Api::<Pod>::namespaced(self.clone(), ns).delete(name, &dp).await.map(|_| ())
@@ -192,7 +192,7 @@ pub(crate) async fn delete_copy(
     if !sent.claim(uid, now)? {
         return Ok(false);
     }
-    match member.delete(copy.namespace(), copy.name(), uid, grace).await {
+    match member.delete(copy.namespace(), copy.name(), copy.uid(), grace).await {
         Ok(()) => Ok(true),
         Err(e) if tidepool_federation::api_code(&e, &[404, 409]) => Ok(true),
         Err(e) => {

@@ -88,7 +88,7 @@ impl MemberPods for Member {
 
     /// As an API server with a UID precondition: 404 when there is no such pod, 409 when
     /// the name is another pod's.
-    async fn delete(&self, ns: &str, name: &str, uid: &str, _: Option<u32>) -> kube::Result<()> {
+    async fn delete(&self, ns: &str, name: &str, uid: Option<&str>, _: Option<u32>) -> kube::Result<()> {
         *self.deletes.lock().unwrap() += 1;
         if self.deletes_fail.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(api_error(503, "the server is currently unable to handle the request"));
@@ -97,7 +97,7 @@ impl MemberPods for Member {
         let key = (ns.to_owned(), name.to_owned());
         match pods.get(&key) {
             None => Err(api_error(404, &format!("pods \"{name}\" not found"))),
-            Some(p) if p.metadata.uid.as_deref() != Some(uid) => {
+            Some(p) if uid.is_some_and(|uid| p.metadata.uid.as_deref() != Some(uid)) => {
                 Err(api_error(409, "Precondition failed: UID in precondition does not match"))
             }
             Some(_) => {
@@ -212,7 +212,7 @@ async fn missing_priority_classes_are_named_and_any_other_refusal_is_the_callers
         async fn annotate(&self, _: &str, _: &str, _: &str, _: Option<&str>) -> kube::Result<()> {
             Ok(())
         }
-        async fn delete(&self, _: &str, _: &str, _: &str, _: Option<u32>) -> kube::Result<()> {
+        async fn delete(&self, _: &str, _: &str, _: Option<&str>, _: Option<u32>) -> kube::Result<()> {
             Ok(())
         }
     }
