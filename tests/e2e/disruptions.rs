@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
@@ -102,6 +102,62 @@ impl Setup {
 
     fn copies(&self) -> Api<Pod> {
         Api::namespaced(self.member.clone(), &offload_ns(NS))
+    }
+
+    /// Waits until member-a's real node says it is not under disk pressure: the kubelet tests
+    /// fill its nodefs, and one that failed half-way may have left it full.
+    async fn without_disk_pressure(&self) {
+        let (nodes, node) = (Api::<Node>::all(self.member.clone()), self.env.var("MEMBER_A_REAL_NODE").to_owned());
+        wait_for(Duration::from_secs(120), &format!("{node} without DiskPressure"), || {
+            let (nodes, node) = (nodes.clone(), node.clone());
+            async move {
+                let conditions = nodes.get(&node).await.ok()?.status?.conditions?;
+                conditions.iter().any(|c| c.type_ == "DiskPressure" && c.status == "False").then_some(())
+            }
+        })
+        .await;
+    }
+
+    /// What a reader of a failed kubelet test needs: member-a's real node's conditions, the
+    /// copies and training pods with their status, and the member kubelet's eviction manager's lines.
+    async fn diagnosis(&self) -> String {
+        let node = self.env.var("MEMBER_A_REAL_NODE");
+        let mut out = String::new();
+        if let Ok(n) = Api::<Node>::all(self.member.clone()).get(node).await {
+            for c in n.status.and_then(|st| st.conditions).unwrap_or_default() {
+                out += &format!("node {node}: {}={} {:?} {:?}\n", c.type_, c.status, c.reason, c.message);
+            }
+        }
+        for (side, api) in [("copy", self.copies()), ("training pod", Api::namespaced(self.training.clone(), NS))] {
+            for p in api.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+                let st = p.status.clone().unwrap_or_default();
+                let node = p.spec.as_ref().and_then(|sp| sp.node_name.clone());
+                let conditions: Vec<String> =
+                    st.conditions.unwrap_or_default().iter().map(|c| format!("{}={}", c.type_, c.status)).collect();
+                out += &format!(
+                    "{side} {} on {node:?}: {:?} {:?} {:?} {conditions:?}\n",
+                    p.name_any(),
+                    st.phase,
+                    st.reason,
+                    st.message
+                );
+            }
+        }
+        let log = std::path::Path::new(self.env.var("CP_STATE_DIR")).join("logs/member-a-kubelet.log");
+        let log = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("{}: {e}", log.display()));
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("eviction_manager.go")).collect();
+        for line in &lines[lines.len().saturating_sub(30)..] {
+            out += &format!("kubelet: {line}\n");
+        }
+        out
+    }
+}
+
+/// Runs `test`; if it fails, prints [`Setup::diagnosis`] before failing the same way.
+async fn with_diagnosis(s: &Setup, test: impl std::future::Future<Output = ()>) {
+    if let Err(panic) = std::panic::AssertUnwindSafe(test).catch_unwind().await {
+        eprintln!("---- what member-a showed when the test failed\n{}", s.diagnosis().await);
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -234,6 +290,11 @@ async fn a_noexecute_taint_on_the_members_node_is_a_disruption_the_job_does_not_
 #[tokio::test]
 async fn a_copy_the_members_kubelet_evicts_over_its_own_limit_fails_as_on_a_native_node() {
     let s = Setup::start().await;
+    with_diagnosis(&s, own_limit(&s)).await;
+}
+
+async fn own_limit(s: &Setup) {
+    s.without_disk_pressure().await;
     let job = format!("kubelet-{}", run_id());
     // Writes past its emptyDir's sizeLimit: the member's kubelet (its eviction manager) evicts it.
     let extra = json!({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]});
@@ -266,12 +327,17 @@ async fn a_copy_the_members_kubelet_evicts_over_its_own_limit_fails_as_on_a_nati
         }
     })
     .await;
-    finish(&s, &job).await;
+    finish(s, &job).await;
 }
 
 #[tokio::test]
 async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the_job_does_not_count() {
     let s = Setup::start().await;
+    with_diagnosis(&s, node_pressure(&s)).await;
+}
+
+async fn node_pressure(s: &Setup) {
+    s.without_disk_pressure().await;
     let job = format!("pressure-{}", run_id());
     // The member's real node keeps its kubelet root (nodefs) on a 2 GiB filesystem of its own
     // and evicts below 25 % free (tests/controlplane/realnode.sh): 1.6 GiB in an emptyDir
@@ -285,7 +351,7 @@ async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the
     let script = "sleep 1; dd if=/dev/zero of=/scratch/fill bs=1M count=1600 2>/dev/null; exec sleep 3600";
     let pod = s.job_pod(&job, script, extra).await;
     let (seen, watch) = watch_versions(&s.training, &pod.name_any());
-    let target = reflected(&s, &job, &pod, &seen, "Evicted").await.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    let target = reflected(s, &job, &pod, &seen, "Evicted").await.unwrap_or_else(|p| std::panic::resume_unwind(p));
     assert_eq!(target, "TerminationByKubelet", "the kubelet's own reason for a node-pressure eviction");
     let failed = Api::<Pod>::namespaced(s.training.clone(), NS).get(&pod.name_any()).await.unwrap();
     let message = failed.status.and_then(|st| st.message).unwrap_or_default();
@@ -293,7 +359,7 @@ async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the
     // The member's API server saw its node under pressure: the eviction was the kubelet's.
     assert!(pressure.await.unwrap(), "member node {node} never reported DiskPressure");
     watch.abort();
-    finish(&s, &job).await;
+    finish(s, &job).await;
     // The Job's replacement writes as much: no copy may be left to fill the node again.
     wait_for(Duration::from_secs(90), "the job's copies gone from the member", || {
         let copies = s.copies();
@@ -301,16 +367,7 @@ async fn a_copy_the_members_kubelet_evicts_for_node_pressure_is_a_disruption_the
     })
     .await;
     // The node leaves pressure 10 s after the space is back: the next test finds it as it was.
-    wait_for(Duration::from_secs(90), &format!("{node} without DiskPressure"), || {
-        let nodes = nodes.clone();
-        let node = node.clone();
-        async move {
-            let n = nodes.get(&node).await.ok()?;
-            let conditions = n.status?.conditions?;
-            conditions.iter().any(|c| c.type_ == "DiskPressure" && c.status == "False").then_some(())
-        }
-    })
-    .await;
+    s.without_disk_pressure().await;
 }
 
 /// Whether a watch of member node `node` sees condition `type_` turn True within 200 s.

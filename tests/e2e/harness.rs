@@ -257,14 +257,23 @@ pub async fn ensure_namespace(client: &Client, name: &str) {
 }
 
 /// Removes every pod an earlier run of a test left in its namespace, at once (grace 0), so
-/// nothing stale is placed or counted by this run.
+/// nothing stale is placed or counted by this run. A pod that stays for a finalizer goes too:
+/// a Job with a `podFailurePolicy` keeps its tracking finalizer on a deleted pod until the pod
+/// is terminal, which no kubelet says of a pod on an earlier run's virtual node.
 pub async fn clear_pods(client: &Client, ns: &str) {
     let api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
     let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
     api.delete_collection(&dp, &kube::api::ListParams::default()).await.unwrap();
+    let unfinalized = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
     wait_for(Duration::from_secs(30), "leftover pods gone", || {
-        let api = api.clone();
-        async move { api.list(&kube::api::ListParams::default()).await.ok()?.items.is_empty().then_some(()) }
+        let (api, unfinalized) = (api.clone(), unfinalized.clone());
+        async move {
+            let pods = api.list(&kube::api::ListParams::default()).await.ok()?.items;
+            for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some() && !p.finalizers().is_empty()) {
+                let _ = api.patch(&pod.name_any(), &PatchParams::default(), &unfinalized).await;
+            }
+            pods.is_empty().then_some(())
+        }
     })
     .await;
 }
