@@ -153,10 +153,21 @@ impl Setup {
     }
 }
 
-/// Runs `test`; if it fails, prints [`Setup::diagnosis`] before failing the same way.
+/// Runs `test`; if it fails, prints [`Setup::diagnosis`] before failing the same way, and
+/// keeps it with the failure's message in a file beside tidepool's logs (a CI run's output
+/// may be cut short; its machine's temporary directory is not).
 async fn with_diagnosis(s: &Setup, test: impl std::future::Future<Output = ()>) {
     if let Err(panic) = std::panic::AssertUnwindSafe(test).catch_unwind().await {
-        eprintln!("---- what member-a showed when the test failed\n{}", s.diagnosis().await);
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|m| (*m).to_owned()))
+            .unwrap_or_default();
+        let diagnosis = format!("{message}\n---- what member-a showed when the test failed\n{}", s.diagnosis().await);
+        eprintln!("{diagnosis}");
+        let file = std::env::temp_dir().join(format!("tidepool-e2e-{TEST}-failure-{}.txt", run_id()));
+        let _ = std::fs::write(&file, &diagnosis);
+        eprintln!("(kept in {})", file.display());
         std::panic::resume_unwind(panic);
     }
 }

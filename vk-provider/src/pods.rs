@@ -37,7 +37,7 @@ use tidepool_federation::{MemberHandle, Members, PodEvent, PoolHandle, TrainingP
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, info, info_span, instrument, warn};
+use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
 
 use crate::context::{Context, EVENT_REPORTER, OffloadWatch, WRITES_IN_FLIGHT, delete_offload};
 use crate::copies::{Change, MemberCopies, MetaStores, Outcome};
@@ -1066,10 +1066,34 @@ async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Resul
     let api = Api::<Pod>::namespaced(ctx.training.clone(), &pod.namespace().unwrap_or_default());
     let patch = json!({ "metadata": { "resourceVersion": pod.metadata.resource_version }, "status": status });
     match api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            debug!(pod = %pod.name_any(), status = %status_line(status), "training pod status written");
+            Ok(())
+        }
         Err(e) if tidepool_federation::api_code(&e, &[409]) => Ok(()),
         Err(e) => Err(Error::training("update pod status", e)),
     }
+}
+
+/// A status in one line for the debug log: phase and reason, the conditions that hold, each
+/// container's state (a test that fails on one version of a pod reads its writes here).
+fn status_line(status: &PodStatus) -> String {
+    let conditions = status.conditions.iter().flatten().filter(|c| c.status == "True").map(|c| c.type_.as_str());
+    let containers = status.container_statuses.iter().flatten().map(|c| {
+        let state = c.state.as_ref();
+        match (state.and_then(|s| s.running.as_ref()), state.and_then(|s| s.terminated.as_ref())) {
+            (Some(_), _) => format!("{}:running", c.name),
+            (None, Some(t)) => format!("{}:terminated({})", c.name, t.exit_code),
+            (None, None) => format!("{}:waiting", c.name),
+        }
+    });
+    format!(
+        "{} {} [{}] [{}]",
+        status.phase.as_deref().unwrap_or("-"),
+        status.reason.as_deref().unwrap_or("-"),
+        conditions.collect::<Vec<_>>().join(","),
+        containers.collect::<Vec<_>>().join(",")
+    )
 }
 
 /// Fails the training pod with `reason`, unless it changed since the cache's view of it
@@ -1157,5 +1181,27 @@ mod future_sizes {
         let (down, up) = (size_of_future(timed_reconcile), size_of_future(timed_status_up));
         assert!(down <= 2048, "the down-sync's future is {down} bytes");
         assert!(up <= 1536, "the status sync's future is {up} bytes");
+    }
+}
+
+#[cfg(test)]
+mod status_line_tests {
+    use super::*;
+
+    #[test]
+    fn a_status_line_names_the_phase_the_conditions_that_hold_and_each_containers_state() {
+        let status: PodStatus = serde_json::from_value(json!({
+            "phase": "Failed", "reason": "Evicted",
+            "conditions": [{"type": "DisruptionTarget", "status": "True"}, {"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {"name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 137}}},
+                {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "state": {"running": {}}}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(status_line(&status), "Failed Evicted [DisruptionTarget] [main:terminated(137),side:running]");
+        assert_eq!(status_line(&PodStatus::default()), "- - [] []");
     }
 }
