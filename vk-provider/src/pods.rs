@@ -60,6 +60,9 @@ const GANG_API_RETRY: Duration = Duration::from_secs(30);
 /// copied up: usually the pod runs within it, and one status write says both. See
 /// [`translate::status_settles_in`].
 const PENDING_SETTLE: Duration = Duration::from_secs(1);
+/// How long a copy's terminal status may wait for its containers' ends before it is copied
+/// up as it is. See [`translate::terminal_settles_in`].
+const TERMINAL_SETTLE: Duration = Duration::from_secs(5);
 /// Pods reconciled at once, per queue. Each reconcile in flight is a future of a few KB; the
 /// rest wait in the controller's queue, as a reference each. Generous, because a reconcile
 /// waiting for its member's write slot holds its place (BENCHMARKS.md, "Pod sync", has the
@@ -952,6 +955,9 @@ impl PodSync<'_> {
                 true => Action::await_change(),
                 false => Action::requeue(wait),
             });
+        }
+        if let Some(wait) = translate::terminal_settles_in(&desired, now, TERMINAL_SETTLE) {
+            return Ok(Action::requeue(wait));
         }
         patch_status(ctx, self.pod, &desired).await?;
         Ok(Action::await_change())

@@ -673,6 +673,36 @@ fn merges_to_nothing(desired: &PodStatus) -> bool {
         && desired.start_time.is_none()
 }
 
+/// Whether copying up `desired`, a copy's terminal status, should wait, and how long: while
+/// a container still shows itself running or waiting in it. A member's kubelet can say
+/// `Failed` a moment before it has the killed container's end (seen: an eviction written
+/// with the container `waiting`, its `terminated` state 1 s later), and the training pod,
+/// once terminal, takes no later status from its copy: it would keep a container that never
+/// ends. So the write waits until the member has every container's end, or `settle` after
+/// the newest condition change, whichever comes first, and then says what the member says.
+pub fn terminal_settles_in(
+    desired: &PodStatus,
+    now: jiff::Timestamp,
+    settle: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let terminal = desired.phase.as_deref().is_some_and(|p| p == "Failed" || p == "Succeeded");
+    let statuses =
+        [&desired.init_container_statuses, &desired.container_statuses, &desired.ephemeral_container_statuses];
+    let unended =
+        statuses.into_iter().flatten().flatten().any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_none()));
+    if !terminal || !unended {
+        return None;
+    }
+    let newest =
+        desired.conditions.iter().flatten().filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)).max()?;
+    let age = now.duration_since(newest);
+    let settle = jiff::SignedDuration::try_from(settle).ok()?;
+    if age.is_negative() || age >= settle {
+        return None;
+    }
+    std::time::Duration::try_from(settle - age).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1392,5 +1422,33 @@ mod tests {
             let got = status_settles_in(&current, &desired, &digest, now, settle).map(|d| d.as_millis());
             assert_eq!(got, want_ms, "{name}");
         }
+    }
+
+    fn ended(phase: &str, state: serde_json::Value, changed: &str) -> PodStatus {
+        serde_json::from_value(json!({
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": changed}],
+            "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": false,
+                                   "restartCount": 0, "state": state}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_terminal_status_waits_for_its_containers_ends_a_few_seconds_at_most() {
+        let now: jiff::Timestamp = "2026-12-06T06:54:08Z".parse().unwrap();
+        let settle = std::time::Duration::from_secs(5);
+        let waiting = ended("Failed", json!({"waiting": {"reason": "ContainerCreating"}}), "2026-12-06T06:54:07Z");
+        assert_eq!(terminal_settles_in(&waiting, now, settle), Some(std::time::Duration::from_secs(4)));
+        let running = ended("Succeeded", json!({"running": {}}), "2026-12-06T06:54:07Z");
+        assert_eq!(terminal_settles_in(&running, now, settle), Some(std::time::Duration::from_secs(4)));
+        let old = ended("Failed", json!({"waiting": {}}), "2026-12-06T06:54:02Z");
+        assert_eq!(terminal_settles_in(&old, now, settle), None, "the member never said more: write what it says");
+        let done = ended("Failed", json!({"terminated": {"exitCode": 137}}), "2026-12-06T06:54:07Z");
+        assert_eq!(terminal_settles_in(&done, now, settle), None, "every container ended");
+        let live = ended("Running", json!({"running": {}}), "2026-12-06T06:54:07Z");
+        assert_eq!(terminal_settles_in(&live, now, settle), None, "not terminal");
+        let ahead = ended("Failed", json!({"waiting": {}}), "2026-12-06T06:54:30Z");
+        assert_eq!(terminal_settles_in(&ahead, now, settle), None, "a member clock ahead never delays a write");
     }
 }
