@@ -651,6 +651,16 @@ pub fn status_settles_in(
         return Some(UNTIL_NEXT_CHANGE);
     }
     let newest = new.iter().filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)).max()?;
+    settle_left(newest, now, settle)
+}
+
+/// What is left of `settle` after `newest` at `now`: `None` once it has passed, and when
+/// `newest` is ahead of `now` (a member clock ahead of ours never delays a write).
+fn settle_left(
+    newest: jiff::Timestamp,
+    now: jiff::Timestamp,
+    settle: std::time::Duration,
+) -> Option<std::time::Duration> {
     let age = now.duration_since(newest);
     let settle = jiff::SignedDuration::try_from(settle).ok()?;
     if age.is_negative() || age >= settle {
@@ -695,12 +705,7 @@ pub fn terminal_settles_in(
     }
     let newest =
         desired.conditions.iter().flatten().filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0)).max()?;
-    let age = now.duration_since(newest);
-    let settle = jiff::SignedDuration::try_from(settle).ok()?;
-    if age.is_negative() || age >= settle {
-        return None;
-    }
-    std::time::Duration::try_from(settle - age).ok()
+    settle_left(newest, now, settle)
 }
 
 #[cfg(test)]
