@@ -1073,7 +1073,7 @@ async fn patch_status(ctx: &Context, pod: &PodLite, status: &PodStatus) -> Resul
     let patch = json!({ "metadata": { "resourceVersion": pod.metadata.resource_version }, "status": status });
     match api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await {
         Ok(_) => {
-            debug!(pod = %pod.name_any(), status = %status_line(status), "training pod status written");
+            debug!(status = %status_line(status), "training pod status written");
             Ok(())
         }
         Err(e) if tidepool_federation::api_code(&e, &[409]) => Ok(()),
