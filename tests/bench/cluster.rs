@@ -1,5 +1,5 @@
 //! What benchmark programs do to the local clusters the same way: kwok nodes with room for
-//! the runs, and an API server's request counters.
+//! the runs, an API server's request counters, and the clusters' processes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,6 +11,17 @@ use serde_json::json;
 
 use crate::harness::{Env, wait_for};
 use crate::stats::env_usize;
+
+/// Every process tests/controlplane/cluster.sh started (its state directory's `pids` file),
+/// as (name, pid), in the file's order.
+#[allow(dead_code)] // not every benchmark times the clusters' processes
+pub fn cluster_processes(env: &Env) -> Vec<(String, u32)> {
+    let pids = std::fs::read_to_string(format!("{}/pids", env.var("CP_STATE_DIR"))).unwrap();
+    pids.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(name, pid)| Some((name.to_owned(), pid.trim().parse().ok()?)))
+        .collect()
+}
 
 /// An apiserver's request counters by (verb, resource[/subresource]), read from its
 /// `/metrics` with kubectl.

@@ -15,7 +15,8 @@
 //!    → all offload pods created in the member, and submit → all Running, against the same
 //!    pods created directly (and, split, submit → all placed, → all bound); every 100 ms the
 //!    gang is sampled for a split (pods on two pools). `BENCH_GANG_ROUNDS` [BENCH_ROUNDS]
-//!    rounds per size after a warm-up round.
+//!    rounds per size after a warm-up round. Then the CPU seconds per pod, submit → all
+//!    Running, of every process of the clusters (their `pids` file) and tidepool, both paths.
 //!    Each scenario: a warm-up round (not counted), then `BENCH_ROUNDS` [3] rounds, the two
 //!    paths alternating which goes first; tables give the median (min–max) over the rounds.
 //! 4. tidepool's resident memory idle, after each scenario, and with `BENCH_MEMORY_PODS`
@@ -289,7 +290,9 @@ async fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     if !gangs.is_empty() {
-        gang_runs(&training, &member, &gangs, &offload_ns).await;
+        let mut procs = cluster_processes(&env);
+        procs.push(("tidepool".to_string(), pid));
+        gang_runs(&training, &member, &gangs, &offload_ns, &procs).await;
         memory.push(("after the gang runs (all deleted)".to_string(), Rss::of(pid)));
     }
 
@@ -578,42 +581,48 @@ async fn create_all(
 
 /// What one gang through the dispatcher measured (seconds from the first submit).
 struct GangRun {
-    /// All placed (annotation seen), all bound, all copies created in the member, all Running.
+    /// The tenant's last create answered; all placed (annotation seen), all bound, all copies
+    /// created in the member, all Running.
+    submitted: f64,
     placed: f64,
     bound: f64,
     created: f64,
     running: f64,
     samples: u32,
     split: u32,
+    /// CPU seconds of every cluster process and tidepool, submit → all Running.
+    cpu: BTreeMap<String, f64>,
 }
 
-async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str) {
+async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str, procs: &[(String, u32)]) {
     let training_pods = Api::<Pod>::namespaced(training.clone(), NS);
     let direct_api = Api::<Pod>::namespaced(member.clone(), DIRECT_NS);
     let rounds = env_usize("BENCH_GANG_ROUNDS", env_usize("BENCH_ROUNDS", 3)).max(1);
     println!("\n## Gangs through the dispatcher vs the same pods created directly\n");
     println!(
-        "Median (min–max) over {rounds} round(s) per size after a warm-up round; the path that goes first alternates from round to round. The split columns: tidepool submit → all pods placed (annotation), → all bound, → all copies created in the member.\n"
+        "Median (min–max) over {rounds} round(s) per size after a warm-up round; the path that goes first alternates from round to round. The split columns: tidepool submit → the tenant's last create answered, → all pods placed (annotation), → all bound, → all copies created in the member.\n"
     );
     println!(
-        "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | ratio | tidepool submit→all Running (s) | direct submit→all Running (s) | tidepool submit→all placed / bound (s) | split samples (every 100 ms) |"
+        "| gang | tidepool submit→all created in member (s) | direct submit→all created (s) | ratio | tidepool submit→all Running (s) | direct submit→all Running (s) | tidepool submit→all submitted / placed / bound (s) | split samples (every 100 ms) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let mut cpus = Vec::new();
     for &size in sizes {
         let names: Vec<String> = (0..size).map(|i| format!("g{size}-{i}")).collect();
         let (mut t, mut d) = (Vec::new(), Vec::new());
         for round in 0..=rounds {
             let (tidepool, direct) = if round % 2 == 0 {
-                let first = gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await;
-                (first, gang_direct(member, &direct_api, &names).await)
+                let first = gang_through_tidepool(training, member, &training_pods, &names, offload_ns, procs).await;
+                (first, gang_direct(member, &direct_api, &names, procs).await)
             } else {
-                let first = gang_direct(member, &direct_api, &names).await;
-                (gang_through_tidepool(training, member, &training_pods, &names, offload_ns).await, first)
+                let first = gang_direct(member, &direct_api, &names, procs).await;
+                (gang_through_tidepool(training, member, &training_pods, &names, offload_ns, procs).await, first)
             };
             eprintln!(
-                "gang {size} round {round}{}: tidepool created {:.2} s (placed {:.2}, bound {:.2}), direct {:.2} s",
+                "gang {size} round {round}{}: tidepool created {:.2} s (submitted {:.2}, placed {:.2}, bound {:.2}), direct {:.2} s",
                 if round == 0 { " (warm-up)" } else { "" },
                 tidepool.created,
+                tidepool.submitted,
                 tidepool.placed,
                 tidepool.bound,
                 direct.0
@@ -627,15 +636,48 @@ async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_
         let ratios: Vec<f64> = t.iter().zip(&d).map(|(t, d)| t.created / d.0).collect();
         let (samples, split) = t.iter().fold((0, 0), |(a, b), r| (a + r.samples, b + r.split));
         println!(
-            "| {size} | {} | {} | {} | {} | {} | {} / {} | {split} of {samples} |",
+            "| {size} | {} | {} | {} | {} | {} | {} / {} / {} | {split} of {samples} |",
             spread(&of(&|r| r.created), 2),
             spread(&d.iter().map(|d| d.0).collect::<Vec<_>>(), 2),
             spread(&ratios, 2),
             spread(&of(&|r| r.running), 2),
             spread(&d.iter().map(|d| d.1).collect::<Vec<_>>(), 2),
+            spread(&of(&|r| r.submitted), 2),
             spread(&of(&|r| r.placed), 2),
             spread(&of(&|r| r.bound), 2),
         );
+        cpus.push((size, t.into_iter().map(|r| r.cpu).collect(), d.into_iter().map(|d| d.2).collect()));
+    }
+    print_gang_cpu(&cpus);
+}
+
+/// CPU seconds by process over one run (see [`CpuMeter`]).
+type CpuSpent = BTreeMap<String, f64>;
+
+/// Per gang size, each process's CPU seconds per pod (median over the rounds, submit → all
+/// Running) on both paths, and their sum; the processes under 0.05 ms a pod on both paths
+/// are summed in one row.
+fn print_gang_cpu(cpus: &[(usize, Vec<CpuSpent>, Vec<CpuSpent>)]) {
+    println!("\n### CPU seconds per pod, submit → all Running (median over the rounds)\n");
+    println!("| gang | process | tidepool path | direct path |");
+    println!("|---|---|---:|---:|");
+    for (size, t, d) in cpus {
+        let names: BTreeSet<&String> = t.iter().chain(d).flat_map(|r| r.keys()).collect();
+        let per_pod = |runs: &[CpuSpent], name: &str| {
+            median(&runs.iter().map(|r| r.get(name).copied().unwrap_or(0.0)).collect::<Vec<_>>()) / *size as f64
+        };
+        let (mut t_sum, mut d_sum, mut rest) = (0.0, 0.0, (0, 0.0, 0.0));
+        for name in names {
+            let (tp, dp) = (per_pod(t, name), per_pod(d, name));
+            (t_sum, d_sum) = (t_sum + tp, d_sum + dp);
+            if tp.max(dp) < 0.00005 {
+                rest = (rest.0 + 1, rest.1 + tp, rest.2 + dp);
+                continue;
+            }
+            println!("| {size} | {name} | {tp:.4} | {dp:.4} |");
+        }
+        println!("| {size} | {} others | {:.4} | {:.4} |", rest.0, rest.1, rest.2);
+        println!("| {size} | **all** | **{t_sum:.4}** | **{d_sum:.4}** |");
     }
 }
 
@@ -647,6 +689,7 @@ async fn gang_through_tidepool(
     training_pods: &Api<Pod>,
     names: &[String],
     offload_ns: &str,
+    procs: &[(String, u32)],
 ) -> GangRun {
     let offload_seen = observe(member.clone(), offload_ns);
     let training_seen = observe(training.clone(), NS);
@@ -674,7 +717,14 @@ async fn gang_through_tidepool(
             }
         });
     }
+    let cpu = CpuMeter::start(procs);
     let start = Instant::now();
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    eprintln!(
+        "gang of {} submitted from {:.3} (Unix seconds; tidepool's log is in UTC)",
+        names.len(),
+        wall.as_secs_f64()
+    );
     futures::stream::iter(names.iter().cloned())
         .map(|name| {
             let (api, spec, meta) = (training_pods.clone(), spec.clone(), meta.clone());
@@ -683,8 +733,10 @@ async fn gang_through_tidepool(
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await;
+    let submitted = start.elapsed().as_secs_f64();
     let created = wait_all(&offload_seen, names, false, Duration::from_secs(600)).await.expect("gang not created");
     let running = wait_all(&training_seen, names, true, Duration::from_secs(600)).await.expect("gang not running");
+    let cpu = cpu.spent();
     let placed = wait_all_in(&training_seen, names, Seen::placed, Duration::from_secs(10)).await;
     let bound = wait_all_in(&training_seen, names, Seen::bound, Duration::from_secs(10)).await;
     stop.cancel();
@@ -693,19 +745,28 @@ async fn gang_through_tidepool(
     wait_empty(&Api::<Pod>::namespaced(member.clone(), offload_ns)).await;
     let secs = |t: Option<Instant>| t.map_or(f64::NAN, |t| t.duration_since(start).as_secs_f64());
     GangRun {
+        submitted,
         placed: secs(placed),
         bound: secs(bound),
         created: secs(Some(created)),
         running: secs(Some(running)),
         samples,
         split,
+        cpu,
     }
 }
 
-/// The same pods created directly in the member: seconds to all created and to all Running.
-async fn gang_direct(member: &Client, direct_api: &Api<Pod>, names: &[String]) -> (f64, f64) {
+/// The same pods created directly in the member: seconds to all created and to all Running,
+/// and every process's CPU seconds until then.
+async fn gang_direct(
+    member: &Client,
+    direct_api: &Api<Pod>,
+    names: &[String],
+    procs: &[(String, u32)],
+) -> (f64, f64, BTreeMap<String, f64>) {
     let direct_seen = observe(member.clone(), DIRECT_NS);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let cpu = CpuMeter::start(procs);
     let start = Instant::now();
     futures::stream::iter(names.iter().cloned())
         .map(|name| {
@@ -717,6 +778,7 @@ async fn gang_direct(member: &Client, direct_api: &Api<Pod>, names: &[String]) -
         .await;
     let created = wait_all(&direct_seen, names, false, Duration::from_secs(600)).await.expect("direct not created");
     let running = wait_all(&direct_seen, names, true, Duration::from_secs(600)).await.expect("direct not running");
+    let cpu = cpu.spent();
     delete_pods(direct_api).await;
-    (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64())
+    (created.duration_since(start).as_secs_f64(), running.duration_since(start).as_secs_f64(), cpu)
 }

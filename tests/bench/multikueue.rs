@@ -289,13 +289,8 @@ impl Seen {
 
 /// Processes counted: the clusters' and the bridge's (tidepool or the Kueues).
 fn processes(env: &Env, bridge: &[(&str, u32)]) -> Vec<(String, u32)> {
-    let pids = std::fs::read_to_string(format!("{}/pids", env.var("CP_STATE_DIR"))).unwrap();
-    let mut out: Vec<(String, u32)> = pids
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(name, _)| PROCESSES.contains(name))
-        .map(|(name, pid)| (name.to_owned(), pid.trim().parse().unwrap()))
-        .collect();
+    let mut out: Vec<(String, u32)> =
+        cluster_processes(env).into_iter().filter(|(name, _)| PROCESSES.contains(&name.as_str())).collect();
     out.extend(bridge.iter().map(|(n, p)| ((*n).to_owned(), *p)));
     out
 }

@@ -26,3 +26,27 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
+
+/// CPU seconds spent by a set of processes from its start: one reading of each at `start`,
+/// another at `spent`. A process gone at `start` (a one-shot job of the clusters) is left out.
+#[allow(dead_code)] // not every benchmark times a set of processes
+pub struct CpuMeter {
+    start: Vec<(String, u32, f64)>,
+}
+
+#[allow(dead_code)]
+impl CpuMeter {
+    pub fn start(procs: &[(String, u32)]) -> Self {
+        let start = procs.iter().map(|(name, pid)| (name.clone(), *pid, cpu_seconds(*pid)));
+        CpuMeter { start: start.filter(|(_, _, cpu)| cpu.is_finite()).collect() }
+    }
+
+    /// Each process's CPU seconds since `start`, by name (same-named processes summed).
+    pub fn spent(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for (name, pid, c0) in &self.start {
+            *out.entry(name.clone()).or_insert(0.0) += cpu_seconds(*pid) - c0;
+        }
+        out
+    }
+}
