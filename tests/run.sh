@@ -90,7 +90,6 @@ for m in "${operator_modules[@]}"; do skips+=(--skip "$m"); done
 # lane NAME CLUSTER_ENV ARGS...: one lane's tests, each line prefixed with the lane's name.
 lane() {
   local name=$1 env=$2; shift 2
-  set -o pipefail
   TIDEPOOL_CLUSTER_ENV=$env cargo test --locked --test e2e -- --test-threads=1 "$@" 2>&1 | sed -u "s|^|[$name] |"
 }
 start=$SECONDS

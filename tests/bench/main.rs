@@ -591,7 +591,7 @@ struct GangRun {
     samples: u32,
     split: u32,
     /// CPU seconds of every cluster process and tidepool, submit → all Running.
-    cpu: BTreeMap<String, f64>,
+    cpu: CpuSpent,
 }
 
 async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_ns: &str, procs: &[(String, u32)]) {
@@ -650,9 +650,6 @@ async fn gang_runs(training: &Client, member: &Client, sizes: &[usize], offload_
     }
     print_gang_cpu(&cpus);
 }
-
-/// CPU seconds by process over one run (see [`CpuMeter`]).
-type CpuSpent = BTreeMap<String, f64>;
 
 /// Per gang size, each process's CPU seconds per pod (median over the rounds, submit → all
 /// Running) on both paths, and their sum; the processes under 0.05 ms a pod on both paths
@@ -763,7 +760,7 @@ async fn gang_direct(
     direct_api: &Api<Pod>,
     names: &[String],
     procs: &[(String, u32)],
-) -> (f64, f64, BTreeMap<String, f64>) {
+) -> (f64, f64, CpuSpent) {
     let direct_seen = observe(member.clone(), DIRECT_NS);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let cpu = CpuMeter::start(procs);

@@ -118,7 +118,7 @@ struct Run {
     /// member-a otherwise).
     created: f64,
     /// CPU seconds by process.
-    cpu: BTreeMap<String, f64>,
+    cpu: CpuSpent,
     /// API requests by API server.
     calls: BTreeMap<&'static str, f64>,
 }
@@ -322,7 +322,7 @@ impl Bench<'_> {
         let member = Seen::watch(self.member.clone(), member_ns);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let procs = processes(self.env, &self.bridges);
-        let cpu0: Vec<f64> = procs.iter().map(|(_, pid)| cpu_seconds(*pid)).collect();
+        let cpu = CpuMeter::start(&procs);
         let calls0 = (calls(self.env, "training"), calls(self.env, "member-a"));
         let jobs = Api::<Job>::namespaced(self.client(cluster), member_ns);
         let t0 = Instant::now();
@@ -333,7 +333,7 @@ impl Bench<'_> {
         let created =
             made.as_ref().unwrap_or(&member).all_created(&prefix).map_or(f64::NAN, |t| (t - t0).as_secs_f64());
         let wall = t0.elapsed().as_secs_f64();
-        let cpu = procs.iter().zip(cpu0).map(|((p, pid), c0)| (p.clone(), cpu_seconds(*pid) - c0)).collect();
+        let cpu = cpu.spent();
         let calls = BTreeMap::from([
             ("training", calls(self.env, "training") - calls0.0),
             ("member-a", calls(self.env, "member-a") - calls0.1),

@@ -27,6 +27,10 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// CPU seconds by process name over one run (see [`CpuMeter`]).
+#[allow(dead_code)] // not every benchmark times a set of processes
+pub type CpuSpent = std::collections::BTreeMap<String, f64>;
+
 /// CPU seconds spent by a set of processes from its start: one reading of each at `start`,
 /// another at `spent`. A process gone at `start` (a one-shot job of the clusters) is left out.
 #[allow(dead_code)] // not every benchmark times a set of processes
@@ -42,8 +46,8 @@ impl CpuMeter {
     }
 
     /// Each process's CPU seconds since `start`, by name (same-named processes summed).
-    pub fn spent(&self) -> std::collections::BTreeMap<String, f64> {
-        let mut out = std::collections::BTreeMap::new();
+    pub fn spent(&self) -> CpuSpent {
+        let mut out = CpuSpent::new();
         for (name, pid, c0) in &self.start {
             *out.entry(name.clone()).or_insert(0.0) += cpu_seconds(*pid) - c0;
         }
