@@ -19,6 +19,9 @@ const NS: &str = "e2e-restart";
 const MEMBER: &str = "e2e-restart-a";
 const NODE: &str = "tidepool-e2e-restart-a";
 const PODS: usize = 40;
+/// The pause between the burst's chunks of 8 pods: the burst lasts over a second, and the
+/// SIGKILL, sent when the first copy shows in a watch, lands well inside it.
+const BURST_PACE: Duration = Duration::from_millis(250);
 
 /// Offload pods per origin UID in the member's offload namespace, of this run's pods (named
 /// `burst-<run>-…`; copies an earlier run left may still be there): the pods carrying
@@ -125,8 +128,23 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
     });
     tokio::time::timeout(Duration::from_secs(30), ready_rx).await.unwrap().unwrap();
 
-    // The burst, with a SIGKILL once some (not all) offload pods exist.
+    // A first pod, before the burst, so that the member's offload namespace and its access are
+    // set up: otherwise the burst's pods queue behind that setup and their copies all appear in
+    // one instant, before the SIGKILL can land between them (seen in CI: 40 of 40 at the kill).
     let pods = Api::<Pod>::namespaced(training.clone(), NS);
+    let warm = format!("warm-{run}");
+    pods.create(&PostParams::default(), &small_bound_pod(&warm, NODE, "warm")).await.unwrap();
+    wait_for(Duration::from_secs(60), "the first pod's offload copy", || {
+        let (offload, warm) = (offload.clone(), warm.clone());
+        async move {
+            let listed = offload.list(&ListParams::default().labels(keys::LABEL_ORIGIN_UID)).await.ok()?;
+            listed.items.iter().any(|p| p.metadata.name.as_deref() == Some(warm.as_str())).then_some(())
+        }
+    })
+    .await;
+
+    // The burst, paced in chunks, with a SIGKILL once some (not all) offload pods exist: a copy
+    // cannot precede its pod, so the pods of the later chunks have none yet at the kill.
     let creating = tokio::spawn({
         let pods = pods.clone();
         let run = run.clone();
@@ -141,11 +159,12 @@ async fn a_sigkill_during_a_burst_never_duplicates_and_a_restart_over_a_consiste
                         }
                     });
                 futures::future::join_all(created).await;
+                tokio::time::sleep(BURST_PACE).await;
             }
         }
     });
     // Killed the moment the watch sees the first offload pod: a poll would come too late
-    // (tidepool makes the 40 in well under a second).
+    // (tidepool copies a chunk of 8 in well under the pace).
     tokio::time::timeout(Duration::from_secs(60), seen_rx.wait_for(|n| *n >= 1))
         .await
         .expect("no offload pod within 60 s")
