@@ -4,7 +4,7 @@
 # by tests/controlplane/build.sh and cached outside the repo, each with kwok nodes and one
 # real node: containerd, kubelet, CNI bridge and CoreDNS from tests/nodes/build.sh, a
 # metrics-server from tests/metrics/build.sh, the schedulers and queues around tidepool (Volcano, Coscheduling, Kueue) and the PodGroup CRDs from tests/schedulers/build.sh, images
-# from tests/images/build.sh, tidepool's own image from its release binary, the frameworks
+# from tests/images/build.sh, tidepool's own image from the tests' build of it, the frameworks
 # image the operators' jobs run from tests/images/frameworks.sh; the training
 # operators tests/operators/start.sh runs from tests/operators/build.sh). The clusters are
 # started once (two sets, one per e2e lane: see below), shared by the tests of their lane, and

@@ -4,8 +4,9 @@
 #   workload.tar  tidepool.invalid/workload:1            the distribution's static busybox + applets,
 #                                                        /usr/local/bin/tp-train (tests/workload, the
 #                                                        training job) and its ldd libraries
-#   tidepool.tar  tidepool.invalid/tidepool:<version>    TIDEPOOL_BINARY, its ldd libraries, CA certs
-#                                                        (only when a binary is given)
+#   tidepool.tar  tidepool.invalid/tidepool:<version>    TIDEPOOL_BINARY without its debug info, its
+#                                                        ldd libraries, CA certs (only when a binary
+#                                                        is given)
 # Usage: tests/images/build.sh [TIDEPOOL_BINARY]
 # Each tar is an OCI image layout (oci-layout, index.json, blobs/) for
 # `ctr -n k8s.io images import FILE` (or tests/images/import.sh), which names the image from
@@ -54,7 +55,7 @@ if [[ -n "$bin" ]]; then
 fi
 
 # deploy/prereqs.sh installs these before any build; checked again here for a direct call.
-for tool in umoci jq cc; do
+for tool in umoci jq cc objcopy; do
   command -v "$tool" >/dev/null || { log "$tool is missing: run bash deploy/prereqs.sh"; exit 1; }
 done
 busybox=/bin/busybox
@@ -158,7 +159,9 @@ image workload tidepool.invalid/workload:1 "$r" --config.cmd /bin/sh --config.en
 # --- tidepool ---
 if [[ -n "$bin" ]]; then
   r="$tmp/work/tidepool-root"; mkdir -p "$r/usr/local/bin" "$r/etc/ssl/certs"
-  cp "$bin" "$r/usr/local/bin/tidepool"
+  # Without debug info: a dev build's (the tests' image) is most of its 470 MB; a release build
+  # has next to none. The symbols stay, so a panic's backtrace still names its functions.
+  objcopy --strip-debug "$bin" "$r/usr/local/bin/tidepool"
   cp -L /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
   with_libs "$bin" "$r" tidepool
   chmod -R a+rX "$r"
