@@ -29,7 +29,9 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     // member-b lends nothing yet: the job starts on member-a.
     b.lend(1, Some(0)).await;
     let jobs = b.jobs("kubeflow.org", "v1", "TFJob", "tfjobs");
-    b.submit(&jobs, tfjob(&name, &scheduler_name(TEST), &store, (2, 2), 600)).await;
+    // 300 steps: the reclaim comes some 50 steps in (4 logged steps and the notice), and the
+    // rest runs on member-b (about 2 steps a second there beside the other lane's tests).
+    b.submit(&jobs, tfjob(&name, &scheduler_name(TEST), &store, (2, 2), 300)).await;
     let selector = format!("training.kubeflow.org/job-name={name}");
     let (on_a, on_b) = (real_node(TEST, 0), real_node(TEST, 1));
     let first = b.await_running(&selector, 5, &on_a).await;
