@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use tidepool_api::Resources;
 use tidepool_api::keys::{self, Band, Native};
 use tidepool_api::node_match::NodeConstraints;
-use tidepool_api::pod::PodLite;
+use tidepool_api::pod::{PodLite, under_notice};
 
 use crate::context::requests;
 use crate::gang::{self, BandRanges, GangKey};
@@ -250,7 +250,10 @@ fn placement_of(p: &PodLite) -> Option<&str> {
 }
 
 /// The gangs of the pods for `scheduler` among `all`: live pods, with the placement any of
-/// them carries, and the count of those that succeeded.
+/// them carries, and the count of those that succeeded. A pod under a reclaim notice pins
+/// nothing: its member is taking the room back, so the pods its operator makes again in its
+/// stead are placed afresh (with the rest of the gang once all of it is there), never beside
+/// it on that member (where each would get the notice in turn, and the gang never leave).
 pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKey, GangState> {
     let mut gangs: BTreeMap<GangKey, GangState> = BTreeMap::new();
     for p in all.iter().filter(|p| p.spec.scheduler_name.as_deref() == Some(scheduler)) {
@@ -263,7 +266,9 @@ pub(crate) fn gangs_of(all: &[Arc<PodLite>], scheduler: &str) -> BTreeMap<GangKe
         let g = gangs.entry(gang::gang_of(p)).or_default();
         match placement_of(p) {
             Some(NATIVE) => g.native = true,
-            Some(node) if g.pinned.is_none() => g.pinned = Some(node.to_owned()),
+            Some(node) if g.pinned.is_none() && !under_notice(p.status.tidepool_conditions()) => {
+                g.pinned = Some(node.to_owned())
+            }
             _ => {}
         }
         if g.domain.is_empty()
@@ -722,6 +727,7 @@ fn book(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PodCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use proptest::prelude::*;
     use std::collections::BTreeSet;
@@ -978,6 +984,31 @@ mod tests {
         assert_eq!(g.pods.iter().map(|p| p.name_any()).collect::<Vec<_>>(), ["w-0", "w-1"]);
         assert_eq!(g.pinned.as_deref(), Some("tidepool-a"));
         assert_eq!(g.succeeded, 1);
+    }
+
+    #[test]
+    fn a_gang_whose_placed_pods_are_all_under_notice_is_pinned_nowhere() {
+        let noticed = |mut p: PodLite| {
+            let condition = PodCondition {
+                type_: keys::CONDITION_RECLAIM_REQUESTED.into(),
+                status: "True".into(),
+                reason: Some("CapacityReclaimed".into()),
+                ..Default::default()
+            };
+            p.status.marks_mut().tidepool_conditions.push(condition);
+            p
+        };
+        // The chief was reclaimed and made again; its four peers still have the notice.
+        let mut all = vec![Arc::new(pending("chief-0", 1))];
+        for i in 0..4 {
+            all.push(Arc::new(noticed(running_on(pending(&format!("w-{i}"), 1), "tidepool-a"))));
+        }
+        let gangs = gangs_of(&all, "tidepool");
+        assert_eq!(gangs[&key()].pinned, None, "the new chief must not follow its gang onto the reclaimed member");
+        assert!(!gangs[&key()].placed());
+        // One peer without the notice: the gang is still where that one runs.
+        all.push(Arc::new(running_on(pending("w-4", 1), "tidepool-a")));
+        assert_eq!(gangs_of(&all, "tidepool")[&key()].pinned.as_deref(), Some("tidepool-a"));
     }
 
     #[test]
