@@ -56,6 +56,7 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     // member-a takes its real node back; member-b has room.
     let uids: Vec<String> = first.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let seen = b.watch(&selector);
+    let reclaim_started = jiff::Timestamp::now();
     b.lend(1, None).await;
     b.lend(0, Some(0)).await;
     let reclaimed =
@@ -80,6 +81,15 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     // The operator makes the pods again (ExitCode policy: 143 is retryable); they run on member-b.
     let again = b.await_running(&selector, 5, &on_b).await;
     assert!(again.iter().all(|p| !uids.contains(p.metadata.uid.as_ref().unwrap())), "new pods");
+    // From member-a's API server: once the reclaim began, no pod of the job was made or bound
+    // there again (the operator's new pods wait for the whole gang and go to member-b; they
+    // once followed their noticed peers back onto member-a, generation after generation).
+    let back_on_a: Vec<String> = audited_writes(&b.env, "member-a", reclaim_started)
+        .into_iter()
+        .filter(|w| w.resource == "pods" && w.verb == "create" && w.name.starts_with(&name))
+        .map(|w| w.what())
+        .collect();
+    assert!(back_on_a.is_empty(), "pods of the job made again in member-a during its reclaim: {back_on_a:?}");
     let after = b.await_steps(&chief, None, 2).await;
     let log = b.log(&chief, None).await;
     println!("chief on member-b: resumed at {:?}, {after:?}", resumed_at(&log));
