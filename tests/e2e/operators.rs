@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -117,6 +119,10 @@ impl Operator {
         if tokio::time::timeout(Duration::from_secs(120), ready).await.is_err() {
             panic!("{operator} not ready within 120 s:\n{}", op.log_tail());
         }
+        let client = env.client(cluster).await;
+        if tokio::time::timeout(Duration::from_secs(120), webhooks_served(&client, operator)).await.is_err() {
+            panic!("{operator}'s webhook paths not served within 120 s:\n{}", op.log_tail());
+        }
         op
     }
 
@@ -125,6 +131,56 @@ impl Operator {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
+}
+
+/// Waits until every webhook start.sh configured for `operator` is served at its path.
+///
+/// Ready is not enough: the training-operator reports ready once its webhook server listens,
+/// then registers one validating path per scheme as each controller starts; until then the
+/// API server gets a 404 and refuses the kind ("could not find the requested resource").
+/// Each path is asked with an empty body where the API server would call it (the address in
+/// its Service's EndpointSlice): anything but a 404 means a handler is registered there.
+async fn webhooks_served(client: &Client, operator: &str) {
+    for (ns, svc, path) in webhook_targets(client, operator).await {
+        let slices = Api::<EndpointSlice>::namespaced(client.clone(), &ns);
+        let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
+        let list = slices.list(&lp).await.unwrap_or_else(|e| panic!("EndpointSlices of {ns}/{svc}: {e}"));
+        let slice = list.items.first().unwrap_or_else(|| panic!("{ns}/{svc} has no EndpointSlice"));
+        let port = slice.ports.iter().flatten().find_map(|p| p.port).expect("the webhook slice's port");
+        let ip =
+            slice.endpoints.iter().flatten().find_map(|e| e.addresses.first()).expect("the webhook slice's address");
+        let url = format!("https://{ip}:{port}{path}");
+        loop {
+            let answer = tokio::process::Command::new("curl")
+                .args(["-sk", "--max-time", "2", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+                .args(["-H", "Content-Type: application/json", "-d", "{}", &url])
+                .output()
+                .await;
+            let code = answer.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            if !matches!(code.as_str(), "" | "000" | "404") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// (namespace, Service, path) of every webhook in the configurations labelled with `operator`.
+async fn webhook_targets(client: &Client, operator: &str) -> Vec<(String, String, String)> {
+    let lp = ListParams::default().labels(&format!("tidepool.io/operator={operator}"));
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone()).list(&lp).await.unwrap();
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone()).list(&lp).await.unwrap();
+    let refs = validating
+        .items
+        .into_iter()
+        .flat_map(|c| c.webhooks.unwrap_or_default().into_iter().map(|w| w.client_config))
+        .chain(
+            mutating
+                .items
+                .into_iter()
+                .flat_map(|c| c.webhooks.unwrap_or_default().into_iter().map(|w| w.client_config)),
+        );
+    refs.filter_map(|c| c.service).map(|s| (s.namespace, s.name, s.path.unwrap_or_else(|| "/".to_owned()))).collect()
 }
 
 impl Operator {
