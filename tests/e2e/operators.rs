@@ -381,6 +381,15 @@ impl Bridge {
         .await;
         println!("{name}: {type_} after {:.0} s", started.elapsed().as_secs_f64());
     }
+
+    /// Deletes job `name` and waits until every pod of the test's namespace is gone through
+    /// tidepool, copies included: a job whose pods outlive the test (a TFJob succeeds with its
+    /// chief, workers still Running) would hold a member's CPU for the tests after it on the
+    /// same clusters. Call it while the operator and tidepool still run.
+    pub async fn remove_job(&self, api: &Api<DynamicObject>, name: &str) {
+        api.delete(name, &kube::api::DeleteParams::background()).await.unwrap();
+        drain_pods(&self.training, &self.ns).await;
+    }
 }
 
 /// What [`Bridge::watch`] saw; the watch stops when this is dropped.

@@ -96,6 +96,7 @@ async fn kubectl_exec_and_logs_reach_an_operator_made_pod() {
     assert_eq!(code, 7, "the exit status comes back");
     assert!(out.trim_end().ends_with("2 0"), "WORLD_SIZE and RANK of the master: {out:?}");
     b.await_steps(&master, None, 1).await;
+    b.remove_job(&jobs, &name).await;
 }
 
 /// The worlds (`(world) ` of `... (world W)` lines) a torch_ddp log reports, in order.

@@ -258,4 +258,5 @@ async fn a_tfjob_with_the_operators_volcano_gang_flag_is_scheduled_by_tidepool()
         "no Placed event for {want}"
     );
     b.await_condition(&jobs, &name, "Succeeded", Duration::from_secs(600)).await;
+    b.remove_job(&jobs, &name).await;
 }
