@@ -81,9 +81,10 @@ async fn a_tfjob_trains_is_reclaimed_with_the_notice_and_resumes_on_the_other_me
     // The operator makes the pods again (ExitCode policy: 143 is retryable); they run on member-b.
     let again = b.await_running(&selector, 5, &on_b).await;
     assert!(again.iter().all(|p| !uids.contains(p.metadata.uid.as_ref().unwrap())), "new pods");
-    // From member-a's API server: once the reclaim began, no pod of the job was made or bound
-    // there again (the operator's new pods wait for the whole gang and go to member-b; they
-    // once followed their noticed peers back onto member-a, generation after generation).
+    // From member-a's API server (its audit log of tidepool's writes): once the reclaim began,
+    // tidepool made no copy of a pod of the job there again, so none could be bound there (the
+    // operator's new pods wait for the whole gang and go to member-b; they once followed their
+    // noticed peers back onto member-a, generation after generation).
     let back_on_a: Vec<String> = audited_writes(&b.env, "member-a", reclaim_started)
         .into_iter()
         .filter(|w| w.resource == "pods" && w.verb == "create" && w.name.starts_with(&name))
